@@ -1,0 +1,14 @@
+"""User-facing errors.
+
+``UserError`` is the base of every error caused by what a user asked for (a bad flag, a missing
+file, a malformed config). The ``prfaas`` command prints such errors as one line on stderr and
+exits with status 2; anything else is a bug and keeps its traceback.
+"""
+
+
+class UserError(Exception):
+    """An error the user can fix; its message says what is wrong and, where possible, how."""
+
+
+class ConfigError(UserError, ValueError):
+    """A model, hardware, cluster or plan config is malformed or inconsistent."""
