@@ -1,0 +1,400 @@
+"""Model configuration: ``ModelConfig``, the per-layer ``LayerKind`` pattern, and preset loading.
+
+A hybrid model is a stack of decoder blocks. Each block has a *mixer* chosen per layer from
+
+* linear attention with a fixed-size recurrent state: ``KDA`` (Kimi Delta Attention, per-channel
+  gate), ``GDN`` (Gated DeltaNet, per-head gate), ``LIGHTNING`` (constant per-head decay), or
+* softmax attention with a KV cache: ``MLA`` (latent ``c_kv ‖ k_rope`` cache), ``GQA`` (grouped
+  K/V heads, cache grows with length), ``SWA`` (GQA over a sliding window, cache bounded by it),
+
+and an MLP that is either dense (SwiGLU) or a mixture of experts with top-k routing and optional
+shared experts. Configs are frozen, hashable (usable as ``jax.jit`` statics) and validated on
+construction. Presets live in ``configs/models/<name>.toml`` and are read with the standard
+library; an unknown key is an error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from prfaas_jax.errors import ConfigError
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class LayerKind(enum.StrEnum):
+    KDA = "kda"
+    GDN = "gdn"
+    LIGHTNING = "lightning"
+    MLA = "mla"
+    GQA = "gqa"
+    SWA = "swa"
+
+    @property
+    def is_linear(self) -> bool:
+        return self in (LayerKind.KDA, LayerKind.GDN, LayerKind.LIGHTNING)
+
+    @property
+    def has_growing_state(self) -> bool:
+        """True when the layer's cache grows with every token (full attention)."""
+        return self in (LayerKind.MLA, LayerKind.GQA)
+
+
+class MlpKind(enum.StrEnum):
+    DENSE = "dense"
+    MOE = "moe"
+
+
+class RopeKind(enum.StrEnum):
+    NONE = "none"
+    NEOX = "neox"  # rotate-half over the first ``rope_fraction`` of the head dims ("standard")
+    INTERLEAVED = "interleaved"  # rotate adjacent pairs (2i, 2i+1)
+
+
+class MoeScoring(enum.StrEnum):
+    SOFTMAX = "softmax"
+    SIGMOID = "sigmoid"
+
+
+class LightningDecay(enum.StrEnum):
+    """Which per-layer slope schedule a Lightning layer uses (research/models.md §B2)."""
+
+    MINIMAX = "minimax"  # s_h · (1 − l/(L−1) + 1e-5)
+    RING = "ring"  # s_h · (1 − (l−1)/(L−1) + 1e-5)
+
+
+def dtype_nbytes(name: str) -> int:
+    """Bytes per element of a dtype named in a config."""
+    return _DTYPE_BYTES[name]
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+def _check_dtype(name: str, field: str) -> None:
+    _check(name in _DTYPE_BYTES, f"{field} must be one of {sorted(_DTYPE_BYTES)}, got {name!r}")
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """Shared dimensions of the KDA / GDN / Lightning layers of a model."""
+
+    num_heads: int  # query/key heads
+    num_v_heads: int  # value heads (≥ num_heads: grouped value attention)
+    head_dim: int  # d_k
+    v_head_dim: int  # d_v
+    conv_kernel: int = 4  # depthwise causal short conv over [q | k | v] (KDA, GDN); 1 = none
+    gate_rank: int = 0  # KDA low-rank gate projections (f_a/f_b, g_a/g_b); 0 = head_dim
+    lightning_decay: LightningDecay = LightningDecay.MINIMAX
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "num_v_heads", "head_dim", "v_head_dim", "conv_kernel"):
+            _check(getattr(self, name) >= 1, f"linear.{name} must be ≥ 1")
+        _check(
+            self.num_v_heads % self.num_heads == 0,
+            f"linear.num_v_heads ({self.num_v_heads}) must be a multiple of "
+            f"linear.num_heads ({self.num_heads})",
+        )
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.num_heads * self.head_dim + self.num_v_heads * self.v_head_dim
+
+    @property
+    def low_rank(self) -> int:
+        return self.gate_rank or self.head_dim
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """A softmax-attention layer with grouped K/V heads (GQA, or SWA when ``window`` is set)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int  # q/k head dim
+    v_head_dim: int = 0  # 0 = head_dim
+    window: int = 0  # sliding window in tokens, current token included (SWA only)
+    rope: RopeKind = RopeKind.NEOX
+    rope_theta: float = 10000.0
+    rope_fraction: float = 1.0  # partial RoPE: rotate only this fraction of head_dim
+    use_qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE
+    use_output_gate: bool = False  # o ← o · sigmoid(W_gate x) per head (gated attention)
+    use_sinks: bool = False  # learned per-head sink logit in the softmax denominator
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "num_kv_heads", "head_dim"):
+            _check(getattr(self, name) >= 1, f"attention.{name} must be ≥ 1")
+        _check(
+            self.num_heads % self.num_kv_heads == 0,
+            f"attention.num_heads ({self.num_heads}) must be a multiple of "
+            f"num_kv_heads ({self.num_kv_heads})",
+        )
+        _check(self.window >= 0, "attention.window must be ≥ 0")
+        _check(0.0 < self.rope_fraction <= 1.0, "attention.rope_fraction must be in (0, 1]")
+        _check(
+            self.rotary_dim % 2 == 0, "attention rotary dims (head_dim·rope_fraction) must be even"
+        )
+
+    @property
+    def value_dim(self) -> int:
+        return self.v_head_dim or self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        return 0 if self.rope is RopeKind.NONE else int(round(self.head_dim * self.rope_fraction))
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi Linear, Ring-2.5)."""
+
+    num_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0  # 0 = a single q projection (Kimi Linear)
+    rope: RopeKind = RopeKind.NONE  # Kimi Linear is NoPE; Ring-2.5 uses INTERLEAVED
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("num_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
+            _check(getattr(self, name) >= 1, f"mla.{name} must be ≥ 1")
+        _check(self.qk_rope_head_dim % 2 == 0, "mla.qk_rope_head_dim must be even")
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """Top-k routed experts plus always-on shared experts."""
+
+    num_experts: int
+    top_k: int
+    expert_dim: int
+    num_shared_experts: int = 0
+    scoring: MoeScoring = MoeScoring.SOFTMAX
+    use_score_bias: bool = False  # bias added for expert *selection* only (DeepSeek-V3 style)
+    renormalize: bool = True  # renormalise the top-k weights to sum to one
+    routed_scale: float = 1.0  # multiplies the routed experts' output
+
+    def __post_init__(self) -> None:
+        _check(self.num_experts >= 1, "moe.num_experts must be ≥ 1")
+        _check(
+            1 <= self.top_k <= self.num_experts,
+            f"moe.top_k must be in [1, num_experts={self.num_experts}], got {self.top_k}",
+        )
+        _check(self.expert_dim >= 1, "moe.expert_dim must be ≥ 1")
+        _check(self.num_shared_experts >= 0, "moe.num_shared_experts must be ≥ 0")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A hybrid decoder-only LM. ``layers[i]`` and ``mlps[i]`` describe block ``i``."""
+
+    name: str
+    vocab_size: int
+    hidden_dim: int
+    layers: tuple[LayerKind, ...]
+    mlps: tuple[MlpKind, ...]
+    mlp_dim: int = 0  # dense SwiGLU intermediate size
+    norm_eps: float = 1e-5
+    dtype: str = "float32"  # params, activations and KV caches
+    state_dtype: str = "float32"  # recurrent states of linear layers
+    tie_embeddings: bool = False
+    max_len: int = 131072  # longest sequence the model is meant to see
+    linear: LinearAttentionConfig | None = None
+    attention: AttentionConfig | None = None  # GQA layers
+    swa: AttentionConfig | None = None  # SWA layers
+    mla: MlaConfig | None = None
+    moe: MoeConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check(bool(self.layers), "layers must not be empty")
+        _check(
+            len(self.mlps) == len(self.layers),
+            f"mlps has {len(self.mlps)} entries but layers has {len(self.layers)}",
+        )
+        _check(self.vocab_size >= 2, "vocab_size must be ≥ 2")
+        _check(self.hidden_dim >= 1, "hidden_dim must be ≥ 1")
+        _check(self.max_len >= 1, "max_len must be ≥ 1")
+        _check_dtype(self.dtype, "dtype")
+        _check_dtype(self.state_dtype, "state_dtype")
+        kinds = set(self.layers)
+        needs = {
+            "linear": kinds & {LayerKind.KDA, LayerKind.GDN, LayerKind.LIGHTNING},
+            "attention": kinds & {LayerKind.GQA},
+            "swa": kinds & {LayerKind.SWA},
+            "mla": kinds & {LayerKind.MLA},
+        }
+        for section, users in needs.items():
+            if users:
+                _check(
+                    getattr(self, section) is not None,
+                    f"layers use {sorted(str(u) for u in users)} but the [{section}] section is missing",
+                )
+        if self.swa is not None and LayerKind.SWA in kinds:
+            _check(self.swa.window >= 1, "swa.window must be ≥ 1 for SWA layers")
+        if LayerKind.LIGHTNING in kinds and self.linear is not None:
+            _check(
+                self.linear.num_heads == self.linear.num_v_heads,
+                "Lightning layers need linear.num_v_heads == linear.num_heads",
+            )
+        if MlpKind.MOE in self.mlps:
+            _check(self.moe is not None, "mlps use 'moe' but the [moe] section is missing")
+        if MlpKind.DENSE in self.mlps:
+            _check(self.mlp_dim >= 1, "mlps use 'dense' but mlp_dim is not set")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_config(self, kind: LayerKind) -> Any:
+        """The section that holds the dimensions of layers of ``kind``."""
+        if kind.is_linear:
+            return self.linear
+        return {LayerKind.GQA: self.attention, LayerKind.SWA: self.swa, LayerKind.MLA: self.mla}[
+            kind
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict that ``config_from_dict`` turns back into an equal config."""
+        return _plain(dataclasses.asdict(self))
+
+    def fingerprint(self) -> str:
+        """Hex SHA-256 of the canonical config (name excluded: it does not change the math)."""
+        canonical = self.to_dict()
+        canonical.pop("name")
+        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
+
+
+# --- loading --------------------------------------------------------------------------------
+
+_SECTIONS: dict[str, type] = {
+    "linear": LinearAttentionConfig,
+    "attention": AttentionConfig,
+    "swa": AttentionConfig,
+    "mla": MlaConfig,
+    "moe": MoeConfig,
+}
+
+
+def _expand_pattern(entries: Any, field: str, enum_type: type[enum.Enum]) -> tuple:
+    """Expand ``["kda*3", "mla"]`` into ``(KDA, KDA, KDA, MLA)``."""
+    if not isinstance(entries, list):
+        raise ConfigError(f"{field} must be a list such as ['kda*3', 'mla']")
+    out: list = []
+    for entry in entries:
+        if not isinstance(entry, str):
+            raise ConfigError(f"{field} entries must be strings, got {entry!r}")
+        name, _, count = entry.partition("*")
+        try:
+            kind = enum_type(name.strip().lower())
+            repeat = int(count) if count else 1
+        except ValueError:
+            choices = ", ".join(m.value for m in enum_type)
+            raise ConfigError(
+                f"{field}: bad entry {entry!r} (kinds: {choices}; repeat as 'kind*N')"
+            ) from None
+        if repeat < 1:
+            raise ConfigError(f"{field}: repeat count must be ≥ 1 in {entry!r}")
+        out.extend([kind] * repeat)
+    return tuple(out)
+
+
+def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        annotation = str(fields[key].type)
+        for enum_type in (RopeKind, MoeScoring, LightningDecay):
+            if annotation.startswith(enum_type.__name__):
+                try:
+                    value = enum_type(value)
+                except ValueError:
+                    choices = [m.value for m in enum_type]
+                    raise ConfigError(f"{where}.{key}: {value!r} is not one of {choices}") from None
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> ModelConfig:
+    """Build a validated ``ModelConfig`` from TOML/JSON data."""
+    raw = dict(raw)
+    top: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            if value is not None:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"[{key}] in {source} must be a table")
+                top[key] = _build(_SECTIONS[key], value, f"{source} [{key}]")
+        elif key == "layers":
+            top[key] = _expand_pattern(value, f"{source}: layers", LayerKind)
+        elif key == "mlps":
+            top[key] = _expand_pattern(value, f"{source}: mlps", MlpKind)
+        else:
+            top[key] = value
+    for key in ("name", "layers", "mlps", "vocab_size", "hidden_dim"):
+        if key not in top:
+            raise ConfigError(f"{source} is missing the required key {key!r}")
+    return _build(ModelConfig, top, source)
+
+
+def config_dir() -> Path:
+    """The ``configs/`` folder: ``$PRFAAS_CONFIG_DIR`` or the one beside the package."""
+    override = os.environ.get("PRFAAS_CONFIG_DIR")
+    return Path(override) if override else Path(__file__).resolve().parents[1] / "configs"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in (config_dir() / "models").glob("*.toml"))
+
+
+def load_model_config(name_or_path: str | os.PathLike[str]) -> ModelConfig:
+    """Load a preset by name (``configs/models/<name>.toml``) or a TOML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = config_dir() / "models" / f"{name_or_path}.toml"
+        if not path.exists():
+            presets = ", ".join(available_presets()) or "(none found)"
+            raise ConfigError(f"unknown model preset {str(name_or_path)!r}; presets: {presets}")
+    if path.is_dir():
+        path = path / "config.toml"
+    try:
+        with open(path, "rb") as fh:
+            raw = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"model config not found: {path}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    raw.setdefault("name", path.stem)
+    return config_from_dict(raw, source=str(path))

@@ -1,0 +1,95 @@
+"""Lightning attention layer (MiniMax-01 style; research/models.md §B).
+
+    [q ‖ k ‖ v] = silu(W_qkv x)
+    o = lightning(q, k, v, decay_l)              S_t = exp(decay_h) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t
+    y = W_o · (rms_norm(o over all heads) ⊙ sigmoid(W_gate x))
+
+The decay is not learned: head ``h`` of layer ``l`` (0-based, of ``L`` layers) uses the ALiBi
+slope ``s_h`` scaled by the model's schedule (``LightningDecay``):
+MINIMAX ``−s_h·(1 − l/(L−1) + 1e-5)``, RING ``−s_h·(1 − (l−1)/(L−1) + 1e-5)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prfaas_jax.config import LightningDecay, ModelConfig
+from prfaas_jax.model import initializers as init
+from prfaas_jax.model.mixers.context import StepContext
+from prfaas_jax.model.norms import gated_rms_norm
+from prfaas_jax.model.state import LightningState
+from prfaas_jax.ops.dispatch import linear_op
+
+Params = dict[str, jax.Array]
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi slopes ``2^(−8(h+1)/n)``; non-powers of two interleave from the next power."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-(2.0 ** -(math.log2(n) - 3)))
+        return [start * start**i for i in range(n)]
+
+    if math.log2(num_heads).is_integer():
+        return np.asarray(power_of_two(num_heads))
+    closest = 2 ** math.floor(math.log2(num_heads))
+    extra = power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return np.asarray(power_of_two(closest) + extra)
+
+
+def layer_decay(cfg: ModelConfig, layer_index: int) -> np.ndarray:
+    """Log decay ``[H]`` (≤ 0) of the Lightning layer at block ``layer_index``."""
+    depth = max(cfg.num_layers - 1, 1)
+    shift = 1 if cfg.linear.lightning_decay is LightningDecay.RING else 0
+    factor = 1.0 - (layer_index - shift) / depth + 1e-5
+    return -alibi_slopes(cfg.linear.num_heads) * factor
+
+
+def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
+    lin, dim, dtype = cfg.linear, cfg.hidden_dim, jnp.dtype(cfg.dtype)
+    keys = init.KeySplitter(key)
+    v_out = lin.num_heads * lin.v_head_dim
+    return {
+        "qkv_proj": init.dense(
+            keys(), (dim, lin.num_heads * (2 * lin.head_dim + lin.v_head_dim)), dtype
+        ),
+        "gate_proj": init.dense(keys(), (dim, v_out), dtype),
+        "o_norm": init.ones((v_out,), dtype),
+        "o_proj": init.dense(keys(), (v_out, dim), dtype),
+    }
+
+
+def apply(
+    p: Params,
+    cfg: ModelConfig,
+    layer_index: int,
+    x_BTD: jax.Array,
+    state: LightningState,
+    ctx: StepContext,
+) -> tuple[jax.Array, LightningState]:
+    lin = cfg.linear
+    batch, seq_len, _ = x_BTD.shape
+    heads, qk_out = lin.num_heads, lin.num_heads * lin.head_dim
+    # The projection and activation run in fp32, as MiniMax computes them.
+    qkv = jax.nn.silu((x_BTD @ p["qkv_proj"]).astype(jnp.float32))
+    q = qkv[..., :qk_out].reshape(batch, seq_len, heads, lin.head_dim)
+    k = qkv[..., qk_out : 2 * qk_out].reshape(batch, seq_len, heads, lin.head_dim)
+    v = qkv[..., 2 * qk_out :].reshape(batch, seq_len, heads, lin.v_head_dim)
+    decay = jnp.asarray(layer_decay(cfg, layer_index), jnp.float32)
+    op = linear_op("lightning", ctx.linear_impl())
+    o, recurrent = op(
+        q,
+        k,
+        v,
+        decay=decay,
+        initial_state=state.recurrent,
+        output_final_state=True,
+        valid_len=ctx.valid_len,
+    )
+    o = o.reshape(batch, seq_len, heads * lin.v_head_dim)
+    o = gated_rms_norm(o, p["o_norm"], x_BTD @ p["gate_proj"], cfg.norm_eps, jax.nn.sigmoid)
+    return o.astype(x_BTD.dtype) @ p["o_proj"], LightningState(recurrent=recurrent)

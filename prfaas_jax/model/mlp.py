@@ -1,0 +1,60 @@
+"""Feed-forward blocks: dense SwiGLU and a routed mixture of experts.
+
+SwiGLU: ``down(silu(x W_gate) ⊙ x W_up)``.
+
+MoE, per token ``x``: scores ``s = softmax(x W_router)`` or ``sigmoid(x W_router)``; the top-k
+experts are *selected* on ``s + b`` (``b`` a learned selection bias, DeepSeek-V3 style, or 0) but
+*weighted* by ``s`` — renormalised to sum to one if configured — times ``routed_scale``; always-on
+shared experts are one SwiGLU of width ``num_shared_experts · expert_dim`` added on top.
+Routed experts run as grouped matmuls (``lax.ragged_dot``) over token copies sorted by expert, so
+compute scales with ``top_k``, not with the number of experts.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from prfaas_jax.config import MoeConfig, MoeScoring
+
+Params = dict[str, jax.Array]
+
+
+def swiglu(p: Params, x: jax.Array) -> jax.Array:
+    return (jax.nn.silu(x @ p["gate"]) * (x @ p["up"])) @ p["down"]
+
+
+def route(p: Params, moe: MoeConfig, x_ND: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Top-k expert ids ``[N, k]`` and their combine weights ``[N, k]`` (fp32)."""
+    # Router logits in fp32: near-ties between experts must not depend on the model dtype.
+    logits = x_ND.astype(jnp.float32) @ p["router"].astype(jnp.float32)
+    if moe.scoring is MoeScoring.SOFTMAX:
+        scores = jax.nn.softmax(logits, axis=-1)
+    else:
+        scores = jax.nn.sigmoid(logits)
+    select = scores + p["score_bias"].astype(jnp.float32) if moe.use_score_bias else scores
+    _, expert_ids = jax.lax.top_k(select, moe.top_k)
+    weights = jnp.take_along_axis(scores, expert_ids, axis=-1)
+    if moe.renormalize:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return expert_ids, weights * moe.routed_scale
+
+
+def moe_mlp(p: Params, moe: MoeConfig, x_BTD: jax.Array) -> jax.Array:
+    batch, seq_len, dim = x_BTD.shape
+    x = x_BTD.reshape(-1, dim)
+    expert_ids, weights = route(p, moe, x)
+    flat_experts = expert_ids.reshape(-1)
+    order = jnp.argsort(flat_experts, stable=True)
+    token_of = order // moe.top_k
+    group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
+    xs = x[token_of]
+    hidden = jax.nn.silu(jax.lax.ragged_dot(xs, p["experts_gate"], group_sizes)) * (
+        jax.lax.ragged_dot(xs, p["experts_up"], group_sizes)
+    )
+    ys = jax.lax.ragged_dot(hidden, p["experts_down"], group_sizes)
+    combine = weights.reshape(-1)[order].astype(ys.dtype)
+    out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
+    if moe.num_shared_experts:
+        out = out + swiglu(p["shared"], x)
+    return out.reshape(batch, seq_len, dim)

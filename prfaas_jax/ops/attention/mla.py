@@ -1,0 +1,48 @@
+"""MLA decode in the absorbed form, over the latent cache (DeepSeek-V2/V3; research/models.md §C3).
+
+With ``kv_b_proj`` split per head into ``W_UK[h]`` (latent → k_nope) and ``W_UV[h]`` (latent → v):
+
+    q̃_h     = W_UK[h]ᵀ q_nope_h                                  (R)
+    score_hs = scale · (q̃_h · c_kv_s + q_rope_h · k_rope_s)
+    ctx_h    = Σ_s softmax_s(score_hs) · c_kv_s                   (R)
+    o_h      = W_UV[h] ctx_h                                      (Dv)
+
+This is multi-query attention with (R + Dr)-dim keys and R-dim values shared by every head, so
+the cache stays ``c_kv ‖ k_rope`` and is never expanded per head. It equals the expanded form
+(``attention`` over ``k = [W_UK c_kv ‖ k_rope]``, ``v = W_UV c_kv``) up to rounding.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from prfaas_jax.ops.attention.gqa import attention
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def mla_decode_absorbed(
+    q_nope_BTHN: jax.Array,
+    q_rope_BTHP: jax.Array,
+    c_kv_BSR: jax.Array,
+    k_rope_BSP: jax.Array,
+    w_uk_RHN: jax.Array,
+    w_uv_RHV: jax.Array,
+    *,
+    q_pos: jax.Array,
+    kv_pos: jax.Array,
+    scale: float,
+) -> jax.Array:
+    """Absorbed MLA attention; returns ``[B, T, H, Dv]`` in ``c_kv``'s dtype."""
+    f32 = jnp.float32
+    q_latent = jnp.einsum(
+        "bthn,rhn->bthr", q_nope_BTHN.astype(f32), w_uk_RHN.astype(f32), precision=_HIGHEST
+    )
+    q = jnp.concatenate([q_latent, q_rope_BTHP.astype(f32)], axis=-1)
+    keys = jnp.concatenate([c_kv_BSR, k_rope_BSP], axis=-1).astype(f32)[:, :, None]
+    ctx = attention(
+        q, keys, c_kv_BSR.astype(f32)[:, :, None], q_pos=q_pos, kv_pos=kv_pos, scale=scale
+    )
+    out = jnp.einsum("bthr,rhv->bthv", ctx, w_uv_RHV.astype(f32), precision=_HIGHEST)
+    return out.astype(c_kv_BSR.dtype)
