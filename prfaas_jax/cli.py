@@ -41,12 +41,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
         description="Prefill a prompt and decode new tokens. Weights are drawn from --seed, so "
         "the same command always prints the same tokens.",
     )
-    p.add_argument("--model", default="tiny", help="preset name or path to a model TOML (default: tiny)")
+    p.add_argument("--model", default="tiny", help="preset name or model TOML path (default: tiny)")
     p.add_argument("--seed", type=int, default=0, help="seed for the random weights (default: 0)")
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt-ids", type=_parse_int_list, help="comma-separated token ids")
     prompt.add_argument("--prompt", help="text, encoded with the byte-level tokenizer")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to generate (default: 16)")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to make (default: 16)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
     p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
@@ -86,15 +86,67 @@ def _run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- plan -----------------------------------------------------------------------------------
+
+
+def _add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="search the throughput-optimal threshold and prefill/decode split (paper Eqs. 3-8)",
+        description="Evaluate the PrfaaS throughput model for every routing threshold t on the "
+        "config's grid and every N_p/N_d split of the local PD cluster, and print the best "
+        "configuration beside the homogeneous-PD and naive-heterogeneous baselines (the paper's "
+        "Table 6).",
+        epilog="example: prfaas plan --config configs/plans/case-study-1t.toml --bandwidth 5",
+    )
+    p.add_argument(
+        "--config", required=True, help="plan TOML (see configs/plans/ and docs/planning.md)"
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        metavar="GBPS",
+        help="PrfaaS egress bandwidth B_out in Gbps (default: the config's prfaas.egress_gbps)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also save Λ_max and the stage bounds against N_p/N_d and t, and a heatmap over "
+        "(t, N_p), to this PNG (needs matplotlib)",
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(run=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from prfaas_jax.planning.plan_config import load_plan_config
+    from prfaas_jax.planning.plan_report import draw_plan, format_plan, plan_to_json
+    from prfaas_jax.policy.search import search
+
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        raise UserError(f"--bandwidth must be a positive number of Gbps, got {args.bandwidth}")
+    config = load_plan_config(args.config, egress_gbps=args.bandwidth)
+    plan = search(config.model, config.baseline, thresholds=config.thresholds)
+    if args.plot:
+        draw_plan(plan, args.plot)
+    if args.json:
+        _print_json(plan_to_json(plan, config))
+    else:
+        print(format_plan(plan, config))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
 # --- entry point ----------------------------------------------------------------------------
 
-_COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_generate,)
+_COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (_add_generate, _add_plan)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="prfaas",
-        description="Prefill-as-a-Service for hybrid-attention LLMs (JAX reference implementation).",
+        description="Prefill-as-a-Service for hybrid-attention LLMs, in JAX.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True

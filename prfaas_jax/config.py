@@ -151,7 +151,7 @@ class AttentionConfig:
 
     @property
     def rotary_dim(self) -> int:
-        return 0 if self.rope is RopeKind.NONE else int(round(self.head_dim * self.rope_fraction))
+        return 0 if self.rope is RopeKind.NONE else round(self.head_dim * self.rope_fraction)
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,7 @@ class ModelConfig:
             if users:
                 _check(
                     getattr(self, section) is not None,
-                    f"layers use {sorted(str(u) for u in users)} but the [{section}] section is missing",
+                    f"layers use {sorted(map(str, users))} but the [{section}] section is missing",
                 )
         if self.swa is not None and LayerKind.SWA in kinds:
             _check(self.swa.window >= 1, "swa.window must be ≥ 1 for SWA layers")
@@ -274,9 +274,14 @@ class ModelConfig:
         return _plain(dataclasses.asdict(self))
 
     def fingerprint(self) -> str:
-        """Hex SHA-256 of the canonical config (name excluded: it does not change the math)."""
+        """Hex SHA-256 of the canonical config.
+
+        ``name`` and ``max_len`` are excluded: neither changes the math nor the state layout, so
+        deployments with different serving limits can still exchange states.
+        """
         canonical = self.to_dict()
         canonical.pop("name")
+        canonical.pop("max_len")
         blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 
@@ -299,6 +304,11 @@ _SECTIONS: dict[str, type] = {
     "swa": AttentionConfig,
     "mla": MlaConfig,
     "moe": MoeConfig,
+}
+_ENUM_FIELDS: dict[str, type[enum.Enum]] = {
+    "rope": RopeKind,
+    "scoring": MoeScoring,
+    "lightning_decay": LightningDecay,
 }
 
 
@@ -332,14 +342,13 @@ def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
     kwargs: dict[str, Any] = {}
     for key, value in raw.items():
-        annotation = str(fields[key].type)
-        for enum_type in (RopeKind, MoeScoring, LightningDecay):
-            if annotation.startswith(enum_type.__name__):
-                try:
-                    value = enum_type(value)
-                except ValueError:
-                    choices = [m.value for m in enum_type]
-                    raise ConfigError(f"{where}.{key}: {value!r} is not one of {choices}") from None
+        enum_type = _ENUM_FIELDS.get(key)
+        if enum_type is not None:
+            try:
+                value = enum_type(value)
+            except ValueError:
+                choices = [m.value for m in enum_type]
+                raise ConfigError(f"{where}.{key}: {value!r} is not one of {choices}") from None
         kwargs[key] = value
     try:
         return cls(**kwargs)

@@ -9,8 +9,8 @@ Both (research/models.md §A2, §A6):
 
 and differ in the decay and the output gate:
 
-    KDA: g = −exp(A_log[h]) · softplus(W_fb W_fa x + dt_bias)  per channel;  gate = W_gb W_ga x, sigmoid
-    GDN: g = −exp(A_log[h]) · softplus(W_a x + dt_bias)        per head;     gate = W_z x,        silu
+    KDA: g = −exp(A_log[h])·softplus(W_fb W_fa x + dt_bias) per channel; gate = sigmoid(W_gb W_ga x)
+    GDN: g = −exp(A_log[h])·softplus(W_a x + dt_bias)       per head;    gate = silu(W_z x)
 
 Padding tokens get g = 0 and β = 0, which leaves the recurrent state untouched.
 """

@@ -1,7 +1,7 @@
 """Lightning attention layer (MiniMax-01 style; research/models.md §B).
 
     [q ‖ k ‖ v] = silu(W_qkv x)
-    o = lightning(q, k, v, decay_l)              S_t = exp(decay_h) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t
+    o = lightning(q, k, v, decay_l)     S_t = exp(decay_h) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t
     y = W_o · (rms_norm(o over all heads) ⊙ sigmoid(W_gate x))
 
 The decay is not learned: head ``h`` of layer ``l`` (0-based, of ``L`` layers) uses the ALiBi

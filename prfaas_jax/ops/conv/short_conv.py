@@ -1,6 +1,6 @@
 """Depthwise causal 1-D convolution over time with a carried tail.
 
-    y[t, c] = Σ_{j=0}^{W−1} w[j, c] · x̃[t + j, c],     x̃ = tail ‖ x   (tail: the previous W−1 inputs)
+    y[t, c] = Σ_{j=0}^{W−1} w[j, c] · x̃[t + j, c],   x̃ = tail ‖ x  (tail: the previous W−1 inputs)
 
 so ``w[W−1]`` multiplies the current token. The new tail is the last ``W−1`` inputs of the
 *valid* prefix: for row ``b`` with ``valid_len[b]`` real tokens, ``x̃[valid_len[b] : valid_len[b]

@@ -1,0 +1,1 @@
+"""Planning glue: plan/simulation configs, reports and (later) the discrete-event simulator."""

@@ -1,0 +1,4 @@
+"""Pure scheduling policy: the throughput model, length distributions, profiles and the search.
+
+No JAX, no gRPC, no clocks of its own: the router and the cluster simulator call the same objects.
+"""
