@@ -1,0 +1,190 @@
+"""Canonical layout of one sequence's state: which tensors, and how they map to ``ModelState``.
+
+``canonical_tensors(cfg, L)`` lists the tensors (model/state.py's canonical representation) in
+wire order; ``canonical_row`` reads them out of one row of a (batched) state as little-endian
+bytes, and ``build_state`` lays such bytes back out as a batch-1 state of a given capacity.
+SWA rings keep position ``p`` in slot ``p mod W'`` (``W'`` the ring size, the array's axis 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prfaas_jax.config import LayerKind, ModelConfig, dtype_nbytes
+from prfaas_jax.model.state import (
+    DeltaState,
+    KvState,
+    LayerState,
+    LightningState,
+    MlaState,
+    ModelState,
+    WindowKvState,
+    window_capacity,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One canonical tensor of one sequence: what it is, its dtype and its exact shape."""
+
+    layer: int
+    kind: LayerKind
+    name: str  # the field of the layer's state pytree it comes from
+    dtype: str  # a config dtype name
+    shape: tuple[int, ...]
+    token_axis: bool  # axis 0 counts positions (MLA, GQA, SWA) and frames split whole tokens
+
+    def __str__(self) -> str:
+        axis = ", token axis 0" if self.token_axis else ""
+        shape = ", ".join(map(str, self.shape))
+        return f"layer {self.layer} {self.kind.value} {self.name} {self.dtype}[{shape}]{axis}"
+
+    @property
+    def itemsize(self) -> int:
+        return dtype_nbytes(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def unit_bytes(self) -> int:
+        """Chunks are multiples of this: one token row, or one element for fixed-size state."""
+        if self.token_axis:
+            return math.prod(self.shape[1:]) * self.itemsize
+        return self.itemsize
+
+
+def canonical_tensors(cfg: ModelConfig, length: int) -> list[TensorSpec]:
+    """The tensors that ``length`` tokens of state occupy, layer by layer (model/state.py)."""
+    specs = []
+    for layer, kind in enumerate(cfg.layers):
+        if kind is LayerKind.MLA:
+            fields = {"c_kv": (cfg.mla.kv_lora_rank,), "k_rope": (cfg.mla.qk_rope_head_dim,)}
+            rows = length
+        elif kind in (LayerKind.GQA, LayerKind.SWA):
+            att = cfg.attention if kind is LayerKind.GQA else cfg.swa
+            fields = {
+                "k": (att.num_kv_heads, att.head_dim),
+                "v": (att.num_kv_heads, att.value_dim),
+            }
+            rows = length if kind is LayerKind.GQA else min(length, att.window)
+        else:
+            lin = cfg.linear
+            heads = lin.num_heads if kind is LayerKind.LIGHTNING else lin.num_v_heads
+            shape = (heads, lin.head_dim, lin.v_head_dim)
+            specs.append(TensorSpec(layer, kind, "recurrent", cfg.state_dtype, shape, False))
+            if kind is not LayerKind.LIGHTNING:
+                shape = (lin.conv_kernel - 1, lin.conv_channels)
+                specs.append(TensorSpec(layer, kind, "conv", cfg.dtype, shape, False))
+            continue
+        for name, tail in fields.items():
+            specs.append(TensorSpec(layer, kind, name, cfg.dtype, (rows, *tail), True))
+    return specs
+
+
+_LAYER_CLASSES: dict[LayerKind, type] = {
+    LayerKind.MLA: MlaState,
+    LayerKind.GQA: KvState,
+    LayerKind.SWA: WindowKvState,
+    LayerKind.KDA: DeltaState,
+    LayerKind.GDN: DeltaState,
+    LayerKind.LIGHTNING: LightningState,
+}
+
+
+def _ring_slots(length: int, count: int, ring: int) -> np.ndarray:
+    """Ring slots of the last ``count`` positions before ``length``, in position order."""
+    return np.arange(length - count, length) % ring
+
+
+def _wire_bytes(array: np.ndarray) -> bytes:
+    # Reinterpret as same-width unsigned ints so the byte order is explicit for every dtype,
+    # bfloat16 included (ml_dtypes types carry no byte order of their own).
+    width = array.dtype.itemsize
+    raw = np.ascontiguousarray(array).view(f"u{width}")
+    return raw.astype(f"<u{width}", copy=False).tobytes()
+
+
+def _from_wire(buffer: bytearray, spec: TensorSpec) -> np.ndarray:
+    width = spec.itemsize
+    raw = np.frombuffer(buffer, f"<u{width}").astype(f"=u{width}", copy=False)
+    return raw.view(jnp.dtype(spec.dtype)).reshape(spec.shape)
+
+
+def canonical_row(
+    state: ModelState, cfg: ModelConfig, row: int
+) -> tuple[int, list[tuple[TensorSpec, bytes]]]:
+    """Row ``row`` of ``state`` as L and its canonical tensors' little-endian bytes.
+
+    Raises ValueError when the state does not fit ``cfg`` (layer types, dtypes, shapes, L).
+    """
+    lengths = np.asarray(state.lengths)
+    if lengths.ndim != 1 or not 0 <= row < lengths.shape[0]:
+        raise ValueError(f"row {row} is not a row of a state with lengths shape {lengths.shape}")
+    if len(state.layers) != cfg.num_layers:
+        raise ValueError(f"state has {len(state.layers)} layers, {cfg.name} has {cfg.num_layers}")
+    batch, length = lengths.shape[0], int(lengths[row])
+    if length < 0:
+        raise ValueError(f"row {row} has negative length {length}")
+    tensors = []
+    for spec in canonical_tensors(cfg, length):
+        layer: LayerState = state.layers[spec.layer]
+        where = f"layer {spec.layer} ({spec.kind.value}) {spec.name}"
+        if type(layer) is not _LAYER_CLASSES[spec.kind]:
+            raise ValueError(f"layer {spec.layer} is a {type(layer).__name__}, not {spec.kind}")
+        array: jax.Array = getattr(layer, spec.name)
+        if array.dtype != jnp.dtype(spec.dtype):
+            raise ValueError(f"{where} has dtype {array.dtype}, the config says {spec.dtype}")
+        fixed = (batch, *spec.shape)
+        if spec.token_axis:
+            # Growing caches may hold more positions than L, SWA rings more slots than min(L, W).
+            ok = len(array.shape) == len(fixed) and array.shape[0] == batch
+            ok = ok and array.shape[2:] == fixed[2:] and array.shape[1] >= spec.shape[0]
+        else:
+            ok = array.shape == fixed
+        if not ok:
+            raise ValueError(f"{where} has shape {array.shape}, which cannot hold {spec.shape}")
+        # Select the row on device (one compiled op per state shape) but the live positions on
+        # the host: slicing [:L] on device would compile a new XLA op for every distinct L.
+        data = np.asarray(array[row])
+        if spec.kind is LayerKind.SWA:
+            data = data[_ring_slots(length, spec.shape[0], array.shape[1])]
+        elif spec.token_axis:
+            data = data[:length]
+        tensors.append((spec, _wire_bytes(data)))
+    return length, tensors
+
+
+def _stored(
+    cfg: ModelConfig, spec: TensorSpec, array: np.ndarray, length: int, capacity: int
+) -> jax.Array:
+    """A canonical tensor laid out as a batch-1 state field of the given capacity."""
+    if spec.kind is LayerKind.SWA:
+        ring = window_capacity(cfg.swa.window, capacity)
+        out = np.zeros((1, ring, *spec.shape[1:]), array.dtype)
+        out[0, _ring_slots(length, spec.shape[0], ring)] = array
+    elif spec.token_axis:
+        out = np.zeros((1, capacity, *spec.shape[1:]), array.dtype)
+        out[0, :length] = array
+    else:
+        out = array[None]
+    return jnp.asarray(out)
+
+
+def build_state(
+    cfg: ModelConfig, length: int, tensors: Sequence[tuple[TensorSpec, bytearray]], capacity: int
+) -> ModelState:
+    """A batch-1 state from ``canonical_tensors(cfg, length)``'s bytes, caches of ``capacity``."""
+    fields: list[dict[str, jax.Array]] = [{} for _ in cfg.layers]
+    for spec, buffer in tensors:
+        array = _from_wire(buffer, spec)
+        fields[spec.layer][spec.name] = _stored(cfg, spec, array, length, capacity)
+    layers = tuple(_LAYER_CLASSES[kind](**f) for kind, f in zip(cfg.layers, fields, strict=True))
+    return ModelState(lengths=jnp.array([length], jnp.int32), layers=layers)
