@@ -1,0 +1,86 @@
+"""ModelConfig validation, preset loading and the canonical fingerprint."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from prfaas_jax.config import (
+    LayerKind,
+    MlpKind,
+    RopeKind,
+    available_presets,
+    config_from_dict,
+    load_model_config,
+)
+from prfaas_jax.errors import ConfigError
+
+
+def test_presets_load_and_round_trip():
+    assert {"tiny", "tiny-gdn", "tiny-lightning", "tiny-swa"} <= set(available_presets())
+    for name in available_presets():
+        cfg = load_model_config(name)
+        assert config_from_dict(cfg.to_dict()) == cfg
+        hash(cfg)  # usable as a jax.jit static argument
+
+
+def test_tiny_is_kimi_linear_shaped():
+    cfg = load_model_config("tiny")
+    assert cfg.layers == (LayerKind.KDA,) * 3 + (LayerKind.MLA,)
+    assert cfg.mlps == (MlpKind.DENSE,) + (MlpKind.MOE,) * 3
+    assert cfg.mla.rope is RopeKind.NONE
+    assert load_model_config("tiny-lightning").layers.count(LayerKind.LIGHTNING) == 7
+
+
+def test_pattern_shorthand_expands():
+    raw = load_model_config("tiny").to_dict()
+    raw["layers"] = ["kda*2", "mla", "kda"]
+    assert config_from_dict(raw).layers == (
+        LayerKind.KDA,
+        LayerKind.KDA,
+        LayerKind.MLA,
+        LayerKind.KDA,
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda r: r.update(bogus=1), "unknown key"),
+        (lambda r: r["mla"].update(extra=2), "unknown key"),
+        (lambda r: r.update(layers=["kda", "mamba", "mla", "kda"]), "bad entry 'mamba'"),
+        (lambda r: r.update(mlps=["dense"]), "mlps has 1 entries"),
+        (lambda r: r.pop("mla"), "[mla] section is missing"),
+        (lambda r: r["linear"].update(num_v_heads=3), "multiple of"),
+        (lambda r: r["moe"].update(top_k=99), "top_k"),
+        (lambda r: r["mla"].update(rope="sideways"), "is not one of"),
+        (lambda r: r.update(dtype="int8"), "dtype must be one of"),
+    ],
+)
+def test_bad_configs_raise_config_error(mutate, message):
+    raw = load_model_config("tiny").to_dict()
+    mutate(raw)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        config_from_dict(raw)
+
+
+def test_unknown_preset_lists_the_presets():
+    with pytest.raises(ConfigError, match=r"presets: .*tiny"):
+        load_model_config("no-such-model")
+
+
+def test_toml_file_errors(tmp_path):
+    broken = tmp_path / "broken.toml"
+    broken.write_text("name = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_model_config(broken)
+    with pytest.raises(ConfigError, match="not found"):
+        load_model_config(tmp_path / "missing.toml")
+
+
+def test_fingerprint_tracks_the_math_only():
+    cfg = load_model_config("tiny")
+    assert cfg.fingerprint() == dataclasses.replace(cfg, name="x", max_len=7).fingerprint()
+    assert cfg.fingerprint() != dataclasses.replace(cfg, norm_eps=1e-6).fingerprint()
+    assert cfg.fingerprint() != load_model_config("tiny-gdn").fingerprint()
