@@ -1,8 +1,9 @@
 """Canonical layout of one sequence's state: which tensors, and how they map to ``ModelState``.
 
 ``canonical_tensors(cfg, L)`` lists the tensors (model/state.py's canonical representation) in
-wire order; ``canonical_row`` reads them out of one row of a (batched) state as little-endian
-bytes, and ``build_state`` lays such bytes back out as a batch-1 state of a given capacity.
+wire order; ``canonical_arrays`` reads them out of one row of a (batched) state as host arrays
+(``canonical_row``: as little-endian bytes), and ``state_from_arrays`` / ``build_state`` lay them
+back out as a batch-1 state of a given capacity. The prefix cache stores the same arrays.
 SWA rings keep position ``p`` in slot ``p mod W'`` (``W'`` the ring size, the array's axis 1).
 """
 
@@ -118,10 +119,10 @@ def _from_wire(buffer: bytearray, spec: TensorSpec) -> np.ndarray:
     return raw.view(jnp.dtype(spec.dtype)).reshape(spec.shape)
 
 
-def canonical_row(
+def canonical_arrays(
     state: ModelState, cfg: ModelConfig, row: int
-) -> tuple[int, list[tuple[TensorSpec, bytes]]]:
-    """Row ``row`` of ``state`` as L and its canonical tensors' little-endian bytes.
+) -> tuple[int, list[tuple[TensorSpec, np.ndarray]]]:
+    """Row ``row`` of ``state`` as L and its canonical tensors (host arrays, position order).
 
     Raises ValueError when the state does not fit ``cfg`` (layer types, dtypes, shapes, L).
     """
@@ -158,8 +159,16 @@ def canonical_row(
             data = data[_ring_slots(length, spec.shape[0], array.shape[1])]
         elif spec.token_axis:
             data = data[:length]
-        tensors.append((spec, _wire_bytes(data)))
+        tensors.append((spec, data))
     return length, tensors
+
+
+def canonical_row(
+    state: ModelState, cfg: ModelConfig, row: int
+) -> tuple[int, list[tuple[TensorSpec, bytes]]]:
+    """``canonical_arrays`` as little-endian bytes (what the codec puts on the wire)."""
+    length, arrays = canonical_arrays(state, cfg, row)
+    return length, [(spec, _wire_bytes(array)) for spec, array in arrays]
 
 
 def _stored(
@@ -178,13 +187,23 @@ def _stored(
     return jnp.asarray(out)
 
 
+def state_from_arrays(
+    cfg: ModelConfig,
+    length: int,
+    tensors: Sequence[tuple[TensorSpec, np.ndarray]],
+    capacity: int,
+) -> ModelState:
+    """A batch-1 state from ``canonical_tensors(cfg, length)``'s arrays, caches of ``capacity``."""
+    fields: list[dict[str, jax.Array]] = [{} for _ in cfg.layers]
+    for spec, array in tensors:
+        fields[spec.layer][spec.name] = _stored(cfg, spec, array, length, capacity)
+    layers = tuple(_LAYER_CLASSES[kind](**f) for kind, f in zip(cfg.layers, fields, strict=True))
+    return ModelState(lengths=jnp.array([length], jnp.int32), layers=layers)
+
+
 def build_state(
     cfg: ModelConfig, length: int, tensors: Sequence[tuple[TensorSpec, bytearray]], capacity: int
 ) -> ModelState:
     """A batch-1 state from ``canonical_tensors(cfg, length)``'s bytes, caches of ``capacity``."""
-    fields: list[dict[str, jax.Array]] = [{} for _ in cfg.layers]
-    for spec, buffer in tensors:
-        array = _from_wire(buffer, spec)
-        fields[spec.layer][spec.name] = _stored(cfg, spec, array, length, capacity)
-    layers = tuple(_LAYER_CLASSES[kind](**f) for kind, f in zip(cfg.layers, fields, strict=True))
-    return ModelState(lengths=jnp.array([length], jnp.int32), layers=layers)
+    arrays = [(spec, _from_wire(buffer, spec)) for spec, buffer in tensors]
+    return state_from_arrays(cfg, length, arrays, capacity)

@@ -1,0 +1,239 @@
+"""Hybrid prefix cache pool: full-attention KV blocks and linear-state checkpoints in one budget.
+
+A hybrid model's state has two kinds of parts (paper §3.2):
+
+* **growing KV** (MLA, GQA): position ``p``'s entry depends only on tokens ``≤ p``, so it can be
+  reused block by block — any prefix of cached blocks is valid (partial prefix match);
+* **fixed-size state** (KDA / GDN / Lightning recurrences, short-conv tails, SWA windows): it
+  summarises the whole prefix, so it is reusable only at exactly the length it was saved at.
+
+``PrefixCache`` keeps the first as a tree of fixed-size token blocks keyed by a hash chain
+(``block_hashes``: ``h_i = blake2b(h_{i−1} ‖ tokens_i)``, the identity a global cache manager can
+compare across clusters), and the second as *checkpoints* hanging off a block: the fixed-size
+state at length ``L`` plus the KV of the ``L mod block_size`` tokens after the block. The engine
+saves checkpoints at block boundaries every ``checkpoint_every`` blocks while it prefills
+(``checkpoint_lengths``) and at the end of each prompt, so a multi-turn follow-up hits exactly.
+
+``match(tokens)`` returns the longest prefix that has **both** its KV blocks and a checkpoint at
+that exact length, capped at ``len(tokens) − 1`` so prefill always computes at least the last
+token (whose logits give the first output token). Blocks and checkpoints share one byte budget
+with LRU eviction that only ever removes checkpoints and *leaf* blocks (no child block, no
+checkpoint): a checkpoint can therefore never outlive the KV prefix it needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+from collections.abc import Sequence
+
+import numpy as np
+
+from prfaas_jax.config import LayerKind, ModelConfig
+from prfaas_jax.engine.codec_layout import (
+    TensorSpec,
+    canonical_arrays,
+    canonical_tensors,
+    state_from_arrays,
+)
+from prfaas_jax.model.state import ModelState
+
+
+def block_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
+    """The hash chain of every full block of ``tokens``."""
+    hashes, previous = [], b""
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = np.asarray(tokens[start : start + block_size], "<i4").tobytes()
+        previous = hashlib.blake2b(previous + block, digest_size=16).digest()
+        hashes.append(previous)
+    return hashes
+
+
+def _is_growing(spec: TensorSpec) -> bool:
+    return spec.token_axis and spec.kind is not LayerKind.SWA
+
+
+@dataclasses.dataclass(eq=False)
+class _Checkpoint:
+    length: int
+    tail_kv: list[np.ndarray]  # growing tensors for the positions after the owning block
+    fixed: list[np.ndarray]  # recurrent states, conv tails, SWA windows at exactly `length`
+    nbytes: int
+    last_used: int
+
+
+@dataclasses.dataclass(eq=False)
+class _Block:
+    depth: int  # full blocks from the root up to and including this one
+    tokens: tuple[int, ...]
+    kv: list[np.ndarray]  # growing tensors for this block's positions
+    parent: _Block | None
+    nbytes: int
+    last_used: int
+    children: dict[bytes, _Block] = dataclasses.field(default_factory=dict)
+    checkpoints: dict[tuple[int, ...], _Checkpoint] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixHit:
+    """A reusable prefix: ``length`` tokens, the blocks leading to it and its checkpoint."""
+
+    length: int
+    blocks: tuple[_Block, ...]
+    checkpoint: _Checkpoint
+
+
+@dataclasses.dataclass
+class CacheStats:
+    capacity_bytes: int
+    used_bytes: int = 0
+    blocks: int = 0
+    checkpoints: int = 0
+    lookups: int = 0
+    hits: int = 0
+    hit_tokens: int = 0
+    evictions: int = 0
+
+
+class PrefixCache:
+    """One cluster's (or instance's) hybrid prefix cache, held in host memory."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        *,
+        capacity_bytes: int,
+        block_size: int = 64,
+        checkpoint_every: int = 4,
+    ):
+        if block_size < 1 or checkpoint_every < 1 or capacity_bytes < 0:
+            raise ValueError("block_size and checkpoint_every must be ≥ 1, capacity_bytes ≥ 0")
+        self.cfg = cfg
+        self.block_size = block_size
+        self.checkpoint_every = checkpoint_every
+        self.stats = CacheStats(capacity_bytes=capacity_bytes)
+        self._clock = itertools.count(1)
+        self._root = _Block(depth=0, tokens=(), kv=[], parent=None, nbytes=0, last_used=0)
+
+    # --- what to save -----------------------------------------------------------------------
+
+    def checkpoint_lengths(self, prompt_len: int) -> list[int]:
+        """Lengths at which prefill of a ``prompt_len`` prompt should hand states to ``insert``."""
+        stride = self.block_size * self.checkpoint_every
+        return [*range(stride, prompt_len, stride), prompt_len]
+
+    def insert(self, tokens: Sequence[int], state: ModelState, *, row: int = 0) -> None:
+        """Store the state of ``tokens`` (row ``row`` of ``state`` has absorbed exactly them)."""
+        length, arrays = canonical_arrays(state, self.cfg, row)
+        if length != len(tokens):
+            raise ValueError(f"state holds {length} tokens but {len(tokens)} were given")
+        growing = [a for spec, a in arrays if _is_growing(spec)]
+        fixed = [a for spec, a in arrays if not _is_growing(spec)]
+        bs = self.block_size
+        node, now = self._root, next(self._clock)
+        for depth, key in enumerate(block_hashes(tokens, bs), start=1):
+            child = node.children.get(key)
+            if child is None:
+                kv = [np.array(a[(depth - 1) * bs : depth * bs]) for a in growing]
+                block_tokens = tuple(tokens[(depth - 1) * bs : depth * bs])
+                child = _Block(depth, block_tokens, kv, node, sum(a.nbytes for a in kv), now)
+                node.children[key] = child
+                self._account(child.nbytes, blocks=1)
+            child.last_used = now
+            node = child
+        tail = tuple(tokens[node.depth * bs :])
+        if tail not in node.checkpoints:
+            tail_kv = [np.array(a[node.depth * bs :]) for a in growing]
+            fixed_copy = [np.array(a) for a in fixed]
+            nbytes = sum(a.nbytes for a in tail_kv) + sum(a.nbytes for a in fixed_copy)
+            node.checkpoints[tail] = _Checkpoint(length, tail_kv, fixed_copy, nbytes, now)
+            self._account(nbytes, checkpoints=1)
+        node.checkpoints[tail].last_used = now
+        self._evict()
+
+    # --- lookup -----------------------------------------------------------------------------
+
+    def match(self, tokens: Sequence[int]) -> PrefixHit | None:
+        """The longest reusable prefix of ``tokens`` shorter than ``tokens``, or None."""
+        self.stats.lookups += 1
+        limit, bs = len(tokens) - 1, self.block_size
+        best: PrefixHit | None = None
+        path: list[_Block] = []
+        node = self._root
+        hashes = block_hashes(tokens[:limit], bs)
+        for depth in range(len(hashes) + 1):
+            start = depth * bs
+            for tail, checkpoint in node.checkpoints.items():
+                end = start + len(tail)
+                longer = best is None or end > best.length
+                if longer and end <= limit and tuple(tokens[start:end]) == tail:
+                    best = PrefixHit(end, tuple(path), checkpoint)
+            if depth == len(hashes):
+                break
+            child = node.children.get(hashes[depth])
+            if child is None or child.tokens != tuple(tokens[start : start + bs]):
+                break
+            path.append(child)
+            node = child
+        if best is not None:
+            now = next(self._clock)
+            for block in best.blocks:
+                block.last_used = now
+            best.checkpoint.last_used = now
+            self.stats.hits += 1
+            self.stats.hit_tokens += best.length
+        return best
+
+    def build_state(self, hit: PrefixHit, capacity: int) -> ModelState:
+        """The batch-1 state of the hit's prefix, growing caches of ``capacity`` positions."""
+        if capacity < hit.length:
+            raise ValueError(f"capacity {capacity} cannot hold the {hit.length}-token prefix")
+        growing = iter(
+            np.concatenate([*(b.kv[i] for b in hit.blocks), tail])
+            for i, tail in enumerate(hit.checkpoint.tail_kv)
+        )
+        fixed = iter(hit.checkpoint.fixed)
+        arrays = [
+            (spec, next(growing) if _is_growing(spec) else next(fixed))
+            for spec in canonical_tensors(self.cfg, hit.length)
+        ]
+        return state_from_arrays(self.cfg, hit.length, arrays, capacity)
+
+    # --- budget -----------------------------------------------------------------------------
+
+    def _account(self, nbytes: int, *, blocks: int = 0, checkpoints: int = 0) -> None:
+        self.stats.used_bytes += nbytes
+        self.stats.blocks += blocks
+        self.stats.checkpoints += checkpoints
+
+    def _nodes(self) -> list[_Block]:
+        stack, nodes = [self._root], []
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(node.children.values())
+        return nodes
+
+    def _evict(self) -> None:
+        """Drop least-recently-used checkpoints and leaf blocks until the pool fits its budget."""
+        while self.stats.used_bytes > self.stats.capacity_bytes:
+            victim, victim_time = None, None
+            for node in self._nodes():
+                for tail, checkpoint in node.checkpoints.items():
+                    if victim_time is None or checkpoint.last_used < victim_time:
+                        victim, victim_time = (node, tail), checkpoint.last_used
+                is_leaf = node is not self._root and not node.children and not node.checkpoints
+                if is_leaf and (victim_time is None or node.last_used < victim_time):
+                    victim, victim_time = node, node.last_used
+            if victim is None:
+                return
+            if isinstance(victim, tuple):
+                node, tail = victim
+                self._account(-node.checkpoints.pop(tail).nbytes, checkpoints=-1)
+            else:
+                parent = victim.parent
+                key = next(k for k, child in parent.children.items() if child is victim)
+                del parent.children[key]
+                self._account(-victim.nbytes, blocks=-1)
+            self.stats.evictions += 1

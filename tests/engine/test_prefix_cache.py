@@ -1,0 +1,114 @@
+"""Hybrid prefix cache: reuse changes no output, exact-length linear checkpoints, safe eviction."""
+
+from __future__ import annotations
+
+import random
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import PRESETS, jit_prefill, preset
+
+from prfaas_jax.engine.prefix_cache import PrefixCache, block_hashes
+from prfaas_jax.model import init_state
+
+BLOCK, SEG, CAPACITY = 8, 16, 96
+
+
+def _absorb(params, cfg, tokens, state):
+    """Prefill ``tokens`` in segments padded to SEG (one compiled shape); all logits, state."""
+    outs = []
+    for start in range(0, len(tokens), SEG):
+        seg = tokens[start : start + SEG]
+        padded = jnp.asarray([seg + [0] * (SEG - len(seg))], jnp.int32)
+        logits, state = jit_prefill(
+            params, cfg, padded, state, valid_len=jnp.array([len(seg)], jnp.int32)
+        )
+        outs.append(logits[0, : len(seg)])
+    return jnp.concatenate(outs), state
+
+
+def _fill(cache, params, cfg, tokens):
+    """Prefill ``tokens`` and hand the cache a state at every checkpoint length."""
+    state, done = init_state(cfg, 1, CAPACITY), 0
+    for length in cache.checkpoint_lengths(len(tokens)):
+        _, state = _absorb(params, cfg, tokens[done:length], state)
+        cache.insert(tokens[:length], state)
+        done = length
+
+
+def _prompt(seed, n, vocab):
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_cached_prefix_gives_the_same_logits(name):
+    cfg, params = preset(name)
+    cache = PrefixCache(cfg, capacity_bytes=1 << 30, block_size=BLOCK, checkpoint_every=2)
+    first = _prompt(1, 45, cfg.vocab_size)
+    _fill(cache, params, cfg, first)
+    follow_up = first[:37] + _prompt(2, 12, cfg.vocab_size)
+
+    hit = cache.match(follow_up)
+    assert hit is not None and hit.length == 32  # the last checkpoint (every 2 blocks) ≤ 37
+    reused, _ = _absorb(params, cfg, follow_up[32:], cache.build_state(hit, CAPACITY))
+    fresh, _ = _absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
+    assert float(jnp.max(jnp.abs(reused - fresh[32:]))) <= 1e-4
+
+
+def test_linear_state_only_reused_at_its_exact_length():
+    cfg, params = preset("tiny")
+    cache = PrefixCache(cfg, capacity_bytes=1 << 30, block_size=BLOCK, checkpoint_every=100)
+    prompt = _prompt(3, 30, cfg.vocab_size)
+    _fill(cache, params, cfg, prompt)  # one checkpoint, at 30; KV blocks up to 24
+    assert cache.match([*prompt[:29], 1, 2]) is None  # KV for 24 tokens, but no state there
+    assert cache.match(prompt) is None  # a full hit would leave nothing to prefill
+    hit = cache.match([*prompt, 5])
+    assert hit.length == 30
+    state = cache.build_state(hit, CAPACITY)
+    assert int(state.lengths[0]) == 30
+
+
+def test_block_hashes_chain_and_diverge():
+    a = block_hashes(list(range(20)), 4)
+    b = block_hashes([*range(9), 99, *range(10, 20)], 4)
+    assert len(a) == 5 and a[:2] == b[:2] and all(x != y for x, y in zip(a[2:], b[2:], strict=True))
+
+
+def test_eviction_keeps_checkpoints_reachable_and_within_budget():
+    cfg, params = preset("tiny-gdn")
+    # A budget for a few prompts only: inserting many forces evictions.
+    cache = PrefixCache(cfg, capacity_bytes=60_000, block_size=BLOCK, checkpoint_every=1)
+    rng = random.Random(0)
+    base = _prompt(4, 40, cfg.vocab_size)
+    prompts = []
+    for i in range(8):
+        keep = rng.choice([0, 8, 16, 24])
+        prompts.append(base[:keep] + _prompt(10 + i, rng.choice([9, 20, 33]), cfg.vocab_size))
+        _fill(cache, params, cfg, prompts[-1])
+        assert cache.stats.used_bytes <= cache.stats.capacity_bytes
+
+        # The accounting matches what is actually stored, and every checkpoint's path exists.
+        stored, checkpoints = 0, 0
+        stack = [cache._root]
+        while stack:
+            node = stack.pop()
+            stored += sum(a.nbytes for a in node.kv)
+            for checkpoint in node.checkpoints.values():
+                stored += checkpoint.nbytes
+                checkpoints += 1
+                assert checkpoint.length >= node.depth * BLOCK
+            stack.extend(node.children.values())
+        assert stored == cache.stats.used_bytes
+        assert checkpoints == cache.stats.checkpoints
+    assert cache.stats.evictions > 0
+
+    # Whatever survived still gives exact results.
+    for prompt in prompts:
+        hit = cache.match([*prompt, 1])
+        if hit is None:
+            continue
+        extension = [*prompt, 1]
+        reused, _ = _absorb(params, cfg, extension[hit.length :], cache.build_state(hit, CAPACITY))
+        fresh, _ = _absorb(params, cfg, extension, init_state(cfg, 1, CAPACITY))
+        assert float(jnp.max(jnp.abs(reused - fresh[hit.length :]))) <= 1e-4
