@@ -68,7 +68,7 @@ def test_reference_matches_oracle(length, with_state):
 def test_gates_down_to_minus_2000_match_oracle(chunk_size, length):
     """Real checkpoints give log gates near -2000: nothing may overflow, and accuracy must hold.
 
-    ``chunk_size=None`` runs the default (64), where pairs span several 16-token sub-chunks.
+    ``chunk_size=None`` runs the default (64), where pairs span several 8-token sub-chunks.
     """
     inputs = _inputs(3, length, extreme=True)
     S0 = _state(4)

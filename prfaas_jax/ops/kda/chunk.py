@@ -26,7 +26,9 @@ from jax.scipy.linalg import solve_triangular
 from prfaas_jax.ops.kda.reference import check_gate_shapes, initial_state_or_zeros, prepare_qkv
 
 _HIGHEST = jax.lax.Precision.HIGHEST
-_SUB_CHUNK = 16  # per-channel decays are materialised per sub-chunk pair: C * 16 * K, not C * C * K
+# Per-channel decays are materialised only inside sub-chunks (C * 8 * K per chunk, not C * C * K);
+# 8 measured fastest on CPU among 8, 16 and 32.
+_SUB_CHUNK = 8
 
 
 def log_decay_matrix(g_CD: jax.Array) -> jax.Array:
@@ -39,12 +41,15 @@ def log_decay_matrix(g_CD: jax.Array) -> jax.Array:
 
 
 def sum_after(g_CD: jax.Array) -> jax.Array:
-    """sum_{s>j} g_s along the C axis (-2), summed from the far end so it is exact per segment."""
+    """sum_{s>j} g_s along the C axis (-2), accumulated from the far end: each entry adds only
+    the terms of its own segment, so its rounding is relative to its own (small) magnitude."""
     tail = jax.lax.cumsum(g_CD[..., 1:, :], axis=g_CD.ndim - 2, reverse=True)
     return jnp.concatenate([tail, jnp.zeros_like(g_CD[..., :1, :])], axis=-2)
 
 
-def gated_scores(a_XBHCK: jax.Array, b_BHCK: jax.Array, g_BHCD: jax.Array, sub_size: int):
+def gated_scores(
+    a_XBHCK: jax.Array, b_BHCK: jax.Array, g_BHCD: jax.Array, sub_size: int
+) -> jax.Array:
     """A[x, i, j] = sum_d a_x,i[d] b_j[d] exp(sum_{j<s<=i} g_s[d]) for j <= i, zero above."""
     X, B, H, C, K = a_XBHCK.shape
     if g_BHCD.shape[-1] == 1:  # one decay per head: a [C, C] matrix suffices

@@ -38,6 +38,7 @@ def prepare_qkv(
 def initial_state_or_zeros(
     initial_state: jax.Array | None, shape: tuple[int, int, int, int]
 ) -> jax.Array:
+    """The carried state as fp32 [B, HV, K, V]; ``None`` means a fresh (zero) state."""
     if initial_state is None:
         return jnp.zeros(shape, jnp.float32)
     if initial_state.shape != shape:
