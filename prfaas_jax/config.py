@@ -7,10 +7,11 @@ A hybrid model is a stack of decoder blocks. Each block has a *mixer* chosen per
 * softmax attention with a KV cache: ``MLA`` (latent ``c_kv ‖ k_rope`` cache), ``GQA`` (grouped
   K/V heads, cache grows with length), ``SWA`` (GQA over a sliding window, cache bounded by it),
 
-and an MLP that is either dense (SwiGLU) or a mixture of experts with top-k routing and optional
-shared experts. Configs are frozen, hashable (usable as ``jax.jit`` statics) and validated on
-construction. Presets live in ``configs/models/<name>.toml`` and are read with the standard
-library; an unknown key is an error.
+and an MLP that is either dense (SwiGLU) or a mixture of experts with top-k routing (optionally
+group-limited) and optional, optionally gated, shared experts. An optional ``[residual]`` section
+scales the residual connections the way MiniMax-01 does (``ResidualConfig``). Configs are frozen,
+hashable (usable as ``jax.jit`` statics) and validated on construction. Presets live in
+``configs/models/<name>.toml`` and are read with the standard library; an unknown key is an error.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ class LightningDecay(enum.StrEnum):
 
     MINIMAX = "minimax"  # s_h · (1 − l/(L−1) + 1e-5)
     RING = "ring"  # s_h · (1 − (l−1)/(L−1) + 1e-5)
+    # transformers' MiniMax port: geometric slopes 2^(−8(h+1)/H) for every H (no ALiBi
+    # interleaving when H is not a power of two) and 1e-5 inside the denominator:
+    # s_h · (1 − l/(L−1+1e-5) + 1e-5).
+    MINIMAX_HF = "minimax_hf"
+
+
+class KdaGate(enum.StrEnum):
+    """How a KDA layer turns its gate pre-activation ``f`` (already + dt_bias) into a log decay."""
+
+    SOFTPLUS = "softplus"  # g = −exp(A_log[h]) · softplus(f)              (Kimi Linear)
+    SAFE = "safe"  # g = lower_bound · sigmoid(exp(A_log[h]) · f), in (lower_bound, 0)  (Bailing)
 
 
 def dtype_nbytes(name: str) -> int:
@@ -95,7 +107,12 @@ class LinearAttentionConfig:
     v_head_dim: int  # d_v
     conv_kernel: int = 4  # depthwise causal short conv over [q | k | v] (KDA, GDN); 1 = none
     gate_rank: int = 0  # KDA low-rank gate projections (f_a/f_b, g_a/g_b); 0 = head_dim
+    full_rank_gates: bool = False  # KDA f/g gates as one full-rank projection each (f, g_proj)
+    kda_gate: KdaGate = KdaGate.SOFTPLUS
+    gate_lower_bound: float = -5.0  # KdaGate.SAFE only
     lightning_decay: LightningDecay = LightningDecay.MINIMAX
+    qk_scale: float = 0.0  # q scale inside the linear op; 0 = head_dim^-0.5 (MiniMax uses 1)
+    o_norm_eps: float = 0.0  # eps of the output RMSNorm; 0 = the model's norm_eps
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "num_v_heads", "head_dim", "v_head_dim", "conv_kernel"):
@@ -105,6 +122,9 @@ class LinearAttentionConfig:
             f"linear.num_v_heads ({self.num_v_heads}) must be a multiple of "
             f"linear.num_heads ({self.num_heads})",
         )
+        _check(self.qk_scale >= 0.0, "linear.qk_scale must be ≥ 0 (0 = head_dim^-0.5)")
+        _check(self.o_norm_eps >= 0.0, "linear.o_norm_eps must be ≥ 0 (0 = norm_eps)")
+        _check(self.gate_lower_bound < 0.0, "linear.gate_lower_bound must be < 0")
 
     @property
     def conv_channels(self) -> int:
@@ -166,11 +186,14 @@ class MlaConfig:
     q_lora_rank: int = 0  # 0 = a single q projection (Kimi Linear)
     rope: RopeKind = RopeKind.NONE  # Kimi Linear is NoPE; Ring-2.5 uses INTERLEAVED
     rope_theta: float = 10000.0
+    latent_norm_eps: float = 0.0  # eps of the c_kv and c_q RMSNorms; 0 = the model's norm_eps
+    use_output_gate: bool = False  # o_h ← o_h · sigmoid(w_h · x), one scalar per head (Bailing)
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
             _check(getattr(self, name) >= 1, f"mla.{name} must be ≥ 1")
         _check(self.qk_rope_head_dim % 2 == 0, "mla.qk_rope_head_dim must be even")
+        _check(self.latent_norm_eps >= 0.0, "mla.latent_norm_eps must be ≥ 0 (0 = norm_eps)")
 
     @property
     def qk_head_dim(self) -> int:
@@ -189,6 +212,12 @@ class MoeConfig:
     use_score_bias: bool = False  # bias added for expert *selection* only (DeepSeek-V3 style)
     renormalize: bool = True  # renormalise the top-k weights to sum to one
     routed_scale: float = 1.0  # multiplies the routed experts' output
+    # Group-limited selection (DeepSeek-V3): experts form ``num_groups`` equal groups, each scored
+    # by the sum of its two best selection scores; only the best ``topk_groups`` groups compete.
+    num_groups: int = 1
+    topk_groups: int = 1
+    shared_dim: int = 0  # width of the shared SwiGLU; 0 = num_shared_experts · expert_dim
+    use_shared_gate: bool = False  # shared output · sigmoid(x · w_gate), one scalar per token
 
     def __post_init__(self) -> None:
         _check(self.num_experts >= 1, "moe.num_experts must be ≥ 1")
@@ -198,6 +227,57 @@ class MoeConfig:
         )
         _check(self.expert_dim >= 1, "moe.expert_dim must be ≥ 1")
         _check(self.num_shared_experts >= 0, "moe.num_shared_experts must be ≥ 0")
+        _check(self.shared_dim >= 0, "moe.shared_dim must be ≥ 0")
+        _check(
+            not self.use_shared_gate or self.num_shared_experts >= 1,
+            "moe.use_shared_gate needs num_shared_experts ≥ 1",
+        )
+        _check(
+            self.num_groups >= 1 and self.num_experts % self.num_groups == 0,
+            f"moe.num_groups ({self.num_groups}) must divide num_experts ({self.num_experts})",
+        )
+        _check(
+            1 <= self.topk_groups <= self.num_groups,
+            f"moe.topk_groups must be in [1, num_groups={self.num_groups}]",
+        )
+        if self.num_groups > 1:
+            group_size = self.num_experts // self.num_groups
+            _check(group_size >= 2, "moe: grouped routing needs at least 2 experts per group")
+            _check(
+                self.topk_groups * group_size >= self.top_k,
+                f"moe: {self.topk_groups} group(s) of {group_size} experts cannot supply "
+                f"top_k={self.top_k} experts",
+            )
+
+    @property
+    def shared_width(self) -> int:
+        """Hidden width of the shared-expert SwiGLU (0 when there is none)."""
+        if not self.num_shared_experts:
+            return 0
+        return self.shared_dim or self.num_shared_experts * self.expert_dim
+
+
+@dataclass(frozen=True)
+class ResidualConfig:
+    """Scaled residual connections around each sub-layer (MiniMax-01).
+
+    With pre-norm ``n`` and sub-layer ``f`` the block computes ``h ← α·n(h) + β·f(n(h))``: the
+    *normed* input is the residual branch. ``(α, β)`` depend on the sub-layer: linear mixers,
+    softmax-attention mixers, or the MLP. Without this section the block is the usual
+    ``h ← h + f(n(h))``.
+    """
+
+    linear_alpha: float = 1.0
+    linear_beta: float = 1.0
+    attention_alpha: float = 1.0
+    attention_beta: float = 1.0
+    mlp_alpha: float = 1.0
+    mlp_beta: float = 1.0
+
+    def mixer_factors(self, kind: LayerKind) -> tuple[float, float]:
+        if kind.is_linear:
+            return self.linear_alpha, self.linear_beta
+        return self.attention_alpha, self.attention_beta
 
 
 @dataclass(frozen=True)
@@ -220,6 +300,7 @@ class ModelConfig:
     swa: AttentionConfig | None = None  # SWA layers
     mla: MlaConfig | None = None
     moe: MoeConfig | None = None
+    residual: ResidualConfig | None = None  # None: plain pre-norm residuals
 
     def __post_init__(self) -> None:
         _check(bool(self.layers), "layers must not be empty")
@@ -304,11 +385,13 @@ _SECTIONS: dict[str, type] = {
     "swa": AttentionConfig,
     "mla": MlaConfig,
     "moe": MoeConfig,
+    "residual": ResidualConfig,
 }
 _ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "rope": RopeKind,
     "scoring": MoeScoring,
     "lightning_decay": LightningDecay,
+    "kda_gate": KdaGate,
 }
 
 
@@ -391,7 +474,8 @@ def available_presets() -> list[str]:
 def load_model_config(name_or_path: str | os.PathLike[str]) -> ModelConfig:
     """Load a preset by name (``configs/models/<name>.toml``) or a TOML file by path."""
     path = Path(name_or_path)
-    if not path.suffix and not path.exists():
+    # Preset names may contain dots ("qwen3.5-397b"), so only ".toml" marks a path.
+    if path.suffix != ".toml" and not path.exists():
         path = config_dir() / "models" / f"{name_or_path}.toml"
         if not path.exists():
             presets = ", ".join(available_presets()) or "(none found)"

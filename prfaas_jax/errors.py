@@ -12,3 +12,7 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A model, hardware, cluster or plan config is malformed or inconsistent."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint is unreadable, incomplete, of an unsupported kind or does not fit its config."""

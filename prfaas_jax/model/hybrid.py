@@ -5,11 +5,13 @@ Block ``i`` is pre-norm::
     h ← h + mixer_i(rms_norm(h))          mixer_i ∈ {KDA, GDN, Lightning, MLA, GQA, SWA}
     h ← h + mlp_i(rms_norm(h))            mlp_i ∈ {SwiGLU, MoE}
 
-followed by a final norm and the LM head. ``prefill`` absorbs ``T`` tokens into a state (empty or
-not) with the chunked ops; ``decode_step`` absorbs one token per row with the recurrent forms and
-absorbed MLA. Both are pure functions of (params, state, tokens): jit them with ``cfg`` (and
-``impl``) static. Invariants, held by tests: prefill(T) ≡ prefill(T₁) + prefill(T − T₁) ≡
-prefill(T − 1) + decode_step, for every layer kind.
+followed by a final norm and the LM head. With a ``[residual]`` section (MiniMax-01) each
+sub-layer instead computes ``h ← α·n + β·f(n)`` with ``n = rms_norm(h)`` (config.ResidualConfig).
+``prefill`` absorbs ``T`` tokens into a state (empty or not) with the chunked ops;
+``decode_step`` absorbs one token per row with the recurrent forms and absorbed MLA. Both are pure
+functions of (params, state, tokens): jit them with ``cfg`` (and ``impl``) static. Invariants,
+held by tests: prefill(T) ≡ prefill(T₁) + prefill(T − T₁) ≡ prefill(T − 1) + decode_step, for
+every layer kind.
 """
 
 from __future__ import annotations
@@ -64,7 +66,9 @@ def _init_mlp(key: jax.Array, cfg: ModelConfig, kind: MlpKind) -> dict:
     if moe.use_score_bias:
         p["score_bias"] = init.uniform(keys(), (experts,), -0.1, 0.1)
     if moe.num_shared_experts:
-        p["shared"] = _init_swiglu(keys(), dim, moe.num_shared_experts * width, dtype)
+        p["shared"] = _init_swiglu(keys(), dim, moe.shared_width, dtype)
+    if moe.use_shared_gate:
+        p["shared_gate"] = init.dense(keys(), (dim, 1), dtype)
     return p
 
 
@@ -90,6 +94,15 @@ def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
     return params
 
 
+def param_specs(cfg: ModelConfig) -> Params:
+    """``init_params``' pytree as ``jax.ShapeDtypeStruct`` leaves, without allocating anything.
+
+    The contract for weights from elsewhere (HF import, orbax restore): same structure, shapes
+    and dtypes as a random init.
+    """
+    return jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))
+
+
 def _apply_mixer(
     p: dict, cfg: ModelConfig, index: int, x: jax.Array, state: LayerState, ctx: StepContext
 ) -> tuple[jax.Array, LayerState]:
@@ -103,21 +116,31 @@ def _apply_mixer(
     return gqa.apply(p, cfg, kind, x, state, ctx)
 
 
+def _residual(
+    h: jax.Array, normed: jax.Array, out: jax.Array, factors: tuple[float, float] | None
+) -> jax.Array:
+    if factors is None:
+        return h + out
+    alpha, beta = factors
+    return normed * alpha + out * beta
+
+
 def _forward(
     params: Params, cfg: ModelConfig, tokens_BT: jax.Array, state: ModelState, ctx: StepContext
 ) -> tuple[jax.Array, ModelState]:
     h = params["embed"][tokens_BT]
+    res = cfg.residual
     new_layers = []
     for index, (p, layer_state) in enumerate(zip(params["layers"], state.layers, strict=True)):
-        mixed, layer_state = _apply_mixer(
-            p["mixer"], cfg, index, rms_norm(h, p["mixer_norm"], cfg.norm_eps), layer_state, ctx
-        )
-        h = h + mixed
+        normed = rms_norm(h, p["mixer_norm"], cfg.norm_eps)
+        mixed, layer_state = _apply_mixer(p["mixer"], cfg, index, normed, layer_state, ctx)
+        h = _residual(h, normed, mixed, res and res.mixer_factors(cfg.layers[index]))
         normed = rms_norm(h, p["mlp_norm"], cfg.norm_eps)
         if cfg.mlps[index] is MlpKind.MOE:
-            h = h + moe_mlp(p["mlp"], cfg.moe, normed)
+            out = moe_mlp(p["mlp"], cfg.moe, normed)
         else:
-            h = h + swiglu(p["mlp"], normed)
+            out = swiglu(p["mlp"], normed)
+        h = _residual(h, normed, out, res and (res.mlp_alpha, res.mlp_beta))
         new_layers.append(layer_state)
     h = rms_norm(h, params["final_norm"], cfg.norm_eps)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
@@ -171,15 +194,15 @@ def decode_step(
     """Absorb one token per row (``tokens [B]``); returns ``(logits [B, V] fp32, state)``.
 
     ``active [B]`` (default all True) masks rows whose slot is empty: their state is unchanged.
-    ``impl`` is accepted for symmetry with ``prefill``; decode always uses the recurrent forms.
+    Linear layers always step their recurrence; ``impl`` only picks the attention kernels
+    (``pallas``: the absorbed-MLA decode and flash kernels).
     """
-    del impl
     batch = tokens.shape[0]
     valid_len = jnp.ones((batch,), jnp.int32)
     if active is not None:
         valid_len = active.astype(jnp.int32)
     ctx = StepContext(
-        lengths=state.lengths, valid_len=valid_len, seq_len=1, impl=Impl.REFERENCE, decode=True
+        lengths=state.lengths, valid_len=valid_len, seq_len=1, impl=Impl(impl), decode=True
     )
     logits, state = _forward(params, cfg, tokens[:, None], state, ctx)
     return logits[:, 0], state

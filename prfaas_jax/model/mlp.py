@@ -4,8 +4,11 @@ SwiGLU: ``down(silu(x W_gate) ⊙ x W_up)``.
 
 MoE, per token ``x``: scores ``s = softmax(x W_router)`` or ``sigmoid(x W_router)``; the top-k
 experts are *selected* on ``s + b`` (``b`` a learned selection bias, DeepSeek-V3 style, or 0) but
-*weighted* by ``s`` — renormalised to sum to one if configured — times ``routed_scale``; always-on
-shared experts are one SwiGLU of width ``num_shared_experts · expert_dim`` added on top.
+*weighted* by ``s`` — renormalised to sum to one if configured — times ``routed_scale``. With
+``num_groups > 1`` selection is group-limited (DeepSeek-V3): each group of experts is scored by the
+sum of its two best ``s + b``, and experts outside the best ``topk_groups`` groups are not eligible.
+Always-on shared experts are one SwiGLU (width ``MoeConfig.shared_width``) added on top, scaled per
+token by ``sigmoid(x w_gate)`` when ``use_shared_gate`` (Qwen3-Next).
 Routed experts run as grouped matmuls (``lax.ragged_dot``) over token copies sorted by expert, so
 compute scales with ``top_k``, not with the number of experts.
 """
@@ -33,11 +36,23 @@ def route(p: Params, moe: MoeConfig, x_ND: jax.Array) -> tuple[jax.Array, jax.Ar
     else:
         scores = jax.nn.sigmoid(logits)
     select = scores + p["score_bias"].astype(jnp.float32) if moe.use_score_bias else scores
+    if moe.num_groups > 1:
+        select = _limit_to_top_groups(select, moe)
     _, expert_ids = jax.lax.top_k(select, moe.top_k)
     weights = jnp.take_along_axis(scores, expert_ids, axis=-1)
     if moe.renormalize:
         weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return expert_ids, weights * moe.routed_scale
+
+
+def _limit_to_top_groups(select_NE: jax.Array, moe: MoeConfig) -> jax.Array:
+    """``select`` with every expert outside the ``topk_groups`` best groups set to −∞."""
+    tokens = select_NE.shape[0]
+    grouped = select_NE.reshape(tokens, moe.num_groups, -1)
+    group_score = jnp.sum(jax.lax.top_k(grouped, 2)[0], axis=-1)  # [N, G]
+    _, best = jax.lax.top_k(group_score, moe.topk_groups)
+    keep = jnp.zeros((tokens, moe.num_groups), bool).at[jnp.arange(tokens)[:, None], best].set(True)
+    return jnp.where(keep[..., None], grouped, -jnp.inf).reshape(select_NE.shape)
 
 
 def moe_mlp(p: Params, moe: MoeConfig, x_BTD: jax.Array) -> jax.Array:
@@ -56,5 +71,8 @@ def moe_mlp(p: Params, moe: MoeConfig, x_BTD: jax.Array) -> jax.Array:
     combine = weights.reshape(-1)[order].astype(ys.dtype)
     out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
     if moe.num_shared_experts:
-        out = out + swiglu(p["shared"], x)
+        shared = swiglu(p["shared"], x)
+        if moe.use_shared_gate:
+            shared = shared * jax.nn.sigmoid(x @ p["shared_gate"])
+        out = out + shared
     return out.reshape(batch, seq_len, dim)

@@ -21,7 +21,7 @@ class StepContext:
     lengths: jax.Array  # [B] int32: tokens already in the state
     valid_len: jax.Array  # [B] int32: real tokens among the T new ones
     seq_len: int  # T (static)
-    impl: Impl  # op implementation for multi-token calls (static)
+    impl: Impl  # op implementation (static); decode still steps linear layers by recurrence
     decode: bool  # one-token decode step: recurrent forms and absorbed MLA (static)
 
     @property

@@ -12,6 +12,10 @@ and differ in the decay and the output gate:
     KDA: g = −exp(A_log[h])·softplus(W_fb W_fa x + dt_bias) per channel; gate = sigmoid(W_gb W_ga x)
     GDN: g = −exp(A_log[h])·softplus(W_a x + dt_bias)       per head;    gate = silu(W_z x)
 
+KDA variants (Bailing): full-rank ``W_f``, ``W_g`` instead of the low-rank pairs
+(``full_rank_gates``), and the bounded "safe" gate ``g = lb·sigmoid(exp(A_log[h])·f)``
+(``KdaGate.SAFE``), which keeps every step's log decay in ``(lb, 0)``.
+
 Padding tokens get g = 0 and β = 0, which leaves the recurrent state untouched.
 """
 
@@ -20,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from prfaas_jax.config import LayerKind, ModelConfig
+from prfaas_jax.config import KdaGate, LayerKind, LinearAttentionConfig, ModelConfig
 from prfaas_jax.model import initializers as init
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.norms import gated_rms_norm, l2_normalize
@@ -53,7 +57,10 @@ def init_params(key: jax.Array, cfg: ModelConfig, kind: LayerKind) -> Params:
     p["dt_bias"] = init.inverse_softplus(
         jnp.exp(init.uniform(keys(), (gate_width,), jnp.log(1e-3), jnp.log(1e-1)))
     )
-    if kind is LayerKind.KDA:
+    if kind is LayerKind.KDA and lin.full_rank_gates:
+        p["f_proj"] = init.dense(keys(), (dim, gate_width), dtype)
+        p["g_proj"] = init.dense(keys(), (dim, v_out), dtype)
+    elif kind is LayerKind.KDA:
         rank = lin.low_rank
         p["f_a"] = init.dense(keys(), (dim, rank), dtype)
         p["f_b"] = init.dense(keys(), (rank, gate_width), dtype)
@@ -63,6 +70,25 @@ def init_params(key: jax.Array, cfg: ModelConfig, kind: LayerKind) -> Params:
         p["a_proj"] = init.dense(keys(), (dim, lin.num_v_heads), dtype)
         p["z_proj"] = init.dense(keys(), (dim, v_out), dtype)
     return p
+
+
+def _kda_gates(p: Params, lin: LinearAttentionConfig, x_BTD: jax.Array) -> tuple[jax.Array, ...]:
+    """KDA's log decay ``g [B,T,Hv,K]`` (fp32) and output-gate pre-activation ``[B,T,Hv,V]``."""
+    batch, seq_len, _ = x_BTD.shape
+    if lin.full_rank_gates:
+        f, gate = x_BTD @ p["f_proj"], x_BTD @ p["g_proj"]
+    else:
+        f, gate = x_BTD @ p["f_a"] @ p["f_b"], x_BTD @ p["g_a"] @ p["g_b"]
+    raw = (f.astype(jnp.float32) + p["dt_bias"]).reshape(
+        batch, seq_len, lin.num_v_heads, lin.head_dim
+    )
+    # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
+    rate = jnp.exp(p["A_log"].astype(jnp.float32))[:, None]
+    if lin.kda_gate is KdaGate.SAFE:
+        g = lin.gate_lower_bound * jax.nn.sigmoid(rate * raw)
+    else:
+        g = -rate * jax.nn.softplus(raw)
+    return g, gate.reshape(batch, seq_len, lin.num_v_heads, lin.v_head_dim)
 
 
 def apply(
@@ -85,14 +111,12 @@ def apply(
     k = l2_normalize(mixed[..., qk_out : 2 * qk_out].reshape(batch, seq_len, heads, lin.head_dim))
     v = mixed[..., 2 * qk_out :].reshape(batch, seq_len, v_heads, lin.v_head_dim)
 
-    # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
-    rate = -jnp.exp(p["A_log"].astype(jnp.float32))
     if kind is LayerKind.KDA:
-        raw = (x_BTD @ p["f_a"] @ p["f_b"]).astype(jnp.float32) + p["dt_bias"]
-        g = rate[:, None] * jax.nn.softplus(raw.reshape(batch, seq_len, v_heads, lin.head_dim))
-        gate = (x_BTD @ p["g_a"] @ p["g_b"]).reshape(batch, seq_len, v_heads, lin.v_head_dim)
+        g, gate = _kda_gates(p, lin, x_BTD)
         act = jax.nn.sigmoid
     else:
+        # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
+        rate = -jnp.exp(p["A_log"].astype(jnp.float32))
         raw = (x_BTD @ p["a_proj"]).astype(jnp.float32) + p["dt_bias"]
         g = rate * jax.nn.softplus(raw)
         gate = (x_BTD @ p["z_proj"]).reshape(batch, seq_len, v_heads, lin.v_head_dim)
@@ -103,9 +127,18 @@ def apply(
     g = jnp.where(valid.reshape(valid.shape + (1,) * (g.ndim - 2)), g, 0.0)
     beta = jnp.where(valid[..., None], beta, 0.0)
     op = linear_op(str(kind), ctx.linear_impl())
-    o, recurrent = op(q, k, v, g, beta, initial_state=state.recurrent, output_final_state=True)
+    o, recurrent = op(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        scale=lin.qk_scale or None,
+        initial_state=state.recurrent,
+        output_final_state=True,
+    )
 
-    o = gated_rms_norm(o, p["o_norm"], gate, cfg.norm_eps, act)
+    o = gated_rms_norm(o, p["o_norm"], gate, lin.o_norm_eps or cfg.norm_eps, act)
     y = o.reshape(batch, seq_len, v_heads * lin.v_head_dim).astype(x_BTD.dtype) @ p["o_proj"]
     new_state = DeltaState(recurrent=recurrent.astype(state.recurrent.dtype), conv=conv_tail)
     return y, new_state

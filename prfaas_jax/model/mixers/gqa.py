@@ -24,7 +24,7 @@ from prfaas_jax.model.mixers.kv_cache import (
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import KvState, WindowKvState
-from prfaas_jax.ops.attention import attention
+from prfaas_jax.ops.dispatch import attention_op
 
 Params = dict[str, jax.Array]
 
@@ -86,7 +86,7 @@ def apply(
         kv_pos = jnp.concatenate([old_pos, new_pos], axis=1)
         state = WindowKvState(k=write_ring(state.k, k, ctx), v=write_ring(state.v, v, ctx))
 
-    out = attention(
+    out = attention_op(ctx.impl)(
         q,
         keys,
         values,

@@ -6,7 +6,10 @@
 
 The decay is not learned: head ``h`` of layer ``l`` (0-based, of ``L`` layers) uses the ALiBi
 slope ``s_h`` scaled by the model's schedule (``LightningDecay``):
-MINIMAX ``−s_h·(1 − l/(L−1) + 1e-5)``, RING ``−s_h·(1 − (l−1)/(L−1) + 1e-5)``.
+MINIMAX ``−s_h·(1 − l/(L−1) + 1e-5)``, RING ``−s_h·(1 − (l−1)/(L−1) + 1e-5)``, and MINIMAX_HF
+(transformers' port of MiniMax-01) ``−2^(−8(h+1)/H)·(1 − l/(L−1+1e-5) + 1e-5)``, whose base slopes
+skip ALiBi's interleaving when ``H`` is not a power of two. ``q`` is scaled by
+``LinearAttentionConfig.qk_scale`` (MiniMax: 1, i.e. unscaled).
 """
 
 from __future__ import annotations
@@ -43,10 +46,14 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
 
 def layer_decay(cfg: ModelConfig, layer_index: int) -> np.ndarray:
     """Log decay ``[H]`` (≤ 0) of the Lightning layer at block ``layer_index``."""
+    heads = cfg.linear.num_heads
+    if cfg.linear.lightning_decay is LightningDecay.MINIMAX_HF:
+        slopes = 2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)
+        return -slopes * (1.0 - layer_index / (cfg.num_layers - 1 + 1e-5) + 1e-5)
     depth = max(cfg.num_layers - 1, 1)
     shift = 1 if cfg.linear.lightning_decay is LightningDecay.RING else 0
     factor = 1.0 - (layer_index - shift) / depth + 1e-5
-    return -alibi_slopes(cfg.linear.num_heads) * factor
+    return -alibi_slopes(heads) * factor
 
 
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
@@ -86,10 +93,12 @@ def apply(
         k,
         v,
         decay=decay,
+        scale=lin.qk_scale or None,
         initial_state=state.recurrent,
         output_final_state=True,
         valid_len=ctx.valid_len,
     )
     o = o.reshape(batch, seq_len, heads * lin.v_head_dim)
-    o = gated_rms_norm(o, p["o_norm"], x_BTD @ p["gate_proj"], cfg.norm_eps, jax.nn.sigmoid)
+    eps = lin.o_norm_eps or cfg.norm_eps
+    o = gated_rms_norm(o, p["o_norm"], x_BTD @ p["gate_proj"], eps, jax.nn.sigmoid)
     return o.astype(x_BTD.dtype) @ p["o_proj"], LightningState(recurrent=recurrent)

@@ -4,6 +4,9 @@
     c ‖ k_r  = W_kva x;   c ← rms_norm(c);   k_r ← RoPE(k_r)   (k_r shared by every head)
     cache   ← c ‖ k_r                       (the canonical MLA state: R + Dr values per token)
 
+With ``use_output_gate`` (Bailing) each head's output is scaled by ``sigmoid(w_h · x)`` before
+``W_o``. The latent norms use ``MlaConfig.latent_norm_eps`` (HF checkpoints: 1e-6).
+
 Prefill expands the latent cache per head (``k = [W_UK c ‖ k_r]``, ``v = W_UV c``) and runs
 ordinary attention; decode uses the absorbed form over the latent cache (ops/attention/mla.py).
 Both produce the same numbers up to rounding — a test holds them to it.
@@ -21,7 +24,7 @@ from prfaas_jax.model.mixers.kv_cache import growing_positions, write_growing
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import MlaState
-from prfaas_jax.ops.attention import attention, mla_decode_absorbed
+from prfaas_jax.ops.dispatch import attention_op, mla_decode_op
 
 Params = dict[str, jax.Array]
 
@@ -43,6 +46,8 @@ def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
         keys(), (mla.kv_lora_rank, mla.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim)), dtype
     )
     p["o_proj"] = init.dense(keys(), (mla.num_heads * mla.v_head_dim, dim), dtype)
+    if mla.use_output_gate:
+        p["gate_proj"] = init.dense(keys(), (dim, mla.num_heads), dtype)
     return p
 
 
@@ -53,9 +58,10 @@ def apply(
     batch, seq_len, _ = x_BTD.shape
     heads, nope, rope_dim = mla.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
     positions = ctx.positions
+    latent_eps = mla.latent_norm_eps or cfg.norm_eps
 
     if mla.q_lora_rank:
-        q = rms_norm(x_BTD @ p["q_a"], p["q_a_norm"], cfg.norm_eps) @ p["q_b"]
+        q = rms_norm(x_BTD @ p["q_a"], p["q_a_norm"], latent_eps) @ p["q_b"]
     else:
         q = x_BTD @ p["q_proj"]
     q = q.reshape(batch, seq_len, heads, mla.qk_head_dim)
@@ -65,7 +71,7 @@ def apply(
     )
 
     kv = x_BTD @ p["kv_a"]
-    c_kv = rms_norm(kv[..., : mla.kv_lora_rank], p["kv_a_norm"], cfg.norm_eps)
+    c_kv = rms_norm(kv[..., : mla.kv_lora_rank], p["kv_a_norm"], latent_eps)
     k_rope = apply_rope(
         kv[..., None, mla.kv_lora_rank :],
         positions,
@@ -82,7 +88,7 @@ def apply(
     scale = mla.qk_head_dim**-0.5
 
     if ctx.decode:
-        out = mla_decode_absorbed(
+        out = mla_decode_op(ctx.impl)(
             q_nope,
             q_rope,
             state.c_kv,
@@ -101,6 +107,11 @@ def apply(
         )
         keys = jnp.concatenate([k_nope, k_shared], axis=-1)
         queries = jnp.concatenate([q_nope, q_rope], axis=-1)
-        out = attention(queries, keys, values, q_pos=positions, kv_pos=kv_pos, scale=scale)
+        out = attention_op(ctx.impl)(
+            queries, keys, values, q_pos=positions, kv_pos=kv_pos, scale=scale
+        )
+    if mla.use_output_gate:
+        gate = jax.nn.sigmoid((x_BTD @ p["gate_proj"]).astype(jnp.float32))
+        out = (out.astype(jnp.float32) * gate[..., None]).astype(out.dtype)
     y = out.reshape(batch, seq_len, heads * mla.v_head_dim).astype(x_BTD.dtype) @ p["o_proj"]
     return y, state

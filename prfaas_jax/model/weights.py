@@ -1,0 +1,38 @@
+"""Where a model's weights come from: ``load_model`` resolves a preset, an HF checkpoint or an
+orbax checkpoint to ``(ModelConfig, Params)``.
+
+* ``hf_dir``: a Hugging Face checkpoint directory, imported (model/hf.py);
+* ``checkpoint``, or ``model`` naming a directory that holds ``config.toml`` + ``params/``: an
+  orbax checkpoint (model/checkpoint.py);
+* otherwise ``model`` is a preset name or TOML path and the weights are drawn from ``seed``.
+"""
+
+from __future__ import annotations
+
+import jax
+
+from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.errors import UserError
+from prfaas_jax.model.checkpoint import is_checkpoint, load_checkpoint
+from prfaas_jax.model.hf import load_hf
+from prfaas_jax.model.hybrid import Params, init_params
+
+
+def load_model(
+    model: str,
+    *,
+    seed: int = 0,
+    hf_dir: str | None = None,
+    checkpoint: str | None = None,
+) -> tuple[ModelConfig, Params]:
+    """The config and weights named by the arguments (see the module docstring)."""
+    if hf_dir is not None and checkpoint is not None:
+        raise UserError("give either an HF checkpoint or an orbax checkpoint, not both")
+    if hf_dir is not None:
+        return load_hf(hf_dir)
+    if checkpoint is not None:
+        return load_checkpoint(checkpoint)
+    if is_checkpoint(model):
+        return load_checkpoint(model)
+    cfg = load_model_config(model)
+    return cfg, init_params(jax.random.PRNGKey(seed), cfg)
