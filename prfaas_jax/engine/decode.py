@@ -1,0 +1,275 @@
+"""``DecodeEngine``: fixed slots, continuous batching, one compiled step for the whole batch.
+
+Also exposes ``NoFreeSlotError`` and the handoff that travels after a state's frames (``Handoff``,
+``pack_handoff``, ``split_handoff``): the first token and sampling settings a decode worker
+needs besides the state itself.
+
+A request lives in a slot from ``insert`` to ``free``. ``insert`` copies a batch-1 state into its
+slot (one compiled function, the slot index a traced argument); each ``step`` runs one compiled
+``decode_step`` over all ``max_slots`` rows, masking empty and finished slots with ``active``
+(their state is untouched), then samples every row with its own settings and key
+(``prefill.draw_tokens``: token ``i`` of a request uses ``fold_in(request_key(seed), i)``). So a
+request yields the same tokens alone or interleaved with others, in any slot, inserted at any
+step. A slot finishes on its EOS token or when its ``max_new_tokens`` are out; it keeps its slot
+until ``free``. Per-slot controls (last token, token index, key, knobs) live on the host and
+travel with each step; only the state stays on the device, donated from step to step.
+
+Handoff frame (integers unsigned little-endian)::
+
+    0     4  magic b"PRFH"
+    4     4  stream tag: the state header's CRC32 field (codec_format.stream_tag)
+    8     4  N: byte length of the JSON
+    12    N  UTF-8 JSON {"first_token": int, "sampling": {temperature, top_k, top_p, seed}}
+    12+N  4  CRC32 of bytes [0, 12+N)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import struct
+import zlib
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine import codec
+from prfaas_jax.engine.codec_format import StateDecodeError, stream_tag
+from prfaas_jax.engine.prefill import (
+    GREEDY,
+    EngineError,
+    draw_tokens,
+    request_key,
+    sampling_knobs,
+    with_capacity,
+)
+from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.errors import UserError
+from prfaas_jax.model import ModelState, decode_step, init_state
+from prfaas_jax.ops.dispatch import Impl
+
+
+class NoFreeSlotError(EngineError):
+    """Every slot holds a request: ``free`` one (or wait for one to finish) first."""
+
+
+@dataclasses.dataclass
+class _Request:
+    remaining: int  # tokens this slot may still produce
+    eos_id: int | None
+    finished: bool = False
+
+
+def _decode_and_sample(
+    params: dict,
+    state: ModelState,
+    tokens_S: jax.Array,
+    active_S: jax.Array,
+    keys_S2: jax.Array,
+    index_S: jax.Array,
+    temperature_S: jax.Array,
+    top_k_S: jax.Array,
+    top_p_S: jax.Array,
+    *,
+    cfg: ModelConfig,
+    impl: Impl,
+) -> tuple[ModelState, jax.Array]:
+    logits, state = decode_step(params, cfg, tokens_S, state, impl=impl, active=active_S)
+    return state, draw_tokens(logits, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
+
+
+def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelState:
+    return jax.tree.map(
+        lambda dst, src: jax.lax.dynamic_update_slice_in_dim(dst, src, slot, axis=0), slots, row
+    )
+
+
+# Module-level jits: engines of the same (cfg, impl) share JAX's compile cache.
+_STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl"), donate_argnums=(1,))
+_INSERT = jax.jit(_insert_row, donate_argnums=(0,))
+
+
+class DecodeEngine:
+    """``max_slots`` concurrent requests, each up to ``max_len`` tokens of state."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        params: dict,
+        *,
+        max_slots: int,
+        max_len: int,
+        impl: Impl | str = Impl.CHUNK,
+    ) -> None:
+        if max_slots < 1 or max_len < 1:
+            raise EngineError(f"max_slots and max_len must be ≥ 1, got {max_slots}, {max_len}")
+        self.cfg, self.params, self.impl = cfg, params, Impl(impl)
+        self.max_slots, self.max_len = max_slots, max_len
+        shapes = jax.eval_shape(functools.partial(init_state, cfg, max_slots, max_len))
+        # Zeros from the host: jnp.zeros would compile a fill per shape for nothing.
+        self._state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), shapes)
+        self._tokens = np.zeros(max_slots, np.int32)  # last token of each slot: the next input
+        self._index = np.zeros(max_slots, np.int32)  # key-schedule index of the next token
+        self._keys = np.zeros((max_slots, 2), np.uint32)
+        self._temperature = np.zeros(max_slots, np.float32)
+        self._top_k = np.zeros(max_slots, np.int32)
+        self._top_p = np.ones(max_slots, np.float32)
+        self._requests: list[_Request | None] = [None] * max_slots
+
+    @property
+    def free_slots(self) -> list[int]:
+        return [slot for slot, req in enumerate(self._requests) if req is None]
+
+    @property
+    def active_slots(self) -> list[int]:
+        """Slots that will produce a token on the next ``step``."""
+        return [slot for slot, req in enumerate(self._requests) if req and not req.finished]
+
+    def is_finished(self, slot: int) -> bool:
+        """True once ``slot``'s request hit its EOS or budget (it holds the slot until ``free``)."""
+        return self._request(slot).finished
+
+    def _request(self, slot: int) -> _Request:
+        req = self._requests[slot] if 0 <= slot < self.max_slots else None
+        if req is None:
+            raise EngineError(f"slot {slot} holds no request")
+        return req
+
+    def insert(
+        self,
+        state: ModelState,
+        first_token: int,
+        sampling: SamplingParams = GREEDY,
+        *,
+        max_new_tokens: int,
+        eos_id: int | None = None,
+    ) -> int:
+        """Start decoding a prefilled request; returns its slot.
+
+        ``state`` is one sequence of any capacity ≤ ``max_len`` (a state already of capacity
+        ``max_len``, e.g. ``codec.decode(..., max_len=engine.max_len)``, skips a host copy);
+        ``first_token`` was sampled by prefill (token 0 of the request); the slot then yields up
+        to ``max_new_tokens`` more, stopping early after ``eos_id``.
+        """
+        vocab = self.cfg.vocab_size
+        if not 0 <= first_token < vocab:
+            raise EngineError(f"first token {first_token} outside the vocabulary [0, {vocab})")
+        if max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
+        if state.batch_size != 1:
+            raise EngineError(f"insert takes one sequence, got a batch of {state.batch_size}")
+        length = int(np.asarray(state.lengths)[0])
+        # Each step absorbs the previous token, so n new tokens need L + n positions.
+        if length + max_new_tokens > self.max_len:
+            raise EngineError(
+                f"state ({length} tokens) + max_new_tokens ({max_new_tokens}) exceed the decode "
+                f"engine's max_len {self.max_len}"
+            )
+        row = with_capacity(state, self.cfg, self.max_len)
+        free = self.free_slots
+        if not free:
+            raise NoFreeSlotError(f"all {self.max_slots} slots are busy")
+        slot = free[0]
+        key = request_key(sampling.seed)
+        self._state = _INSERT(self._state, row, np.int32(slot))
+        self._tokens[slot], self._index[slot], self._keys[slot] = first_token, 1, key
+        knobs = sampling_knobs(sampling)
+        self._temperature[slot], self._top_k[slot], self._top_p[slot] = (k[0] for k in knobs)
+        self._requests[slot] = _Request(remaining=max_new_tokens, eos_id=eos_id)
+        return slot
+
+    def step(self) -> list[tuple[int, int]]:
+        """One token for every active slot, as ``(slot, token)``; ``[]`` when none is active.
+
+        A slot whose token is its EOS, or whose budget this token exhausts, is finished
+        (``is_finished``) and produces nothing more.
+        """
+        active_slots = self.active_slots
+        if not active_slots:
+            return []
+        active = np.zeros(self.max_slots, bool)
+        active[active_slots] = True
+        controls = (self._tokens, active, self._keys, self._index)
+        knobs = (self._temperature, self._top_k, self._top_p)
+        self._state, tokens = _STEP(
+            self.params, self._state, *controls, *knobs, cfg=self.cfg, impl=self.impl
+        )
+        tokens = np.asarray(tokens)
+        out = []
+        for slot in active_slots:
+            req, token = self._requests[slot], int(tokens[slot])
+            assert req is not None
+            self._tokens[slot] = token
+            self._index[slot] += 1
+            req.remaining -= 1
+            req.finished = req.remaining == 0 or token == req.eos_id
+            out.append((slot, token))
+        return out
+
+    def free(self, slot: int) -> None:
+        """Release ``slot`` (finished or not); its state is overwritten by the next insert."""
+        self._request(slot)
+        self._requests[slot] = None
+
+
+# --- handoff ---------------------------------------------------------------------------------
+
+HANDOFF_MAGIC = b"PRFH"
+_HANDOFF_HEAD = struct.Struct("<4sII")
+_CRC = struct.Struct("<I")
+
+
+@dataclasses.dataclass(frozen=True)
+class Handoff:
+    """What decoding a prefilled state needs besides the state: token 0 and how to sample."""
+
+    first_token: int
+    sampling: SamplingParams
+
+
+def pack_handoff(handoff: Handoff, header_frame: bytes) -> bytes:
+    """The handoff frame for the state whose header frame is ``header_frame``."""
+    blob = json.dumps(
+        {"first_token": handoff.first_token, "sampling": dataclasses.asdict(handoff.sampling)},
+        separators=(",", ":"),
+    ).encode()
+    body = _HANDOFF_HEAD.pack(HANDOFF_MAGIC, stream_tag(header_frame), len(blob)) + blob
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def _parse_handoff(frame: bytes, tag: int) -> Handoff:
+    size = _HANDOFF_HEAD.size + _CRC.size
+    if len(frame) < size or frame[:4] != HANDOFF_MAGIC:
+        raise StateDecodeError("the stream does not end with a handoff frame (first token)")
+    _, frame_tag, blob_len = _HANDOFF_HEAD.unpack_from(frame)
+    if len(frame) != size + blob_len:
+        raise StateDecodeError(
+            f"handoff frame is {len(frame)} bytes, its length says {size + blob_len}"
+        )
+    (stored,) = _CRC.unpack_from(frame, len(frame) - _CRC.size)
+    if zlib.crc32(frame[: -_CRC.size]) != stored:
+        raise StateDecodeError("handoff frame checksum mismatch: the frame is corrupt")
+    if frame_tag != tag:
+        raise StateDecodeError("the handoff frame belongs to another state stream")
+    try:
+        data = json.loads(frame[_HANDOFF_HEAD.size : -_CRC.size].decode("utf-8"))
+        first_token, sampling = data["first_token"], SamplingParams(**data["sampling"])
+    except (ValueError, TypeError, KeyError, RecursionError, UserError) as err:
+        raise StateDecodeError(f"handoff frame JSON is malformed: {err}") from None
+    if not all(type(v) is int for v in (first_token, sampling.top_k, sampling.seed)):
+        raise StateDecodeError("handoff first_token, top_k and seed must be integers")
+    return Handoff(first_token, sampling)
+
+
+def split_handoff(frames: Sequence[bytes]) -> tuple[list[bytes], Handoff]:
+    """``(state frames, handoff)`` of a stream whose last frame is a handoff frame.
+
+    Only the header of the state is checked here (``codec.decode`` checks the rest).
+    """
+    codec.inspect(frames)
+    if len(frames) < 2:
+        raise StateDecodeError("the stream has no handoff frame (first token) after its header")
+    return list(frames[:-1]), _parse_handoff(bytes(frames[-1]), stream_tag(frames[0]))

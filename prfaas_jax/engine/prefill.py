@@ -1,0 +1,344 @@
+"""``PrefillEngine``: a prompt in, a ``ModelState`` and the first sampled token out.
+
+Also exposes ``PrefillResult``, ``PrefillPlan``, ``EngineError``, and what the decode engine
+shares with it: the sampling-key schedule (``request_key``, ``draw_tokens``) and
+``with_capacity`` (the same sequences in caches of another capacity).
+
+Bounded recompiles. One compiled function absorbs a block of ``block_len`` tokens into a batch-1
+state of ``capacity`` positions, ``valid_len`` marking the block's padding. For a prompt of ``T``
+tokens after a prefix of ``P`` (``L = P + T``)::
+
+    capacity  = max_len if given, else the smallest bucket ≥ L
+    block_len = min(smallest bucket ≥ T, chunk_len)
+    calls     = positions [P, L) cut at multiples of chunk_len, one call each, the last padded
+
+Without a prefix or ``max_len`` both sizes are functions of ``bucket(L)``, so any number of
+distinct prompt lengths costs at most one compile per bucket (``compile_count``). Cuts sit at
+*absolute* multiples of ``chunk_len``: after a prefix that ends mid-chunk the first call only
+completes that chunk, so every ``on_chunk`` state ends on a chunk boundary or at the prompt's
+end — where a block-granular prefix cache can checkpoint it.
+
+Sampling keys. Token ``i`` of a request (``i = 0`` is prefill's first token, ``i ≥ 1`` the decode
+steps) is drawn with ``fold_in(request_key(seed), i)``: a request's tokens depend on its own
+seed and logits only, never on the batch it shares or the step it was inserted at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.sampling import SamplingParams, sample
+from prfaas_jax.errors import UserError
+from prfaas_jax.model import MlaState, ModelState, init_state, prefill
+from prfaas_jax.model.state import KvState, WindowKvState
+from prfaas_jax.ops.dispatch import Impl
+
+GREEDY = SamplingParams()
+DEFAULT_CHUNK_LEN = 512
+_TOKEN_AXIS_LAYERS = (MlaState, KvState, WindowKvState)  # axis 1 counts positions
+
+
+class EngineError(UserError, ValueError):
+    """A request or state an engine cannot take (wrong model, too long, out of range)."""
+
+
+# --- sampling keys --------------------------------------------------------------------------
+
+
+def request_key(seed: int) -> np.ndarray:
+    """uint32[2] threefry key of a request's seed: ``PRNGKey(seed)`` for seeds < 2**32, and
+    distinct keys for the 64-bit seeds that ``PRNGKey`` would truncate without x64."""
+    if not 0 <= seed < 2**64:
+        raise EngineError(f"sampling seed must be in [0, 2**64), got {seed}")
+    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+
+
+def draw_tokens(
+    logits_BV: jax.Array,
+    keys_B2: jax.Array,
+    index_B: jax.Array,
+    temperature_B: jax.Array,
+    top_k_B: jax.Array,
+    top_p_B: jax.Array,
+) -> jax.Array:
+    """Token ``index_B`` of each row's request ``[B]`` int32, with the module's key schedule."""
+    keys = jax.vmap(jax.random.fold_in)(keys_B2, index_B)
+    return sample(logits_BV, keys, temperature_B, top_k_B, top_p_B)
+
+
+def sampling_knobs(sampling: SamplingParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(temperature, top_k, top_p)`` of one request as the length-1 arrays ``sample`` takes."""
+    return (
+        np.array([sampling.temperature], np.float32),
+        np.array([sampling.top_k], np.int32),
+        np.array([sampling.top_p], np.float32),
+    )
+
+
+# --- moving a state between capacities -------------------------------------------------------
+
+
+def _check_fits(state: ModelState, want: ModelState, cfg: ModelConfig) -> None:
+    def fail(what: str) -> None:
+        raise EngineError(f"the state does not fit model {cfg.name!r}: {what}")
+
+    if len(state.layers) != len(want.layers) or np.ndim(state.lengths) != 1:
+        fail(f"it has {len(state.layers)} layers, the model {len(want.layers)}")
+    for index, (have, need) in enumerate(zip(state.layers, want.layers, strict=True)):
+        if type(have) is not type(need):
+            fail(f"layer {index} is a {type(have).__name__}, the model has a {type(need).__name__}")
+        for field in dataclasses.fields(need):
+            a, b = getattr(have, field.name), getattr(need, field.name)
+            # Axis 1 of an attention cache is its capacity; every other axis is fixed by cfg.
+            free = isinstance(need, _TOKEN_AXIS_LAYERS)
+            shapes = [list(a.shape), list(b.shape)]
+            if free and a.ndim == b.ndim:
+                shapes = [shape[:1] + shape[2:] for shape in shapes]
+            if a.dtype != b.dtype or shapes[0] != shapes[1]:
+                fail(
+                    f"layer {index} {field.name} is {a.dtype}{list(a.shape)}, the model needs "
+                    f"{b.dtype}{list(b.shape)}" + (" (any size on axis 1)" if free else "")
+                )
+
+
+def with_capacity(
+    state: ModelState, cfg: ModelConfig, capacity: int, *, copy: bool = False
+) -> ModelState:
+    """``state``'s sequences in caches of ``capacity`` positions.
+
+    Growing caches keep their first positions; SWA rings keep position ``p`` in slot
+    ``p mod W'``, where it already is whenever both rings hold every live position or both are
+    whole windows. Arrays of the right shape are reused unless ``copy``; the others are rebuilt
+    in host memory and put back with ``device_put``, which compiles nothing (an on-device slice
+    or pad, or ``jnp.asarray``, would compile once per distinct shape).
+    Raises ``EngineError`` when the state does not fit ``cfg`` or ``capacity``.
+    """
+    want = jax.eval_shape(functools.partial(init_state, cfg, state.batch_size, capacity))
+    _check_fits(state, want, cfg)
+    longest = int(np.max(np.asarray(state.lengths), initial=0))
+    if longest > capacity:
+        raise EngineError(f"the state holds {longest} tokens, more than capacity {capacity}")
+
+    def resize(have: jax.Array, need: jax.ShapeDtypeStruct) -> jax.Array:
+        if have.shape == need.shape:
+            return jax.device_put(have, may_alias=False) if copy else have
+        keep = min(have.shape[1], need.shape[1])
+        if longest > keep:
+            raise EngineError(
+                f"a {have.shape[1]}-slot cache cannot hold the {longest} positions the state's "
+                "lengths claim: the state is inconsistent"
+            )
+        out = np.zeros(need.shape, need.dtype)
+        out[:, :keep] = np.asarray(have)[:, :keep]
+        return jax.device_put(out)
+
+    return jax.tree.map(resize, state, want)
+
+
+def _fresh_state(cfg: ModelConfig, capacity: int, prefix: ModelState | None) -> ModelState:
+    """A batch-1 working state of new buffers (so donating it never frees a caller's arrays),
+    holding ``prefix`` if given; zeros come from the host, where they cost no compile."""
+    if prefix is not None:
+        return with_capacity(prefix, cfg, capacity, copy=True)
+    want = jax.eval_shape(functools.partial(init_state, cfg, 1, capacity))
+    return jax.tree.map(lambda w: jax.device_put(np.zeros(w.shape, w.dtype)), want)
+
+
+# --- the engine ------------------------------------------------------------------------------
+
+
+def default_buckets(max_len: int) -> tuple[int, ...]:
+    """Powers of two from 16 below ``max_len``, then ``max_len``: one compile per doubling."""
+    sizes = [16]
+    while sizes[-1] < max_len:
+        sizes.append(sizes[-1] * 2)
+    return (*(s for s in sizes if s < max_len), max_len)
+
+
+def pick_bucket(buckets: Sequence[int], size: int) -> int:
+    """The smallest bucket ≥ ``size``; past the largest, a whole multiple of it (so compiles
+    stay bounded per multiple)."""
+    for bucket in buckets:
+        if bucket >= size:
+            return bucket
+    return -(-size // buckets[-1]) * buckets[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillPlan:
+    """How a prompt is run: the compiled shape and the absolute positions each call absorbs."""
+
+    block_len: int  # tokens per call (padded)
+    capacity: int  # positions of the working state's growing caches
+    chunks: tuple[tuple[int, int], ...]  # [start, end) absolute positions, one per call
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillResult:
+    state: ModelState  # batch 1, lengths [P + T], capacity max_len (if given) or P + T
+    first_token: int  # sampled from logits_last: token 0 of the request's key schedule
+    logits_last: np.ndarray  # [V] fp32 logits at the prompt's last position
+    prefix_len: int  # P
+    num_tokens: int  # T: prompt tokens absorbed
+    plan: PrefillPlan
+    timings: dict[str, float]  # compile_s (0 when cached), run_s, total_s
+
+
+def _prefill_block(
+    params: dict,
+    tokens_1T: jax.Array,
+    valid_len_1: jax.Array,
+    state: ModelState,
+    *,
+    cfg: ModelConfig,
+    impl: Impl,
+) -> tuple[jax.Array, ModelState]:
+    logits, state = prefill(params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1)
+    last = jnp.take_along_axis(logits, (valid_len_1 - 1)[:, None, None], axis=1)
+    return last[:, 0], state
+
+
+# Module-level jits: engines of the same (cfg, impl) share JAX's compile cache. The working state
+# is always ours (built by _fresh_state), so every call donates it.
+_PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl"), donate_argnums=(3,))
+_DRAW_TOKENS = jax.jit(draw_tokens)
+
+
+class PrefillEngine:
+    """Prefills one prompt at a time, with one executable per (block_len, capacity) shape."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        params: dict,
+        *,
+        impl: Impl | str = Impl.CHUNK,
+        buckets: Sequence[int] | None = None,
+        chunk_len: int = DEFAULT_CHUNK_LEN,
+    ) -> None:
+        buckets = default_buckets(cfg.max_len) if buckets is None else tuple(buckets)
+        if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+            raise EngineError(f"buckets must be increasing positive sizes, got {buckets}")
+        if chunk_len < 1:
+            raise EngineError(f"chunk_len must be ≥ 1, got {chunk_len}")
+        self.cfg, self.params, self.impl = cfg, params, Impl(impl)
+        self.buckets, self.chunk_len = buckets, chunk_len
+        self._executables: dict[tuple, jax.stages.Compiled] = {}
+        self._sampler: jax.stages.Compiled | None = None
+
+    @property
+    def compile_count(self) -> int:
+        """Prefill executables this engine needed so far: each cost at most one compile (none
+        when another engine in the process compiled it first). The first-token sampler, one
+        program per vocabulary size, is not counted."""
+        return len(self._executables)
+
+    def bucket(self, size: int) -> int:
+        """The capacity a state of ``size`` tokens is padded to."""
+        return pick_bucket(self.buckets, size)
+
+    def plan(
+        self, num_tokens: int, *, prefix_len: int = 0, max_len: int | None = None
+    ) -> PrefillPlan:
+        """The ``PrefillPlan`` for ``num_tokens`` new tokens after ``prefix_len`` (no compile)."""
+        total = prefix_len + num_tokens
+        if num_tokens < 1:
+            raise EngineError("the prompt is empty")
+        limit = self.cfg.max_len if max_len is None else min(max_len, self.cfg.max_len)
+        if total > limit:
+            raise EngineError(
+                f"prefix ({prefix_len}) + prompt ({num_tokens}) = {total} tokens exceed "
+                f"{'the model' if max_len is None else 'max_len'}'s limit of {limit}"
+            )
+        capacity = self.bucket(total) if max_len is None else max_len
+        cuts = range(prefix_len // self.chunk_len * self.chunk_len, total, self.chunk_len)
+        starts = [max(cut, prefix_len) for cut in cuts]
+        chunks = tuple(zip(starts, [*starts[1:], total], strict=True))
+        return PrefillPlan(min(self.bucket(num_tokens), self.chunk_len), capacity, chunks)
+
+    def _executable(self, *args) -> tuple[jax.stages.Compiled, float]:
+        # Keyed by shapes, not by plan: capacities past an SWA-only model's window share one.
+        key = (args[1].shape[1], *(leaf.shape for leaf in jax.tree.leaves(args[3])))
+        if key in self._executables:
+            return self._executables[key], 0.0
+        start = time.perf_counter()
+        compiled = _PREFILL_BLOCK.lower(*args, cfg=self.cfg, impl=self.impl).compile()
+        self._executables[key] = compiled
+        return compiled, time.perf_counter() - start
+
+    def _sample_first(self, logits_1V: jax.Array, sampling: SamplingParams) -> tuple[int, float]:
+        args = (logits_1V, request_key(sampling.seed)[None], np.zeros(1, np.int32))
+        args += sampling_knobs(sampling)
+        compile_s = 0.0
+        if self._sampler is None:
+            start = time.perf_counter()
+            self._sampler = _DRAW_TOKENS.lower(*args).compile()
+            compile_s = time.perf_counter() - start
+        return int(np.asarray(self._sampler(*args))[0]), compile_s
+
+    def prefill(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        *,
+        prefix: ModelState | None = None,
+        on_chunk: Callable[[ModelState, int], None] | None = None,
+        sampling: SamplingParams = GREEDY,
+        max_len: int | None = None,
+    ) -> PrefillResult:
+        """Absorb ``tokens`` (after ``prefix``, a batch-1 state) and sample the first token.
+
+        ``on_chunk(state, tokens_done)`` runs after each call, once its KV is final:
+        ``tokens_done`` counts every position in ``state`` (prefix included). That state is the
+        engine's working buffer, donated to the next call: read it inside the callback (e.g.
+        encode it) and keep no reference. ``max_len`` fixes the result's capacity (it then also
+        sizes the compiled working state); by default the result holds just ``P + T``.
+        """
+        start = time.perf_counter()
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        if ids.size and not (ids.min() >= 0 and ids.max() < self.cfg.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()
+            raise EngineError(
+                f"token id(s) {bad} outside the vocabulary [0, {self.cfg.vocab_size})"
+            )
+        if prefix is not None and prefix.batch_size != 1:
+            raise EngineError(f"a prefix must be one sequence, got a batch of {prefix.batch_size}")
+        prefix_len = 0 if prefix is None else int(np.asarray(prefix.lengths)[0])
+        plan = self.plan(ids.size, prefix_len=prefix_len, max_len=max_len)
+        state = _fresh_state(self.cfg, plan.capacity, prefix)
+        compile_s, logits = 0.0, None
+        for begin, end in plan.chunks:
+            block = np.zeros((1, plan.block_len), np.int32)
+            block[0, : end - begin] = ids[begin - prefix_len : end - prefix_len]
+            args = (self.params, block, np.array([end - begin], np.int32), state)
+            compiled, seconds = self._executable(*args)
+            compile_s += seconds
+            logits, state = compiled(*args)
+            if on_chunk is not None:
+                jax.block_until_ready(state)
+                on_chunk(state, end)
+        first_token, seconds = self._sample_first(logits, sampling)
+        compile_s += seconds
+        run_s = time.perf_counter() - start - compile_s
+        if max_len is None:
+            state = with_capacity(state, self.cfg, prefix_len + ids.size)
+        return PrefillResult(
+            state=state,
+            first_token=first_token,
+            logits_last=np.asarray(logits)[0],
+            prefix_len=prefix_len,
+            num_tokens=int(ids.size),
+            plan=plan,
+            timings={
+                "compile_s": compile_s,
+                "run_s": run_s,
+                "total_s": time.perf_counter() - start,
+            },
+        )
