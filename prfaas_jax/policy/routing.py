@@ -1,0 +1,178 @@
+"""Per-request routing (research/paper.md §4.1): `route(request, view, now) -> Decision`.
+
+Also exposes the roles and clusters (`Role`, `ClusterKind`), the router's view of the instances
+(`InstanceLoad`, `ClusterView`), and `pick_decode`, the decode-instance choice.
+
+Base rule, on the *incremental uncached* length l (prompt minus the prefix a cache already
+holds): l > t → PrfaaS, l ≤ t → PD prefill. With cache hits, l_total the prompt length and
+l_prfaas, l_pd the longest prefix cached in each cluster:
+
+    bandwidth scarce    (each cluster's cache judged on its own)
+        l_total − l_pd ≤ t  → PD-P (reusing l_pd)        else → PrfaaS (reusing l_prfaas)
+    bandwidth abundant  (compute is scarce: use the best prefix anywhere)
+        l_prefix = max(l_prfaas, l_pd)
+        l_total − l_prefix ≤ t → PD-P  else → PrfaaS; the prefix moves across clusters when the
+        instance holding it is in the other cluster (`Decision.prefix_source`)
+
+PrfaaS queue guard (Dynamo's conditional disaggregation): a request bound for PrfaaS stays local
+when every PrfaaS instance already has `prfaas_max_queue` requests queued, since a deep queue
+means the remote cluster is lagging and the local prefill finishes sooner.
+
+Within the chosen cluster the instance is the one with the least estimated work after this
+request, queued tokens + (l_total − its cached prefix): cache affinity, weighed against load in
+the same unit (tokens to prefill). Ties go to the earlier instance in the view.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class ClusterKind(enum.Enum):
+    PRFAAS = "prfaas"
+    PD = "pd"
+
+
+class Role(enum.Enum):
+    """What an instance does now. PrfaaS instances stay prefill-only; PD nodes may switch."""
+
+    PRFAAS_PREFILL = "prfaas_prefill"
+    PD_PREFILL = "pd_prefill"
+    PD_DECODE = "pd_decode"
+
+    @property
+    def cluster(self) -> ClusterKind:
+        return ClusterKind.PRFAAS if self is Role.PRFAAS_PREFILL else ClusterKind.PD
+
+    @property
+    def is_prefill(self) -> bool:
+        return self is not Role.PD_DECODE
+
+
+@dataclass(frozen=True)
+class InstanceLoad:
+    """One prefill instance as the router sees it when a request arrives."""
+
+    name: str
+    queue_depth: int = 0  # requests waiting or running on it
+    queued_tokens: int = 0  # uncached tokens those requests still have to prefill
+    cached_len: int = 0  # the longest prefix of *this* request the instance has cached
+
+    def __post_init__(self) -> None:
+        if min(self.queue_depth, self.queued_tokens, self.cached_len) < 0:
+            raise ValueError(f"instance {self.name!r}: loads and cached_len must be ≥ 0")
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """The threshold, the guard and the prefill instances that may take a request now
+    (draining instances are left out by the caller)."""
+
+    threshold: float
+    prfaas: tuple[InstanceLoad, ...]
+    pd_prefill: tuple[InstanceLoad, ...]
+    prfaas_max_queue: int = 4
+    bandwidth_abundant: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.pd_prefill and not self.prfaas:
+            raise ValueError("a cluster view needs at least one prefill instance")
+        if self.prfaas_max_queue < 1:
+            raise ValueError(f"prfaas_max_queue must be ≥ 1, got {self.prfaas_max_queue}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Where a request is prefilled, and from which cached prefix."""
+
+    cluster: ClusterKind
+    instance: str
+    prefix_source: str | None  # instance holding the reused prefix; None: nothing reused
+    cached_len: int  # tokens of the prompt that are not recomputed
+    uncached_len: int  # tokens the chosen instance prefills
+    reason: str  # "threshold", "queue_guard", "no_prfaas" or "no_pd_prefill"
+    decided_at: float  # the caller's clock, for traces
+
+    @property
+    def moves_prefix(self) -> bool:
+        """True when the reused prefix sits on another instance and must be moved first (across
+        clusters only in the bandwidth-abundant case)."""
+        return self.prefix_source is not None and self.prefix_source != self.instance
+
+
+def _best_cached(instances: Sequence[InstanceLoad]) -> InstanceLoad | None:
+    best = None
+    for inst in instances:
+        if best is None or inst.cached_len > best.cached_len:
+            best = inst
+    return best
+
+
+def _least_work(instances: Sequence[InstanceLoad], prompt_len: int) -> InstanceLoad:
+    def work(inst: InstanceLoad) -> int:
+        return inst.queued_tokens + prompt_len - min(inst.cached_len, prompt_len)
+
+    return min(instances, key=work)
+
+
+def route(prompt_len: int, view: ClusterView, now: float) -> Decision:
+    """The paper's routing rule for a prompt of `prompt_len` tokens (module docstring)."""
+    if prompt_len < 1:
+        raise ValueError(f"prompt_len must be ≥ 1, got {prompt_len}")
+    # A prefix is never the whole prompt: the last token is always computed for its logits.
+    cap = prompt_len - 1
+
+    def decide(
+        cluster: ClusterKind, pool: Sequence[InstanceLoad], prefix: InstanceLoad | None, why: str
+    ) -> Decision:
+        target = _least_work(pool, prompt_len)
+        if prefix is None or min(prefix.cached_len, cap) == 0:
+            # Reuse the chosen instance's own prefix, if any (affinity already weighed it).
+            prefix = target if min(target.cached_len, cap) > 0 else None
+        cached = 0 if prefix is None else min(prefix.cached_len, cap)
+        source = None if prefix is None else prefix.name
+        return Decision(cluster, target.name, source, cached, prompt_len - cached, why, now)
+
+    if not view.prfaas:
+        return decide(ClusterKind.PD, view.pd_prefill, None, "no_prfaas")
+    if not view.pd_prefill:
+        return decide(ClusterKind.PRFAAS, view.prfaas, _best_cached(view.prfaas), "no_pd_prefill")
+
+    best_prfaas, best_pd = _best_cached(view.prfaas), _best_cached(view.pd_prefill)
+    assert best_prfaas is not None and best_pd is not None
+    l_prfaas, l_pd = min(best_prfaas.cached_len, cap), min(best_pd.cached_len, cap)
+    if view.bandwidth_abundant:
+        prefix = best_prfaas if l_prfaas > l_pd else best_pd
+        goes_local = prompt_len - max(l_prfaas, l_pd) <= view.threshold
+        local_prefix = remote_prefix = prefix
+    else:
+        goes_local = prompt_len - l_pd <= view.threshold
+        local_prefix, remote_prefix = best_pd, best_prfaas
+    if goes_local:
+        return decide(ClusterKind.PD, view.pd_prefill, local_prefix, "threshold")
+    if all(inst.queue_depth >= view.prfaas_max_queue for inst in view.prfaas):
+        return decide(ClusterKind.PD, view.pd_prefill, best_pd, "queue_guard")
+    open_prfaas = [inst for inst in view.prfaas if inst.queue_depth < view.prfaas_max_queue]
+    return decide(ClusterKind.PRFAAS, open_prfaas, remote_prefix, "threshold")
+
+
+@dataclass(frozen=True)
+class DecodeLoad:
+    """One decode instance: requests assigned to it (running or waiting) and its slots."""
+
+    name: str
+    assigned: int
+    max_slots: int
+
+    def __post_init__(self) -> None:
+        if self.assigned < 0 or self.max_slots < 1:
+            raise ValueError(f"decode instance {self.name!r}: need assigned ≥ 0, max_slots ≥ 1")
+
+
+def pick_decode(instances: Sequence[DecodeLoad]) -> str:
+    """The decode instance with the lowest fill (assigned / slots); ties to the earlier one."""
+    if not instances:
+        raise ValueError("no decode instance can take a request")
+    return min(instances, key=lambda d: d.assigned / d.max_slots).name

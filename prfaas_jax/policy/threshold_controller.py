@@ -1,0 +1,206 @@
+"""Short-timescale threshold control (research/paper.md §4.1): `ThresholdController`.
+
+Also exposes `ControllerConfig`, `LinkObservation` (what the router measures each control
+period) and `ThresholdUpdate` (a change of t and why).
+
+Each period the router reports the PrfaaS link's cumulative egress bytes, its current capacity
+and the PrfaaS queue depth. The controller keeps egress utilisation u = (egress rate over the
+last `utilization_window_s`) / capacity, and re-solves t (`live_model.solve_threshold`: the
+throughput model on the recent uncached-length distribution, with the link's capacity and the
+observed arrival rate) when
+
+    u ≥ high_utilization                       the link is close to its cap   ("utilization")
+    PrfaaS queue ≥ queue_surge                  requests pile up remotely      ("queue_surge")
+    |capacity / capacity at last solve − 1| ≥ capacity_change                ("capacity")
+    resolve_every_s since the last solve        drift of the length mix        ("periodic")
+
+Hysteresis keeps t from flapping: a solution is applied only if it moves t by at least
+`hysteresis` (relative); raising t is allowed at once, but lowering it — which sends more bytes
+over the link — only when the link is cool (u ≤ low_utilization) or its capacity grew, and not
+within `min_dwell_s` of the previous change. `resolve` forces a re-solve for a new cluster shape
+(the long-timescale rebalancer calls it after a role change).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prfaas_jax.policy.live_model import (
+    ClusterShape,
+    LiveProfiles,
+    TrafficWindow,
+    live_model,
+    solve_threshold,
+)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    candidates: tuple[float, ...]  # thresholds the search may pick (tokens)
+    high_utilization: float = 0.85
+    low_utilization: float = 0.5
+    target_utilization: float = 0.7  # the link load a solution must predict at most
+    queue_surge: int = 4
+    capacity_change: float = 0.2
+    hysteresis: float = 0.1
+    min_dwell_s: float = 2.0
+    resolve_every_s: float = 30.0
+    utilization_window_s: float = 2.0
+    rate_horizon_s: float = 10.0  # arrival rate Λ_obs is measured over this
+    min_samples: int = 8  # requests in the window before the first solve
+
+    def __post_init__(self) -> None:
+        if not self.candidates or sorted(self.candidates) != list(self.candidates):
+            raise ValueError("candidates must be a non-empty increasing sequence of thresholds")
+        if not 0 < self.low_utilization < self.high_utilization:
+            raise ValueError("need 0 < low_utilization < high_utilization")
+        if not 0 < self.target_utilization <= self.high_utilization:
+            raise ValueError("need 0 < target_utilization ≤ high_utilization")
+        if self.queue_surge < 1 or self.min_samples < 1:
+            raise ValueError("queue_surge and min_samples must be ≥ 1")
+        if min(self.hysteresis, self.min_dwell_s, self.capacity_change) < 0:
+            raise ValueError("hysteresis, min_dwell_s and capacity_change must be ≥ 0")
+        if not (self.resolve_every_s > 0 and self.utilization_window_s > 0):
+            raise ValueError("resolve_every_s and utilization_window_s must be positive")
+        if not self.rate_horizon_s > 0:
+            raise ValueError("rate_horizon_s must be positive")
+
+
+@dataclass(frozen=True)
+class LinkObservation:
+    now: float
+    egress_bytes: int  # cumulative bytes the PrfaaS cluster has sent over the link
+    capacity_bytes_per_s: float  # the link's cap right now
+    prfaas_queue_depth: int
+
+
+@dataclass(frozen=True)
+class ThresholdUpdate:
+    threshold: float
+    previous: float
+    reason: str  # "utilization", "queue_surge", "capacity", "periodic" or "rebalance"
+    utilization: float  # measured when the decision was made
+    predicted_bytes_per_s: float  # link demand the new t predicts at the observed arrival rate
+    at: float
+
+
+class ThresholdController:
+    """Keeps t where the throughput model puts it for the live link and traffic."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        profiles: LiveProfiles,
+        shape: ClusterShape,
+        traffic: TrafficWindow,
+        threshold: float,
+    ) -> None:
+        if config.rate_horizon_s > traffic.rate_memory_s:
+            raise ValueError(
+                f"rate_horizon_s {config.rate_horizon_s} exceeds the traffic window's memory "
+                f"of {traffic.rate_memory_s} s"
+            )
+        self.config, self.profiles, self.shape, self.traffic = config, profiles, shape, traffic
+        self._threshold = float(threshold)
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._capacity = 0.0
+        self._solved_capacity: float | None = None
+        self._last_solve = -math.inf
+        self._last_change = -math.inf
+        self._utilization = 0.0
+        self.history: list[ThresholdUpdate] = []
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @property
+    def utilization(self) -> float:
+        """Egress rate over capacity at the last observation."""
+        return self._utilization
+
+    def egress_rate(self) -> float:
+        """Bytes/s over the utilisation window (0 before two observations)."""
+        if len(self._samples) < 2:
+            return 0.0
+        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+
+    def observe(self, obs: LinkObservation) -> ThresholdUpdate | None:
+        """Fold in one period's measurement; returns the change of t it caused, if any."""
+        if obs.capacity_bytes_per_s <= 0:
+            raise ValueError(f"link capacity must be positive, got {obs.capacity_bytes_per_s}")
+        if self._samples and obs.egress_bytes < self._samples[-1][1]:
+            self._samples.clear()  # a worker restarted: its counter began again
+        self._samples.append((obs.now, obs.egress_bytes))
+        while obs.now - self._samples[0][0] > self.config.utilization_window_s:
+            self._samples.popleft()
+        self._capacity = obs.capacity_bytes_per_s
+        self._utilization = self.egress_rate() / obs.capacity_bytes_per_s
+        reason = self._trigger(obs)
+        if reason is None or len(self.traffic) < self.config.min_samples:
+            return None
+        return self._solve(obs.now, reason)
+
+    def _trigger(self, obs: LinkObservation) -> str | None:
+        cfg = self.config
+        solved = self._solved_capacity
+        if solved is not None and abs(obs.capacity_bytes_per_s / solved - 1) >= cfg.capacity_change:
+            return "capacity"
+        if self._utilization >= cfg.high_utilization:
+            return "utilization"
+        if obs.prfaas_queue_depth >= cfg.queue_surge:
+            return "queue_surge"
+        if solved is None or obs.now - self._last_solve >= cfg.resolve_every_s:
+            return "periodic"
+        return None
+
+    def resolve(self, now: float, shape: ClusterShape) -> ThresholdUpdate | None:
+        """Re-solve t for a new cluster shape (after a role change); hysteresis still applies."""
+        self.shape = shape
+        if self._capacity <= 0 or len(self.traffic) < self.config.min_samples:
+            return None
+        return self._solve(now, "rebalance")
+
+    def _solve(self, now: float, reason: str) -> ThresholdUpdate | None:
+        cfg = self.config
+        grew = self._solved_capacity is not None and self._capacity > self._solved_capacity
+        self._last_solve = now
+        if self.shape.num_prfaas == 0:
+            self._solved_capacity = self._capacity
+            return None
+        model = live_model(self.profiles, self.shape, self.traffic, self._capacity)
+        solution = solve_threshold(
+            model,
+            self.shape,
+            self.config.candidates,
+            arrival_rate=self.traffic.arrival_rate(now, cfg.rate_horizon_s),
+            egress_bytes_per_s=self._capacity,
+            target_utilization=cfg.target_utilization,
+        )
+        new, old = solution.threshold, self._threshold
+        if abs(new - old) < cfg.hysteresis * max(abs(old), 1.0):
+            self._solved_capacity = self._capacity
+            return None
+        if new < old:
+            cool = self._utilization <= cfg.low_utilization or grew
+            if not cool or now - self._last_change < cfg.min_dwell_s:
+                # Not now; the capacity trigger (if that was the cause) stays armed.
+                return None
+        self._solved_capacity = self._capacity
+        update = ThresholdUpdate(
+            new, old, reason, self._utilization, solution.demand_bytes_per_s, now
+        )
+        self._threshold, self._last_change = new, now
+        self.history.append(update)
+        return update
+
+
+def threshold_candidates(step: int, max_len: int) -> Sequence[float]:
+    """Every multiple of `step` tokens from `step` to `max_len` (a candidate grid)."""
+    if step < 1 or max_len < step:
+        raise ValueError(f"need 1 ≤ step ≤ max_len, got step {step}, max_len {max_len}")
+    return tuple(float(t) for t in range(step, max_len + 1, step))

@@ -1,0 +1,285 @@
+"""Start and stop a toy cluster of real processes on loopback: `ClusterProcesses` and `serve`.
+
+Also the process helpers the children share: `die_with_parent`, `install_stop_handlers` and
+`write_json` (atomic address and ready files).
+
+`ClusterProcesses.start` launches one worker process per instance (serving/worker.py), waits
+until each listens and reports SERVING on its health service, then launches the router
+(serving/router_control.py) with the workers' addresses and waits for it too; it returns the
+ready info that `prfaas serve --ready-file` writes:
+
+    {"router": "127.0.0.1:P", "metrics": "127.0.0.1:M", "model": preset, "seed": s,
+     "workers": {name: {"address": …, "pid": …, "role": "prfaas_prefill" | "pd_prefill" |
+     "pd_decode"}}, "pid": launcher pid, "router_pid": …, "log_dir": …}
+
+Each child runs in its own process group (session) and asks to die with its parent
+(`die_with_parent`: PR_SET_PDEATHSIG on Linux, should the launcher itself be killed); `stop`
+sends SIGTERM to every group, waits, then SIGKILLs what is left, so no process outlives the
+cluster. Children are spawned from the calling thread, which must outlive them (the death
+signal follows the thread that forked).
+With the compile cache on, the first worker of each engine kind warms up alone and the others
+start once it serves, so they load its executables instead of compiling them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
+from prfaas_jax.serving.engines import default_compile_cache_dir
+from prfaas_jax.serving.grpc_server import health_status
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGTERM this process when its parent (the launcher) dies; exit at once if
+    it already has. Called by each child at startup rather than in a fork hook, so spawning
+    runs no Python between fork and exec (a hazard once JAX has started its threads)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent_pid:
+        raise SystemExit(f"the launcher (pid {parent_pid}) is gone")
+
+
+class ClusterError(UserError):
+    """A cluster process failed to start; the message names it and quotes its log."""
+
+
+class _Child:
+    def __init__(self, name: str, role: str, argv: list[str], log_path: Path) -> None:
+        self.name, self.role, self.log_path = name, role, log_path
+        self.address_file = log_path.with_suffix(".json")
+        self.address_file.unlink(missing_ok=True)  # a reused log dir must not feed stale ports
+        with log_path.open("wb") as log:
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.info: dict = {}
+
+    def log_tail(self, lines: int = 15) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+
+class ClusterProcesses:
+    def __init__(
+        self,
+        config_path: str | os.PathLike[str],
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
+        compile_cache: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float = 600.0,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        self.config = load_cluster_config(config_path)
+        self.config_path = str(self.config.path)
+        # A temporary log dir is removed after a clean run and kept when something failed.
+        self._temporary_logs = log_dir is None
+        self.failed = False
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-cluster-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        cache = compile_cache or (
+            default_compile_cache_dir() if self.config.engine.compile_cache else None
+        )
+        self.compile_cache = str(cache) if cache else None
+        self.ready_timeout_s = ready_timeout_s
+        self._stop = stop_event or threading.Event()
+        self.children: list[_Child] = []
+        self.ready: dict | None = None
+
+    def __enter__(self) -> ClusterProcesses:
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        self.stop()
+        if self._temporary_logs and exc_type is None and not self.failed:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _spawn(self, name: str, role: str, module: str, extra: list[str]) -> _Child:
+        argv = [sys.executable, "-m", module, "--config", self.config_path]
+        argv += ["--parent-pid", str(os.getpid())]
+        log_path = self.log_dir / f"{name}.log"
+        child = _Child(
+            name,
+            role,
+            [*argv, *extra, "--address-file", str(log_path.with_suffix(".json"))],
+            log_path,
+        )
+        self.children.append(child)
+        return child
+
+    def _spawn_worker(self, name: str, role: Role) -> _Child:
+        extra = ["--name", name, "--role", role.value]
+        if self.compile_cache:
+            extra += ["--compile-cache", self.compile_cache]
+        return self._spawn(name, role.value, "prfaas_jax.serving.worker", extra)
+
+    def _wait_serving(self, children: list[_Child], deadline: float) -> None:
+        waiting = list(children)
+        while waiting:
+            if self._stop.is_set():
+                raise ClusterError("interrupted while the cluster was starting")
+            for child in list(waiting):
+                code = child.popen.poll()
+                if code is not None:
+                    raise ClusterError(
+                        f"{child.name} exited with status {code} while starting; its log "
+                        f"({child.log_path}) ends with:\n{child.log_tail()}"
+                    )
+                if not child.info and child.address_file.exists():
+                    child.info = json.loads(child.address_file.read_text())
+                if child.info and health_status(child.info["address"]) == "SERVING":
+                    waiting.remove(child)
+            if time.monotonic() > deadline:
+                names = ", ".join(c.name for c in waiting)
+                raise ClusterError(f"{names} not SERVING after {self.ready_timeout_s:.0f} s")
+            if waiting:
+                time.sleep(0.1)
+
+    def start(self) -> dict:
+        """Start every process and wait until all are SERVING; returns the ready info."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        roles = instance_roles(self.config)
+        try:
+            pending = list(roles.items())
+            if self.compile_cache:
+                # One worker per engine kind first: the others then hit the compile cache.
+                firsts: dict[bool, tuple[str, Role]] = {}
+                for name, role in pending:
+                    firsts.setdefault(role.is_prefill, (name, role))
+                wave = [self._spawn_worker(n, r) for n, r in firsts.values()]
+                self._wait_serving(wave, deadline)
+                pending = [item for item in pending if item not in firsts.values()]
+            rest = [self._spawn_worker(n, r) for n, r in pending]
+            self._wait_serving(rest, deadline)
+            workers = {
+                c.name: {"address": c.info["address"], "pid": c.info["pid"], "role": c.role}
+                for c in self.children
+            }
+            workers_file = self.log_dir / "workers.json"
+            workers_file.write_text(json.dumps(workers))
+            router = self._spawn(
+                "router",
+                "router",
+                "prfaas_jax.serving.router_control",
+                ["--workers", str(workers_file)],
+            )
+            self._wait_serving([router], deadline)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready = {
+            "router": router.info["address"],
+            "metrics": router.info["metrics"],
+            "model": self.config.model.preset,
+            "seed": self.config.model.seed,
+            "workers": {name: workers[name] for name in roles},
+            "pid": os.getpid(),
+            "router_pid": router.info["pid"],
+            "log_dir": str(self.log_dir),
+        }
+        return self.ready
+
+    def dead_child(self) -> str | None:
+        """The name of a process that exited on its own, if any."""
+        for child in self.children:
+            if child.popen.poll() is not None:
+                return child.name
+        return None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process group, wait up to `grace_s`, SIGKILL the rest."""
+        for child in reversed(self.children):  # the router first: it stops taking requests
+            child.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        for child in self.children:
+            # Also catches anything a child left in its group.
+            child.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=5)
+        self.children = []
+
+
+def write_json(path: str | os.PathLike[str], payload: dict) -> None:
+    """Write JSON atomically (a rename), so a reader never sees half a file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def install_stop_handlers() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (the launcher's shutdown, or Ctrl-C)."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = None) -> int:
+    """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if a process died on its own."""
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        with ClusterProcesses(config_path, log_dir=log_dir, stop_event=stop) as cluster:
+            try:
+                ready = cluster.start()
+            except ClusterError:
+                if stop.is_set():
+                    return 0  # asked to stop while starting: not an error
+                raise
+            if ready_file:
+                write_json(ready_file, ready)
+            print(
+                f"prfaas serve: router {ready['router']}, "
+                f"metrics http://{ready['metrics']}/metrics, {len(ready['workers'])} workers, "
+                f"logs in {ready['log_dir']}; Ctrl-C stops",
+                flush=True,
+            )
+            while not stop.wait(0.5):
+                dead = cluster.dead_child()
+                if dead is not None:
+                    cluster.failed = True
+                    print(
+                        f"prfaas serve: {dead} exited; shutting down (logs: {cluster.log_dir})",
+                        file=sys.stderr,
+                    )
+                    return 1
+        return 0
+    finally:
+        if ready_file:
+            with contextlib.suppress(FileNotFoundError):
+                Path(ready_file).unlink()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,183 @@
+"""The router's Prometheus endpoint: `render_metrics(snapshot) -> str` and `MetricsServer`.
+
+`MetricsServer` serves `GET /metrics` (text exposition format 0.0.4) from a daemon thread on
+127.0.0.1; every scrape renders a fresh `RouterSnapshot`. Metric names:
+
+    prfaas_requests_total{route, outcome}        counter  finished requests ("ok" | "error")
+    prfaas_requests_in_flight                    gauge
+    prfaas_threshold_tokens                      gauge    the routing threshold t
+    prfaas_threshold_changes_total{reason}       counter  controller updates of t
+    prfaas_egress_bytes_total                    counter  PrfaaS → PD link bytes
+    prfaas_egress_bytes_per_second               gauge    over the controller's window
+    prfaas_link_capacity_bytes_per_second        gauge    the link's current cap
+    prfaas_egress_utilization                    gauge    rate / cap
+    prfaas_queue_depth{instance, role}           gauge    router-side outstanding prefills
+    prfaas_decode_assigned{instance}             gauge    requests on each decode node
+    prfaas_instances{role}                       gauge
+    prfaas_role_changes_total                    counter
+    prfaas_ttft_seconds                          histogram
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import math
+import threading
+from collections.abc import Callable
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclasses.dataclass
+class Histogram:
+    buckets: tuple[float, ...] = TTFT_BUCKETS
+    counts: list[int] = dataclasses.field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterSnapshot:
+    requests: dict[tuple[str, str], int]  # (route, outcome) → count
+    in_flight: int
+    threshold: float
+    threshold_changes: dict[str, int]
+    egress_bytes: int
+    egress_bytes_per_s: float
+    link_capacity_bytes_per_s: float
+    queue_depth: dict[tuple[str, str], int]  # (instance, role) → outstanding prefills
+    decode_assigned: dict[str, int]
+    instances: dict[str, int]  # role → count
+    role_changes: int
+    ttft: Histogram
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"  # the exposition format's spelling
+    if math.isnan(value):
+        return "NaN"
+    # Counters must stay exact: 1479070 bytes, not 1.47907e+06.
+    if isinstance(value, int) or float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def _labels(**labels: str) -> str:
+    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    return "{" + inner + "}" if inner else ""
+
+
+def render_metrics(s: RouterSnapshot) -> str:
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.extend(f"{name}{labels} {_number(value)}" for labels, value in rows)
+
+    metric(
+        "prfaas_requests_total",
+        "counter",
+        "Finished requests by route and outcome.",
+        [(_labels(route=r, outcome=o), n) for (r, o), n in sorted(s.requests.items())],
+    )
+    metric("prfaas_requests_in_flight", "gauge", "Requests in flight.", [("", s.in_flight)])
+    metric("prfaas_threshold_tokens", "gauge", "Routing threshold t (tokens).", [("", s.threshold)])
+    metric(
+        "prfaas_threshold_changes_total",
+        "counter",
+        "Threshold updates by the controller, by trigger.",
+        [(_labels(reason=r), n) for r, n in sorted(s.threshold_changes.items())],
+    )
+    metric(
+        "prfaas_egress_bytes_total", "counter", "PrfaaS to PD link bytes.", [("", s.egress_bytes)]
+    )
+    metric(
+        "prfaas_egress_bytes_per_second",
+        "gauge",
+        "PrfaaS egress rate over the controller window.",
+        [("", s.egress_bytes_per_s)],
+    )
+    metric(
+        "prfaas_link_capacity_bytes_per_second",
+        "gauge",
+        "Current capacity of the inter-cluster link.",
+        [("", s.link_capacity_bytes_per_s)],
+    )
+    cap = s.link_capacity_bytes_per_s
+    metric(
+        "prfaas_egress_utilization",
+        "gauge",
+        "Egress rate over link capacity.",
+        [("", s.egress_bytes_per_s / cap if cap > 0 else 0.0)],
+    )
+    metric(
+        "prfaas_queue_depth",
+        "gauge",
+        "Outstanding prefills per prefill instance.",
+        [(_labels(instance=i, role=r), n) for (i, r), n in sorted(s.queue_depth.items())],
+    )
+    metric(
+        "prfaas_decode_assigned",
+        "gauge",
+        "Requests assigned to each decode instance.",
+        [(_labels(instance=i), n) for i, n in sorted(s.decode_assigned.items())],
+    )
+    metric(
+        "prfaas_instances",
+        "gauge",
+        "Instances per role.",
+        [(_labels(role=r), n) for r, n in sorted(s.instances.items())],
+    )
+    metric("prfaas_role_changes_total", "counter", "PD role switches.", [("", s.role_changes)])
+    lines.append("# HELP prfaas_ttft_seconds Time to first token at the router.")
+    lines.append("# TYPE prfaas_ttft_seconds histogram")
+    for bound, count in zip(s.ttft.buckets, s.ttft.counts, strict=True):
+        lines.append(f'prfaas_ttft_seconds_bucket{{le="{bound:g}"}} {count}')
+    lines.append(f'prfaas_ttft_seconds_bucket{{le="+Inf"}} {s.ttft.count}')
+    lines.append(f"prfaas_ttft_seconds_sum {_number(s.ttft.total)}")
+    lines.append(f"prfaas_ttft_seconds_count {s.ttft.count}")
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """`GET /metrics` on 127.0.0.1:`port` (0: any free port), served from a daemon thread."""
+
+    def __init__(self, snapshot: Callable[[], RouterSnapshot], port: int = 0) -> None:
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.split("?", 1)[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                body = render_metrics(snapshot()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass  # scrapes are not news
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"{host}:{port}"
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()

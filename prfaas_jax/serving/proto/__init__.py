@@ -1,0 +1,1 @@
+"""prfaas.proto and its generated stubs (regenerate with regenerate.sh beside them)."""

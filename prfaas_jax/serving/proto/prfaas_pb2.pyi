@@ -1,0 +1,252 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_PRFAAS_PREFILL: _ClassVar[Role]
+    ROLE_PD_PREFILL: _ClassVar[Role]
+    ROLE_PD_DECODE: _ClassVar[Role]
+ROLE_UNSPECIFIED: Role
+ROLE_PRFAAS_PREFILL: Role
+ROLE_PD_PREFILL: Role
+ROLE_PD_DECODE: Role
+
+class GenerateRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class GenerateResponse(_message.Message):
+    __slots__ = ("token_ids", "finished", "report")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finished: bool
+    report: RequestReport
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., report: _Optional[_Union[RequestReport, _Mapping]] = ...) -> None: ...
+
+class RequestReport(_message.Message):
+    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance")
+    ROUTE_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    UNCACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    TTFT_S_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    DECODE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    route: str
+    prompt_len: int
+    cached_len: int
+    uncached_len: int
+    threshold: float
+    ttft_s: float
+    state_bytes: int
+    prefill_instance: str
+    decode_instance: str
+    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ...) -> None: ...
+
+class GetStatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RouterStats(_message.Message):
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len")
+    class DrainingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PRFAAS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_PD_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LINK_CAPACITY_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    ROLE_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_THRESHOLD_REASON_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    threshold: float
+    requests_prfaas: int
+    requests_pd: int
+    requests_failed: int
+    requests_in_flight: int
+    egress_bytes: int
+    egress_bytes_per_s: float
+    link_capacity_bytes_per_s: float
+    threshold_changes: int
+    role_changes: int
+    last_threshold_reason: str
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStats]
+    draining: _containers.ScalarMap[str, str]
+    model: str
+    vocab_size: int
+    max_len: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ...) -> None: ...
+
+class SamplingParams(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+
+class WorkerStats(_message.Message):
+    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_STATES_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    EGRESS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    role: Role
+    queue_depth: int
+    active_slots: int
+    max_slots: int
+    pending_states: int
+    completed: int
+    egress_bytes: int
+    link: LinkState
+    tokens_generated: int
+    state_bytes_received: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ...) -> None: ...
+
+class LinkState(_message.Message):
+    __slots__ = ("bandwidth_bytes_per_s", "latency_s")
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ...) -> None: ...
+
+class SetRoleRequest(_message.Message):
+    __slots__ = ("role",)
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    def __init__(self, role: _Optional[_Union[Role, str]] = ...) -> None: ...
+
+class SetRoleReply(_message.Message):
+    __slots__ = ("role", "switch_s")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_S_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    switch_s: float
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., switch_s: _Optional[float] = ...) -> None: ...
+
+class SetLinkRequest(_message.Message):
+    __slots__ = ("bandwidth_bytes_per_s", "latency_s")
+    BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    bandwidth_bytes_per_s: float
+    latency_s: float
+    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ...) -> None: ...
+
+class PrefillRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling: SamplingParams
+    decode_address: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ...) -> None: ...
+
+class PrefillReply(_message.Message):
+    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped")
+    FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    SHAPED_FIELD_NUMBER: _ClassVar[int]
+    first_token: int
+    state_bytes: int
+    wire_bytes: int
+    frames: int
+    queue_s: float
+    prefill_s: float
+    transfer_s: float
+    shaped: bool
+    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ...) -> None: ...
+
+class StateChunk(_message.Message):
+    __slots__ = ("request_id", "frame")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    frame: bytes
+    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
+
+class PushStateReply(_message.Message):
+    __slots__ = ("state_bytes", "frames")
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FRAMES_FIELD_NUMBER: _ClassVar[int]
+    state_bytes: int
+    frames: int
+    def __init__(self, state_bytes: _Optional[int] = ..., frames: _Optional[int] = ...) -> None: ...
+
+class DecodeRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_len", "max_new_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_len: int
+    max_new_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ...) -> None: ...
+
+class DecodeResponse(_message.Message):
+    __slots__ = ("token_ids", "finished", "state_bytes")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    finished: bool
+    state_bytes: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., state_bytes: _Optional[int] = ...) -> None: ...

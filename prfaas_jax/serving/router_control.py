@@ -1,0 +1,331 @@
+"""The router's control loop and process: `RouterControl` and `main`
+(`python -m prfaas_jax.serving.router_control`).
+
+Every `control_period_s` the loop polls each worker's `GetStats`, sums the PrfaaS workers'
+link counters (egress bytes, current capacity) and hands the policy objects what they watch:
+the `ThresholdController` a `LinkObservation` each period (a new t takes effect for the next
+request), the `Rebalancer` a `StageObservation` every `rebalancer.period_s`. A role change is
+carried out on its own thread as drain → switch → resume: the node stops receiving requests,
+the thread waits until the router has no request on it (up to `drain_timeout_s`, else the
+change is abandoned and the node resumes its old role), sends `SetRole` (retried while the
+worker still finishes its last stream), then routes to the node in its new role, tells the
+rebalancer, and has the controller re-solve t for the new shape. `router_stats` and `snapshot`
+render the same counters for `GetStats` and the Prometheus endpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import logging
+import os
+import threading
+import time
+
+import grpc
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.policy.live_model import ClusterShape, LiveProfiles
+from prfaas_jax.policy.profiles import Profile
+from prfaas_jax.policy.rebalancer import Rebalancer, RoleChange, StageObservation
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.policy.threshold_controller import LinkObservation, ThresholdController
+from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
+from prfaas_jax.serving.launcher import die_with_parent, install_stop_handlers, write_json
+from prfaas_jax.serving.messages import role_to_proto
+from prfaas_jax.serving.metrics import MetricsServer, RouterSnapshot
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.router import RouterCore, RouterService, WorkerHandle, kv_size_profile
+
+log = logging.getLogger("prfaas.router")
+RATE_WINDOW_S = 2.0
+SET_ROLE_TIMEOUT_S = 600.0
+ROUTER_THREADS = 512
+
+
+class RouterControl:
+    def __init__(self, core: RouterCore) -> None:
+        self.core = core
+        config = core.config
+        profiles = LiveProfiles(
+            prfaas_prefill_s=Profile.polynomial(config.profile.prfaas_prefill_s),
+            pd_prefill_s=Profile.polynomial(config.profile.pd_prefill_s),
+            kv_size_mib=kv_size_profile(core.cfg, config.engine.max_len),
+            decode_max_batch_size=config.engine.max_slots,
+            decode_step_s=config.profile.decode_step_s,
+        )
+        self.controller = None
+        if config.controller.enabled:
+            self.controller = ThresholdController(
+                config.controller_config(), profiles, self.shape(), core.traffic, core.threshold
+            )
+        self.rebalancer = None
+        if config.rebalancer.enabled:
+            self.rebalancer = Rebalancer(config.rebalancer.config, profiles, core.traffic)
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self.egress_bytes, self.egress_rate, self.capacity = 0, 0.0, 0.0
+        self.threshold_changes: dict[str, int] = {}
+        self.last_reason = ""
+        self.role_changes = 0
+        self._last_rebalance = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="router-control", daemon=True)
+
+    def shape(self) -> ClusterShape:
+        roles = [w.role for w in self.core.workers.values()]
+        return ClusterShape(
+            roles.count(Role.PRFAAS_PREFILL),
+            roles.count(Role.PD_PREFILL),
+            roles.count(Role.PD_DECODE),
+        )
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        period = self.core.config.router.control_period_s
+        while not self._stop.wait(period):
+            try:
+                self.step(time.monotonic())
+            except Exception:  # keep controlling; a bad period must not stop the router
+                log.exception("control step failed")
+
+    def _poll(self) -> None:
+        for worker in list(self.core.workers.values()):
+            try:
+                stats = worker.control.GetStats(pb.GetStatsRequest(), timeout=1.0)
+            except grpc.RpcError as err:
+                log.warning("stats of %s: %s", worker.name, err.code().name)
+                continue
+            with self.core.lock:
+                worker.stats = stats
+
+    def step(self, now: float) -> None:
+        self._poll()
+        core = self.core
+        with core.lock:
+            prfaas = [w for w in core.workers.values() if w.role is Role.PRFAAS_PREFILL]
+            egress = sum(w.stats.egress_bytes for w in prfaas if w.stats is not None)
+            capacity = sum(
+                w.stats.link.bandwidth_bytes_per_s for w in prfaas if w.stats is not None
+            )
+            prfaas_queue = sum(w.outstanding_prefills for w in prfaas)
+            self._samples.append((now, egress))
+            while now - self._samples[0][0] > RATE_WINDOW_S:
+                self._samples.popleft()
+            (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+            self.egress_bytes, self.capacity = egress, capacity
+            self.egress_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+        if self.controller is not None and capacity > 0:
+            update = self.controller.observe(LinkObservation(now, egress, capacity, prfaas_queue))
+            if update is not None:
+                self._apply_threshold(update.threshold, update.reason)
+        rebalance_period = core.config.rebalancer.period_s
+        if self.rebalancer is not None and now - self._last_rebalance >= rebalance_period:
+            self._last_rebalance = now
+            change = self.rebalancer.observe(self._stage_observation(now, capacity))
+            if change is not None:
+                threading.Thread(target=self._switch, args=(change,), daemon=True).start()
+
+    def _apply_threshold(self, threshold: float, reason: str) -> None:
+        with self.core.lock:
+            log.info("threshold %.0f → %.0f (%s)", self.core.threshold, threshold, reason)
+            self.core.threshold = threshold
+            self.threshold_changes[reason] = self.threshold_changes.get(reason, 0) + 1
+            self.last_reason = reason
+
+    def _stage_observation(self, now: float, capacity: float) -> StageObservation:
+        core = self.core
+        with core.lock:
+            workers = list(core.workers.values())
+            decoders = [w for w in workers if w.role is Role.PD_DECODE]
+            return StageObservation(
+                now=now,
+                shape=self.shape(),
+                threshold=core.threshold,
+                egress_bytes_per_s=capacity,
+                pd_prefill_queue=sum(
+                    w.outstanding_prefills for w in workers if w.role is Role.PD_PREFILL
+                ),
+                # What decode nodes hold (running or waiting for a slot), not what the router
+                # has assigned to them: those requests may still wait for their prefill.
+                decode_assigned=sum(
+                    w.stats.active_slots + w.stats.queue_depth for w in decoders if w.stats
+                ),
+                decode_slots=len(decoders) * core.config.engine.max_slots,
+            )
+
+    # --- drain, switch, resume ------------------------------------------------------------
+
+    def _switch(self, change: RoleChange) -> None:
+        assert self.rebalancer is not None
+        core, timeout = self.core, self.core.config.rebalancer.drain_timeout_s
+        with core.lock:
+            candidates = core.serving(change.from_role)
+            if not candidates:
+                self.rebalancer.finish(time.monotonic())
+                return
+            node = min(candidates, key=lambda w: w.outstanding_prefills + w.assigned_decodes)
+            node.draining_to = change.to_role
+        log.info("draining %s: %s → %s", node.name, change.from_role.value, change.to_role.value)
+        deadline = time.monotonic() + timeout
+        switched = False
+        try:
+            while time.monotonic() < deadline and not switched:
+                with core.lock:
+                    idle = node.idle
+                if idle:
+                    switched = self._set_role(node, change.to_role)
+                else:
+                    time.sleep(0.05)
+        except grpc.RpcError as err:
+            log.warning("SetRole on %s failed: %s", node.name, err.details())
+        finally:
+            with core.lock:
+                if switched:
+                    node.role = change.to_role
+                    self.role_changes += 1
+                node.draining_to = None
+            now = time.monotonic()
+            self.rebalancer.finish(now)
+            log.info("%s %s", node.name, f"now {node.role.value}" if switched else "kept its role")
+        if switched and self.controller is not None:
+            update = self.controller.resolve(now, self.shape())
+            if update is not None:
+                self._apply_threshold(update.threshold, update.reason)
+
+    def _set_role(self, node: WorkerHandle, role: Role) -> bool:
+        """True once the node switched; False while it still closes its last stream."""
+        request = pb.SetRoleRequest(role=role_to_proto(role))
+        try:
+            # Generous: a node that never had this role builds and warms its engine now.
+            node.control.SetRole(request, timeout=SET_ROLE_TIMEOUT_S)
+            return True
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            time.sleep(0.05)
+            return False
+
+    # --- reporting ------------------------------------------------------------------------
+
+    def router_stats(self) -> pb.RouterStats:
+        core = self.core
+        with core.lock:
+            workers = []
+            for w in core.workers.values():
+                stats = pb.WorkerStats(name=w.name)
+                if w.stats is not None:
+                    stats.CopyFrom(w.stats)
+                # The router's record is current; a polled role may predate a switch.
+                stats.role = role_to_proto(w.role)
+                workers.append(stats)
+            return pb.RouterStats(
+                threshold=core.threshold,
+                requests_prfaas=sum(
+                    n for (r, o), n in core.finished.items() if r == "prfaas" and o == "ok"
+                ),
+                requests_pd=sum(
+                    n for (r, o), n in core.finished.items() if r == "pd" and o == "ok"
+                ),
+                requests_failed=sum(n for (_, o), n in core.finished.items() if o != "ok"),
+                requests_in_flight=len(core.in_flight),
+                egress_bytes=self.egress_bytes,
+                egress_bytes_per_s=self.egress_rate,
+                link_capacity_bytes_per_s=self.capacity,
+                threshold_changes=sum(self.threshold_changes.values()),
+                role_changes=self.role_changes,
+                last_threshold_reason=self.last_reason,
+                workers=workers,
+                draining={
+                    w.name: w.draining_to.value for w in core.workers.values() if w.draining_to
+                },
+                model=core.config.model.preset,
+                vocab_size=core.cfg.vocab_size,
+                max_len=core.config.engine.max_len,
+            )
+
+    def snapshot(self) -> RouterSnapshot:
+        core = self.core
+        with core.lock:
+            workers = list(core.workers.values())
+            instances: dict[str, int] = {}
+            for w in workers:
+                instances[w.role.value] = instances.get(w.role.value, 0) + 1
+            return RouterSnapshot(
+                requests=dict(core.finished),
+                in_flight=len(core.in_flight),
+                threshold=core.threshold,
+                threshold_changes=dict(self.threshold_changes),
+                egress_bytes=self.egress_bytes,
+                egress_bytes_per_s=self.egress_rate,
+                link_capacity_bytes_per_s=self.capacity,
+                queue_depth={
+                    (w.name, w.role.value): w.outstanding_prefills
+                    for w in workers
+                    if w.role.is_prefill
+                },
+                decode_assigned={
+                    w.name: w.assigned_decodes for w in workers if w.role is Role.PD_DECODE
+                },
+                instances=instances,
+                role_changes=self.role_changes,
+                ttft=core.ttft,
+            )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the PrfaaS router process (see prfaas serve)")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--workers", required=True, help="JSON {name: {address, role}}")
+    parser.add_argument("--address-file", required=True)
+    parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(message)s")
+    stop = install_stop_handlers()
+    config = load_cluster_config(args.config)
+    with open(args.workers) as fh:
+        listing = json.load(fh)
+    workers = {name: (w["address"], Role(w["role"])) for name, w in listing.items()}
+    core = RouterCore(config, load_model_config(config.model.preset), workers)
+    control = RouterControl(core)
+    server = ServingServer(
+        [
+            (
+                pb_grpc.add_RouterServicer_to_server,
+                RouterService(core, control.router_stats),
+                full_service_name("Router"),
+            )
+        ],
+        # Each in-flight request holds a thread for its whole stream.
+        max_workers=ROUTER_THREADS,
+    )
+    metrics = MetricsServer(control.snapshot, port=config.router.metrics_port)
+    control.start()
+    write_json(
+        args.address_file,
+        {"address": server.address, "pid": os.getpid(), "metrics": metrics.address},
+    )
+    server.set_serving()
+    log.info("serving on %s, metrics on http://%s/metrics", server.address, metrics.address)
+    while not stop.wait(0.5):
+        pass
+    control.stop()
+    metrics.stop()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""Helpers for serving tests: cluster configs written as TOML, and a client for the router.
+
+Clusters are real processes on loopback (serving/launcher.py). The fake engines
+(serving/fake_engine.py) make outputs computable by hand and start in seconds; the real-model
+tests use the JAX engines and JAX's persistent compilation cache in its default place (the
+directory `prfaas demo` uses), so a warm cache makes them fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+
+def toml(sections: dict[str, dict]) -> str:
+    def value(v: object) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return f'"{v}"'
+        if isinstance(v, list | tuple):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+
+    lines = []
+    for name, keys in sections.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {value(v)}" for k, v in keys.items())
+    return "\n".join(lines) + "\n"
+
+
+def fake_config(path: pathlib.Path, **overrides: dict) -> pathlib.Path:
+    """A fake-engine cluster config: 1 PrfaaS + 1 PD prefill + 1 PD decode, t = 64, controller
+    off unless `overrides` say otherwise (section → keys, merged)."""
+    sections: dict[str, dict] = {
+        "model": {"preset": "tiny", "engine": "fake"},
+        "engine": {"max_len": 512, "max_slots": 4, "compile_cache": False},
+        "fake": {"decode_step_s": 0.01},
+        "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
+        "router": {"threshold": 64, "prfaas_max_queue": 64, "control_period_s": 0.25},
+        "controller": {"enabled": False},
+    }
+    for name, keys in overrides.items():
+        sections.setdefault(name, {}).update(keys)
+    path.write_text(toml(sections))
+    return path
+
+
+@dataclasses.dataclass
+class Reply:
+    tokens: list[int]
+    report: pb.RequestReport
+    messages: int
+
+
+def generate(stub: pb_grpc.RouterStub, prompt: list[int], n: int, **fields) -> Reply:
+    tokens, report, messages = [], None, 0
+    request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=n, **fields)
+    for message in stub.Generate(request, timeout=120):
+        tokens.extend(message.token_ids)
+        messages += 1
+        if message.finished:
+            report = message.report
+    assert report is not None, "the stream ended without a final report"
+    return Reply(tokens, report, messages)

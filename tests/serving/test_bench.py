@@ -1,0 +1,111 @@
+"""`prfaas bench`: arrivals, length distributions and metrics on literal numbers, then a short
+run against a fake-engine cluster through the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.serving.bench_client import (
+    BenchOptions,
+    RequestRecord,
+    arrival_times,
+    format_summary,
+    input_lengths,
+    summarize,
+)
+
+
+def test_arrivals_span_n_over_rate_and_burstiness_shapes_the_gaps():
+    rng = np.random.default_rng(0)
+    times = arrival_times(1000, 4.0, 1.0, rng)
+    assert times[0] == 0 and times[-1] == pytest.approx(999 / 4.0)
+    assert np.all(np.diff(times) >= 0)
+    cv = {}
+    for burstiness in (0.2, 1.0, 10.0):
+        gaps = np.diff(arrival_times(2000, 4.0, burstiness, np.random.default_rng(1)))
+        cv[burstiness] = gaps.std() / gaps.mean()
+    # Gamma(k) gaps have CV = 1/√k: ≈ 2.24, 1 (Poisson), 0.32.
+    assert cv[0.2] > 1.8 and 0.9 < cv[1.0] < 1.1 and cv[10.0] < 0.4
+    assert np.all(arrival_times(5, math.inf, 1.0, rng) == 0)
+
+
+def test_input_lengths():
+    rng = np.random.default_rng(0)
+    fixed = input_lengths(
+        BenchOptions("x", num_prompts=5, input_dist="fixed", input_len=9), 512, rng
+    )
+    assert fixed.tolist() == [9] * 5
+    uniform = input_lengths(
+        BenchOptions("x", num_prompts=500, input_dist="uniform", input_len=100, range_ratio=0.2),
+        512,
+        rng,
+    )
+    assert uniform.min() >= 80 and uniform.max() <= 120
+    # The paper's log-normal (μ 9.90, σ 1, [128, 131072]) scaled by 1/256: μ' = 9.90 − ln 256
+    # = 4.355 (median ≈ 78 before truncation), on [0.5 → 1, 512].
+    paper = input_lengths(
+        BenchOptions("x", num_prompts=4000, input_dist="paper", length_scale=1 / 256), 512, rng
+    )
+    assert paper.min() >= 1 and paper.max() <= 512
+    assert 70 < np.median(paper) < 90
+    default_scale = input_lengths(BenchOptions("x", num_prompts=2000), 497, rng)
+    assert default_scale.max() <= 497
+
+
+def test_options_are_validated():
+    with pytest.raises(UserError):
+        BenchOptions("x", num_prompts=0)
+    with pytest.raises(UserError):
+        BenchOptions("x", goodput={"itl": 5.0})
+    with pytest.raises(UserError):
+        BenchOptions("x", request_rate=0.0)
+
+
+def test_metrics_on_literal_records():
+    records = [
+        RequestRecord(10, ttft=0.1, e2el=0.5, itl=[0.1] * 4, output_tokens=5, route="pd"),
+        RequestRecord(90, ttft=0.3, e2el=1.1, itl=[0.2] * 4, output_tokens=5, route="prfaas"),
+        RequestRecord(50, error="UNAVAILABLE: gone"),
+    ]
+    opts = BenchOptions("x", percentiles=(50.0, 90.0), goodput={"ttft": 200.0, "tpot": 150.0})
+    context = {"duration_s": 2.0, "egress_bytes": 25_000_000, "model": "tiny"}
+    context.update(threshold_start=64.0, threshold_end=80.0)
+    s = summarize(records, context, opts)
+    assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["errors"] == ["UNAVAILABLE: gone"]
+    assert s["ttft"]["mean_ms"] == pytest.approx(200.0)
+    assert s["ttft"]["p50_ms"] == pytest.approx(200.0)
+    # TPOT = (E2EL − TTFT) / (n − 1): 100 ms and 200 ms.
+    assert s["tpot"]["mean_ms"] == pytest.approx(150.0)
+    assert s["itl"]["median_ms"] == pytest.approx(150.0)
+    assert s["e2el"]["p90_ms"] == pytest.approx(500 + 0.9 * 600)
+    # Only the first meets TTFT ≤ 200 ms and TPOT ≤ 150 ms: 1 request / 2 s.
+    assert s["request_goodput"] == pytest.approx(0.5)
+    assert s["request_throughput"] == pytest.approx(1.0)
+    assert s["output_throughput"] == pytest.approx(5.0)
+    assert s["offload_fraction"] == pytest.approx(0.5)
+    assert s["egress_gbps"] == pytest.approx(0.1)
+    text = format_summary(s, opts)
+    assert "Serving Benchmark Result" in text and "P90 E2EL (ms)" in text
+    assert "Request goodput (req/s)" in text and "64 → 80" in text
+
+
+def test_bench_cli_against_a_fake_cluster(fake_cluster):
+    command = [sys.executable, "-m", "prfaas_jax.cli", "bench", "--router", fake_cluster["router"]]
+    command += ["--num-prompts", "24", "--request-rate", "40", "--burstiness", "0.5"]
+    command += ["--output-len", "4", "--goodput", "ttft:60000", "--json"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["completed"], summary["failed"]) == (24, 0)
+    assert summary["request_goodput"] == pytest.approx(summary["request_throughput"])
+    assert 0 < summary["offload_fraction"] < 1 and summary["egress_bytes"] > 0
+    assert summary["model"] == "tiny" and summary["ttft"]["p99_ms"] > 0
+    assert "bench [" in result.stderr  # progress

@@ -1,0 +1,74 @@
+"""Cluster configs: the shipped toy config loads; mistakes are one-line ConfigErrors."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from prfaas_jax.errors import ConfigError
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
+
+
+def test_toy_config():
+    config = load_cluster_config("toy")
+    assert config.model.preset == "tiny" and config.model.engine == "jax"
+    assert config.router.threshold == 64 and config.engine.max_len == 512
+    assert config.link.bandwidth_bytes_per_s == 2e6
+    assert instance_roles(config) == {
+        "prfaas-0": Role.PRFAAS_PREFILL,
+        "pd-0": Role.PD_PREFILL,
+        "pd-1": Role.PD_DECODE,
+    }
+    candidates = config.controller_config().candidates
+    assert candidates[0] == 16 and candidates[-1] == 512
+
+
+def write(tmp_path, text: str):
+    path = tmp_path / "cluster.toml"
+    path.write_text('[model]\npreset = "tiny"\n' + text)
+    return path
+
+
+def test_defaults_and_policy_keys(tmp_path):
+    config = load_cluster_config(
+        write(
+            tmp_path,
+            "[controller]\nhigh_utilization = 0.9\nmin_samples = 3\n"
+            "[rebalancer]\nenabled = true\nconsecutive = 3\n"
+            "[link]\nschedule = [[10, 0.1], [20, 1]]\nrepeat_s = 30\n",
+        )
+    )
+    assert config.controller_config().high_utilization == 0.9
+    assert config.controller_config().min_samples == 3
+    assert config.rebalancer.enabled and config.rebalancer.config.consecutive == 3
+    assert config.link.schedule == ((10.0, 0.1), (20.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[router]\nthreshhold = 3\n", "unknown key 'router.threshhold'"),
+        ("[routers]\n", "unknown section '[routers]'"),
+        ("[router]\nthreshold = 'high'\n", "'router.threshold' must be a finite number"),
+        ("[engine]\nmax_slots = 0\n", "'engine.max_slots' must be ≥ 1"),
+        ("[instances]\npd_decode = 0\n", "'instances.pd_decode' must be ≥ 1"),
+        ("[link]\nschedule = [[2, 1], [1, 1]]\n", "'link.schedule'"),
+        ("[controller]\nlow_utilization = 0.95\n", "low_utilization"),
+        ("[rebalancer]\nimbalance = 0.5\n", "imbalance"),
+        ("[model]\n", "invalid TOML"),
+    ],
+)
+def test_mistakes(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_cluster_config(write(tmp_path, text))
+
+
+def test_missing_file_and_preset(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read cluster config"):
+        load_cluster_config(tmp_path / "absent.toml")
+    path = tmp_path / "c.toml"
+    path.write_text("[model]\nseed = 1\n")
+    with pytest.raises(ConfigError, match=r"missing key 'model\.preset'"):
+        load_cluster_config(path)

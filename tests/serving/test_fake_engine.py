@@ -1,0 +1,62 @@
+"""The hand-computable engines: their tokens survive the real codec, and only if the state does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.engine import codec
+from prfaas_jax.engine.prefill import EngineError
+from prfaas_jax.model.state import state_nbytes
+from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+
+CFG = load_model_config("tiny")
+
+
+def test_tokens_by_hand():
+    # S = 1 + 2 + 3 = 6, L = 3: tokens (9 + 7i) mod 256.
+    assert fake_tokens([1, 2, 3], 4, 256) == [9, 16, 23, 30]
+
+
+def test_prefill_codec_decode_round_trip():
+    prompt = [5, 250, 17, 3, 99]
+    result = FakePrefillEngine(CFG).prefill(prompt, max_len=64)
+    frames = list(codec.encode(result.state, CFG))
+    assert codec.payload_nbytes(frames) == state_nbytes(CFG, len(prompt))
+    engine = FakeDecodeEngine(CFG, max_slots=2, max_len=64)
+    slot = engine.insert(
+        codec.decode(frames, CFG, max_len=64), result.first_token, max_new_tokens=3
+    )
+    tokens = [result.first_token]
+    while not engine.is_finished(slot):
+        tokens += [token for _, token in engine.step()]
+    assert tokens == fake_tokens(prompt, 4, 256)
+    engine.free(slot)
+    assert engine.step() == [] and engine.free_slots == [0, 1]
+
+
+def test_a_damaged_state_gives_other_tokens():
+    state = FakePrefillEngine(CFG).prefill([1, 2, 3]).state
+    c_kv = np.asarray(state.layers[3].c_kv).copy()
+    c_kv[0, 1, 0] = 7.0  # token 2 → 7 at position 1
+    damaged = type(state)(
+        state.lengths, (*state.layers[:3], type(state.layers[3])(c_kv, state.layers[3].k_rope))
+    )
+    engine = FakeDecodeEngine(CFG, max_slots=1, max_len=16)
+    slot = engine.insert(damaged, 9, max_new_tokens=1)
+    assert engine.step() == [(slot, fake_tokens([1, 7, 3], 2, 256)[1])]
+
+
+def test_limits():
+    with pytest.raises(EngineError):
+        FakePrefillEngine(CFG).prefill([])
+    with pytest.raises(EngineError):
+        FakePrefillEngine(CFG).prefill([256])
+    engine = FakeDecodeEngine(CFG, max_slots=1, max_len=8)
+    state = FakePrefillEngine(CFG).prefill([1] * 6).state
+    with pytest.raises(EngineError):
+        engine.insert(state, 0, max_new_tokens=3)
+    engine.insert(state, 0, max_new_tokens=2)
+    with pytest.raises(EngineError):
+        engine.insert(state, 0, max_new_tokens=1)

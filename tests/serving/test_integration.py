@@ -1,0 +1,63 @@
+"""End to end on the real model: `prfaas demo --json` runs the toy cluster (real processes,
+the `tiny` KDA + MLA model, JAX engines) on a concurrent mix of short and long prompts.
+
+Checked here from its JSON: every request with uncached length > t went to PrfaaS and the rest
+to PD (from the RequestReport), every output equals single-process greedy generation (model
+`prefill` + `decode_step`, computed by the demo beside the cluster), `state_bytes` equals
+`state_nbytes(prompt_len)` (recomputed here), and no process is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.model.state import state_nbytes
+from prfaas_jax.serving.demo import DEMO_LENGTHS, DEMO_NEW_TOKENS
+
+
+def processes_mentioning(text: str) -> list[int]:
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.slow
+def test_demo_on_the_real_model(tmp_path):
+    log_dir = tmp_path / "logs"
+    result = subprocess.run(
+        [sys.executable, "-m", "prfaas_jax.cli", "demo", "--json", "--log-dir", str(log_dir)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads(result.stdout)
+    requests = payload["requests"]
+    cfg = load_model_config("tiny")
+    assert [r["prompt_len"] for r in requests] == list(DEMO_LENGTHS)
+    routes = set()
+    for r in requests:
+        assert r["route"] == ("prfaas" if r["uncached_len"] > r["threshold"] else "pd"), r
+        assert r["uncached_len"] == r["prompt_len"] and r["cached_len"] == 0
+        assert r["output_matches"] and len(r["tokens"]) == DEMO_NEW_TOKENS
+        assert r["state_bytes"] == state_nbytes(cfg, r["prompt_len"]) == r["state_nbytes"]
+        assert r["prefill_instance"] == ("prfaas-0" if r["route"] == "prfaas" else "pd-0")
+        routes.add(r["route"])
+    assert routes == {"prfaas", "pd"}
+    summary = payload["summary"]
+    assert summary["ok"] and summary["outputs_match"] == len(DEMO_LENGTHS)
+    assert summary["egress_bytes"] > 0
+    assert not processes_mentioning(str(log_dir)), "processes left behind"

@@ -1,0 +1,42 @@
+"""The Prometheus text rendering: exact counters, the exposition format's infinities."""
+
+from __future__ import annotations
+
+import math
+
+from prfaas_jax.serving.metrics import Histogram, RouterSnapshot, render_metrics
+
+
+def test_render():
+    ttft = Histogram()
+    for value in (0.02, 0.3, 40.0):
+        ttft.observe(value)
+    snapshot = RouterSnapshot(
+        requests={("prfaas", "ok"): 3, ("pd", "error"): 1},
+        in_flight=2,
+        threshold=math.inf,
+        threshold_changes={"capacity": 2},
+        egress_bytes=1_479_070,
+        egress_bytes_per_s=12345.5,
+        link_capacity_bytes_per_s=2e6,
+        queue_depth={("prfaas-0", "prfaas_prefill"): 4},
+        decode_assigned={"pd-1": 5},
+        instances={"pd_decode": 1},
+        role_changes=1,
+        ttft=ttft,
+    )
+    text = render_metrics(snapshot)
+    lines = set(text.splitlines())
+    assert 'prfaas_requests_total{route="prfaas",outcome="ok"} 3' in lines
+    assert 'prfaas_requests_total{route="pd",outcome="error"} 1' in lines
+    assert "prfaas_threshold_tokens +Inf" in lines
+    assert "prfaas_egress_bytes_total 1479070" in lines
+    assert "prfaas_egress_bytes_per_second 12345.5" in lines
+    assert "prfaas_egress_utilization 0.00617275" in lines
+    assert 'prfaas_queue_depth{instance="prfaas-0",role="prfaas_prefill"} 4' in lines
+    assert 'prfaas_threshold_changes_total{reason="capacity"} 2' in lines
+    assert 'prfaas_ttft_seconds_bucket{le="0.025"} 1' in lines
+    assert 'prfaas_ttft_seconds_bucket{le="30"} 2' in lines
+    assert 'prfaas_ttft_seconds_bucket{le="+Inf"} 3' in lines
+    assert "prfaas_ttft_seconds_count 3" in lines
+    assert text.endswith("\n") and "# TYPE prfaas_ttft_seconds histogram" in lines

@@ -1,0 +1,100 @@
+"""`prfaas serve`: the ready file appears once every server is SERVING; SIGTERM and SIGINT stop
+every process and remove it; config mistakes are one line and status 2."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from prfaas_jax.serving.grpc_server import health_status
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+from .serving_helpers import fake_config, generate
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_ready_file_and_clean_shutdown(tmp_path, sig):
+    config = fake_config(tmp_path / "cluster.toml")
+    ready_file = tmp_path / "ready.json"
+    command = [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)]
+    command += ["--ready-file", str(ready_file), "--log-dir", str(tmp_path / "logs")]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready_file.exists():
+            assert server.poll() is None, server.stderr.read().decode()
+            assert time.monotonic() < deadline, "no ready file after 120 s"
+            time.sleep(0.1)
+        ready = json.loads(ready_file.read_text())
+        assert (ready["model"], ready["seed"]) == ("tiny", 0)
+        roles = {name: w["role"] for name, w in ready["workers"].items()}
+        assert roles == {"prfaas-0": "prfaas_prefill", "pd-0": "pd_prefill", "pd-1": "pd_decode"}
+        addresses = [ready["router"], *(w["address"] for w in ready["workers"].values())]
+        assert all(health_status(a) == "SERVING" for a in addresses)
+        with grpc.insecure_channel(ready["router"]) as channel:
+            assert len(generate(pb_grpc.RouterStub(channel), [1, 2, 3], 3).tokens) == 3
+        pids = [ready["router_pid"], *(w["pid"] for w in ready["workers"].values())]
+        assert all(alive(pid) for pid in pids)
+        server.send_signal(sig)
+        assert server.wait(timeout=60) == 0
+        assert b"Ctrl-C stops" in server.stdout.read()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if alive(pid)], "orphan processes"
+    assert not ready_file.exists()
+
+
+def test_launcher_death_takes_the_cluster_down(tmp_path):
+    """If the launcher itself is killed (SIGKILL: no cleanup runs), its children still exit."""
+    config = fake_config(tmp_path / "cluster.toml")
+    ready_file = tmp_path / "ready.json"
+    command = [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)]
+    command += ["--ready-file", str(ready_file), "--log-dir", str(tmp_path / "logs")]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready_file.exists():
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        ready = json.loads(ready_file.read_text())
+        pids = [ready["router_pid"], *(w["pid"] for w in ready["workers"].values())]
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 20
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in pids if alive(pid)], "orphan processes"
+
+
+def test_config_mistakes_are_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\npreset = "tiny"\n[router]\nthreshhold = 1\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "unknown key 'router.threshhold'" in result.stderr
