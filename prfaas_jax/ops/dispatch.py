@@ -1,7 +1,11 @@
-"""Choosing an implementation of each op: ``Impl`` and the lookup from (op, impl) to a function.
+"""Choosing an implementation of each op: ``Impl``, ``linear_op``, ``attention_op`` and
+``mla_decode_op``.
 
 Every op exists in several implementations with one signature (DESIGN.md §3.1): a token-by-token
-``reference`` (``lax.scan``, fp32) and a ``chunk``ed ``jnp`` form that is the CPU default.
+``reference`` (``lax.scan``, fp32), a ``chunk``ed ``jnp`` form that is the CPU default, and a
+``pallas`` kernel (interpreted on CPU, compiled on accelerators). Softmax attention has one ``jnp``
+form shared by ``reference`` and ``chunk``, and a flash kernel (prefill) and an absorbed-MLA
+decode kernel under ``pallas``.
 """
 
 from __future__ import annotations
@@ -9,26 +13,45 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from prfaas_jax.ops.attention import attention, mla_decode_absorbed
+from prfaas_jax.ops.attention.pallas import flash_attention, mla_decode_pallas
 from prfaas_jax.ops.gdn import gdn_chunk, gdn_reference
+from prfaas_jax.ops.gdn.pallas import gdn_pallas
 from prfaas_jax.ops.kda import kda_chunk, kda_reference
+from prfaas_jax.ops.kda.pallas import kda_pallas
 from prfaas_jax.ops.lightning import lightning_chunk, lightning_reference
+from prfaas_jax.ops.lightning.pallas import lightning_pallas
 
 
 class Impl(enum.StrEnum):
     REFERENCE = "reference"
     CHUNK = "chunk"
+    PALLAS = "pallas"
 
 
 _TABLE: dict[tuple[str, Impl], Callable] = {
     ("kda", Impl.REFERENCE): kda_reference,
     ("kda", Impl.CHUNK): kda_chunk,
+    ("kda", Impl.PALLAS): kda_pallas,
     ("gdn", Impl.REFERENCE): gdn_reference,
     ("gdn", Impl.CHUNK): gdn_chunk,
+    ("gdn", Impl.PALLAS): gdn_pallas,
     ("lightning", Impl.REFERENCE): lightning_reference,
     ("lightning", Impl.CHUNK): lightning_chunk,
+    ("lightning", Impl.PALLAS): lightning_pallas,
 }
 
 
 def linear_op(name: str, impl: Impl) -> Callable:
     """The ``(q, k, v, …) -> (o, final_state)`` function of linear op ``name`` in ``impl``."""
     return _TABLE[(name, Impl(impl))]
+
+
+def attention_op(impl: Impl) -> Callable:
+    """Positioned masked GQA (``attention``'s signature): the flash kernel under ``pallas``."""
+    return flash_attention if Impl(impl) is Impl.PALLAS else attention
+
+
+def mla_decode_op(impl: Impl) -> Callable:
+    """Absorbed MLA over the latent cache (``mla_decode_absorbed``'s signature)."""
+    return mla_decode_pallas if Impl(impl) is Impl.PALLAS else mla_decode_absorbed

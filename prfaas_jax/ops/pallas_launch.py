@@ -1,0 +1,71 @@
+"""What every Pallas kernel in ``ops`` shares: ``resolve_interpret``, ``pow2_dim``, ``check_block``,
+``pad_axis``, ``heads_first``, ``dot_f32`` and ``compiler_params``.
+
+Kernels are written once against ``jax.experimental.pallas`` and lowered by whichever backend runs
+them: Triton on GPUs, Mosaic on TPUs, and the interpreter (the kernel body evaluated as ordinary
+XLA ops inside a loop over the grid) on CPU. The wrappers pad every tile dimension to a power of two
+(at least 16) because Triton's loads and ``tl.dot`` require it; zero padding is neutral for every
+op here and is sliced away on the way out.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+MIN_TILE = 16  # smallest M, N and K that Triton's tl.dot accepts
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def resolve_interpret(interpret: bool | None) -> bool:
+    """``None`` means "interpret exactly when there is no accelerator" (CPU backend)."""
+    return jax.default_backend() == "cpu" if interpret is None else bool(interpret)
+
+
+def pow2_dim(size: int, *, minimum: int = MIN_TILE) -> int:
+    """The tile size that holds ``size``: the next power of two, at least ``minimum``."""
+    return max(minimum, pl.next_power_of_2(size))
+
+
+def check_block(name: str, size: int) -> None:
+    if size < 1 or size & (size - 1):
+        raise ValueError(f"{name} must be a positive power of two, got {size}")
+
+
+def pad_axis(x: jax.Array, axis: int, size: int, value: float | int = 0) -> jax.Array:
+    """Pads ``x`` at the end of ``axis`` to ``size`` with ``value``."""
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def heads_first(x_BTHD: jax.Array, seq_len: int, dim: int) -> jax.Array:
+    """[B, T, H, D] -> fp32 [B, H, seq_len, dim], zero-padded.
+
+    Head-major tiles make every block's last two dimensions (T, D) whole array dimensions, which
+    is what Mosaic (TPU) requires; Triton would accept the strided [B, T, H, D] layout as well.
+    """
+    x = pad_axis(pad_axis(x_BTHD.astype(jnp.float32), 1, seq_len), 3, dim)
+    return x.transpose(0, 2, 1, 3)
+
+
+def dot_f32(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> jax.Array:
+    """2-D matmul contracting ``a``'s axis ``contract[0]`` with ``b``'s axis ``contract[1]``."""
+    # fp32 operands at HIGHEST lower to IEEE fp32 on Triton: TF32 would cost ~1e-3 relative.
+    dims = (((contract[0],), (contract[1],)), ((), ()))
+    return jax.lax.dot_general(a, b, dims, precision=_HIGHEST, preferred_element_type=jnp.float32)
+
+
+def compiler_params(*, num_warps: int, num_stages: int):
+    """Triton launch parameters on GPUs; ``None`` elsewhere (TPU defaults, interpreter).
+
+    Passing Triton's parameters also selects the Triton backend: without them JAX lowers GPU
+    kernels to Mosaic GPU (``jax_pallas_use_mosaic_gpu`` defaults to True), which these kernels,
+    written for whole-tile register arithmetic, do not target.
+    """
+    if jax.default_backend() != "gpu":
+        return None
+    from jax.experimental.pallas import triton as plgpu
+
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
