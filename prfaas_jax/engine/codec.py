@@ -1,44 +1,57 @@
 """The state wire codec: ``encode`` one sequence of a ``ModelState`` into frames, ``decode`` them.
 
-Also ``inspect`` (the header, without a model config), ``payload_nbytes`` and a file container
-(``write_file`` / ``read_frames``). What travels is the canonical state of model/state.py, so
-the payload (the tensor bytes, prefixes excluded) is exactly ``state_nbytes(cfg, L)``. No pickle.
-Byte layouts live in ``codec_format``, the state ↔ tensor mapping in ``codec_layout``.
+Also ``StreamEncoder`` (the same frames written during a chunked prefill: header first, cache
+rows as chunks finish), ``inspect`` (the header, without a model config), ``inspect_trailer``,
+``payload_nbytes`` and a file container (``write_file`` / ``read_frames``). What travels is the
+canonical state of model/state.py, so the payload (the tensor bytes, prefixes excluded) is
+exactly ``state_nbytes(cfg, L)``. No pickle. Byte layouts live in ``codec_format``, the state ↔
+tensor mapping in ``codec_layout``, the encoder in ``codec_stream``, the file container in
+``codec_file``.
 
-Wire format, version 1 (integers unsigned little-endian; CRC32 = ``zlib.crc32``)
+Wire format, version 2 (integers unsigned little-endian; CRC32 = ``zlib.crc32``)
 ------------------------------------------------------------------------------
 
-A state is a sequence of frames (gRPC messages, or records of a file). Frame 0 is the header::
+A state is a sequence of frames (gRPC messages, or records of a file): one header, data frames,
+one trailer. The header depends only on the model and the token count, so it can be sent before
+the state exists. Frame 0 is the header::
 
     offset  size  field
     0       8     magic b"PRFSTATE"
-    8       2     format version (1)
+    8       2     format version (2)
     10      2     reserved, 0
-    12      8     L: tokens of state
-    20      4     T: number of tensors
-    24      32    model fingerprint: the raw SHA-256 that ModelConfig.fingerprint() writes in hex
-    56      4     N: byte length of the tensor table
-    60      N     tensor table, UTF-8 JSON: {"tensors": [row_0, ..., row_{T-1}]}
-    60+N    4     CRC32 of bytes [0, 60+N)
+    12      8     stream id: random, chosen by the sender; every later frame repeats it
+    20      8     L: tokens of state
+    28      4     T: number of tensors
+    32      32    model fingerprint: the raw SHA-256 that ModelConfig.fingerprint() writes in hex
+    64      4     N: byte length of the tensor table
+    68      N     tensor table, UTF-8 JSON: {"tensors": [row_0, ..., row_{T-1}]}
+    68+N    4     CRC32 of bytes [0, 68+N)
 
-    row_i = [layer, kind, name, dtype, shape, token_axis, chunk_bytes, crc32]
+    row_i = [layer, kind, name, dtype, shape, token_axis, chunk_bytes]
         layer        block index            kind   "mla" "gqa" "swa" "kda" "gdn" "lightning"
         name         state field            dtype  "float32" "bfloat16" "float16"
         shape        canonical shape, a list of sizes (C order)
         token_axis   true when axis 0 counts positions (MLA, GQA, SWA)
         chunk_bytes  c: payload bytes per data frame; a multiple of one token row (token_axis)
                      or of the element size; the tensor's last frame may be shorter
-        crc32        CRC32 of the whole canonical buffer of the tensor
 
-Every other frame is a data frame::
+Data frames::
 
     0       4     magic b"PRFD"
-    4       4     stream tag: the header's CRC32 field (ties the frame to its header)
-    8       4     tensor id i (row index in the table)
-    12      8     byte offset o in tensor i's canonical buffer; o = k·c for some k ≥ 0
-    20      4     n = min(c, nbytes_i − o), payload length
-    24      4     CRC32 of bytes [0, 24) followed by the payload
-    28      n     payload: bytes [o, o+n) of the canonical buffer, raw little-endian elements
+    4       8     stream id
+    12      4     tensor id i (row index in the table)
+    16      8     byte offset o in tensor i's canonical buffer; o = k·c for some k ≥ 0
+    24      4     n = min(c, nbytes_i − o), payload length
+    28      4     CRC32 of bytes [0, 28) followed by the payload
+    32      n     payload: bytes [o, o+n) of the canonical buffer, raw little-endian elements
+
+The last frame is the trailer::
+
+    0       4     magic b"PRFT"
+    4       8     stream id
+    12      4     T: number of tensors
+    16      4·T   CRC32 of each tensor's whole canonical buffer, in table order (0 when empty)
+    16+4T   4     CRC32 of bytes [0, 16+4T)
 
 Tensors, in table order (layer by layer, fields in this order):
 
@@ -48,71 +61,72 @@ Tensors, in table order (layer by layer, fields in this order):
     KDA, GDN   recurrent [Hv, K, V] state dtype, conv [k−1, C] model dtype
     Lightning  recurrent [H, K, V]                                     state dtype
 
-A tensor of b bytes has exactly ceil(b / c) data frames (none when b = 0). ``encode`` sends the
-header, then each tensor's frames by increasing offset. Because every data frame names its
-tensor and offset, a receiver can place any frame the moment it arrives: data frames may come
-in any order (decoding gives the identical state) and token-axis tensors split on whole tokens,
-so a chunked prefill can ship positions [a, b) of a layer as soon as they are final. Each
-(tensor, offset) slot must arrive exactly once; duplicates are rejected. The header carries
-whole-tensor CRCs, so in version 1 it is written once the state is final; each data frame's own
-CRC lets a receiver verify it on arrival. Every frame, the header too, is ≤ ``max_frame_bytes``.
+A tensor of b bytes has exactly ceil(b / c) data frames (none when b = 0). Every data frame
+names its tensor and offset, so a receiver places any frame the moment it arrives: data frames
+may come in any order between the header and the trailer, and decoding gives the identical
+state. Token-axis tensors are cut on a fixed grid of c / row_bytes positions, so a chunked
+prefill ships the frames of positions [k·rows, (k+1)·rows) of an MLA or GQA cache as soon as
+they are final (``StreamEncoder.ready_frames``) and the rest at the end (``finish``); ``encode``
+sends header, each tensor's frames by increasing offset, trailer. Each (tensor, offset) slot
+arrives exactly once. The stream id ties frames to their header (a fresh random u64 per stream,
+so frames of two streams of the same state do not mix), each frame's own CRC lets a receiver
+verify it on arrival, and the whole-tensor CRCs that can only be known at the end travel last.
+Every frame is ≤ ``max_frame_bytes``.
 
 File container: b"PRFSFILE", a u32 container version (1), then per frame a u32 length and the
 frame's bytes, until end of file.
 
 ``decode`` trusts nothing: it checks magic, version, checksums, the fingerprint against the
 config, L against ``max_len``, every table row against the tensors the config implies for L,
-every frame's tag, tensor id, offset, length and slot, then that every tensor is complete and
-matches its CRC32. Any failure raises ``StateDecodeError`` naming the problem.
+every frame's stream id, tensor id, offset, length and slot, that the trailer comes last (no
+frame after it) with this stream's id and one CRC per tensor, then that every tensor is
+complete and matches its CRC32. Any failure raises ``StateDecodeError`` naming the problem.
 """
 
 from __future__ import annotations
 
-import os
-import struct
+import itertools
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec_file import read_frames, write_file
 from prfaas_jax.engine.codec_format import (
-    DATA_PREFIX_SIZE,
-    FORMAT_VERSION,
-    MAX_CHUNK_BYTES,
     StateDecodeError,
     StateHeader,
+    StateTrailer,
     TensorEntry,
-    pack_data,
-    pack_header,
+    is_trailer,
     parse_data,
     parse_header,
-    stream_tag,
+    parse_trailer,
 )
 from prfaas_jax.engine.codec_layout import (
     TensorSpec,
     build_state,
-    canonical_row,
     canonical_tensors,
+    row_length,
 )
+from prfaas_jax.engine.codec_stream import DEFAULT_MAX_FRAME_BYTES, StreamEncoder
 from prfaas_jax.model.state import ModelState
 
 __all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
     "StateDecodeError",
     "StateHeader",
+    "StateTrailer",
+    "StreamEncoder",
     "TensorEntry",
     "TensorSpec",
     "decode",
     "encode",
     "inspect",
+    "inspect_trailer",
     "payload_nbytes",
     "read_frames",
     "write_file",
 ]
 
-DEFAULT_MAX_FRAME_BYTES = 4 * 2**20  # gRPC's default message limit
-FILE_MAGIC = b"PRFSFILE"
-FILE_VERSION = 1
-_FILE_HEAD = struct.Struct("<8sI")
-_RECORD = struct.Struct("<I")
 _NO_FRAME = object()
 
 
@@ -122,42 +136,17 @@ def encode(
     *,
     row: int = 0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    stream_id: int | None = None,
 ) -> Iterator[bytes]:
-    """Frames of sequence ``row`` of ``state``: the header, then data frames layer by layer.
+    """Frames of sequence ``row`` of ``state``: header, data frames layer by layer, trailer.
 
-    Every frame, the header included, is at most ``max_frame_bytes`` long. The state is checked
-    and read eagerly (ValueError if it does not fit ``cfg``); frames are built as iterated.
+    ``StreamEncoder`` in one go (``stream_id``: random unless given). Every frame is at most
+    ``max_frame_bytes`` long. The state is checked and read eagerly (ValueError if it does not
+    fit ``cfg``); frames are built as iterated.
     """
-    length, tensors = canonical_row(state, cfg, row)
-    room = min(max_frame_bytes - DATA_PREFIX_SIZE, MAX_CHUNK_BYTES)
-    entries, buffers = [], []
-    for spec, buffer in tensors:
-        chunk = room // spec.unit_bytes * spec.unit_bytes
-        if chunk < 1:
-            raise ValueError(
-                f"max_frame_bytes={max_frame_bytes} cannot fit one {spec.unit_bytes}-byte unit of "
-                f"layer {spec.layer} {spec.name} after the {DATA_PREFIX_SIZE}-byte frame prefix"
-            )
-        entries.append(TensorEntry(spec, chunk, zlib.crc32(buffer)))
-        buffers.append(buffer)
-    header = StateHeader(FORMAT_VERSION, cfg.fingerprint(), length, tuple(entries))
-    header_frame = pack_header(header)
-    if len(header_frame) > max_frame_bytes:
-        raise ValueError(
-            f"max_frame_bytes={max_frame_bytes} is smaller than the {len(header_frame)}-byte header"
-        )
-    return _frames(header_frame, entries, buffers)
-
-
-def _frames(
-    header_frame: bytes, entries: list[TensorEntry], buffers: list[bytes]
-) -> Iterator[bytes]:
-    yield header_frame
-    tag = stream_tag(header_frame)
-    for tid, (entry, buffer) in enumerate(zip(entries, buffers, strict=True)):
-        view = memoryview(buffer)
-        for offset in range(0, len(buffer), entry.chunk_bytes):
-            yield pack_data(tag, tid, offset, view[offset : offset + entry.chunk_bytes])
+    _, length = row_length(state, row)
+    encoder = StreamEncoder(cfg, length, max_frame_bytes=max_frame_bytes, stream_id=stream_id)
+    return itertools.chain([encoder.header()], encoder.finish(state, row=row))
 
 
 def _view(frame: object, index: int) -> memoryview:
@@ -205,23 +194,24 @@ def decode(frames: Iterable[bytes], cfg: ModelConfig, *, max_len: int | None = N
     if max_len is not None and max_len < 1:
         raise ValueError(f"max_len must be ≥ 1, got {max_len}")
     stream = iter(frames)
-    first = next(stream, _NO_FRAME)
-    if first is _NO_FRAME:
-        raise StateDecodeError("no frames: a state stream starts with a header frame")
-    header_view = _view(first, 0)
-    header = parse_header(header_view)
+    header = _first_header(stream)
     _check_header(header, cfg, max_len)
-    tag = stream_tag(header_view)
     entries = header.tensors
     buffers = [bytearray(entry.spec.nbytes) for entry in entries]
     seen: list[set[int]] = [set() for _ in entries]
+    trailer, trailer_index = None, 0
     for index, frame in enumerate(stream, start=1):
-        data = parse_data(_view(frame, index), index)
-        if data.tag != tag:
+        view = _view(frame, index)
+        if trailer is not None:
             raise StateDecodeError(
-                f"data frame {index} belongs to another state stream (tag {data.tag:#010x}, "
-                f"this header's is {tag:#010x})"
+                f"frame {index} follows the trailer (frame {trailer_index}), which ends a state "
+                "stream: trailing garbage"
             )
+        if is_trailer(view):
+            trailer, trailer_index = _trailer_of(header, view, index), index
+            continue
+        data = parse_data(view, index)
+        _check_stream(header, data.stream_id, f"data frame {index}")
         if data.tensor_id >= len(entries):
             raise StateDecodeError(
                 f"data frame {index} names tensor {data.tensor_id}; the header has {len(entries)}"
@@ -247,19 +237,61 @@ def decode(frames: Iterable[bytes], cfg: ModelConfig, *, max_len: int | None = N
                 f"stream ended early: tensor {tid} (layer {spec.layer} {spec.name}) has "
                 f"{len(seen[tid])} of its {entry.num_frames} data frames"
             )
-        if zlib.crc32(buffers[tid]) != entry.crc32:
+    if trailer is None:
+        raise StateDecodeError(
+            "stream ended early: no trailer frame (it follows the last data frame)"
+        )
+    for tid, entry in enumerate(entries):
+        if zlib.crc32(buffers[tid]) != trailer.crc32s[tid]:
+            spec = entry.spec
             raise StateDecodeError(f"tensor {tid} (layer {spec.layer} {spec.name}) fails its CRC32")
     capacity = max(header.length, 1) if max_len is None else max_len
     tensors = [(entry.spec, buffer) for entry, buffer in zip(entries, buffers, strict=True)]
     return build_state(cfg, header.length, tensors, capacity)
 
 
-def inspect(frames: Iterable[bytes]) -> StateHeader:
-    """The header of an encoded state (first frame only; checked for structure, not a model)."""
-    first = next(iter(frames), _NO_FRAME)
+def _first_header(stream: Iterator[object]) -> StateHeader:
+    first = next(stream, _NO_FRAME)
     if first is _NO_FRAME:
         raise StateDecodeError("no frames: a state stream starts with a header frame")
     return parse_header(_view(first, 0))
+
+
+def _check_stream(header: StateHeader, stream_id: int, where: str) -> None:
+    if stream_id != header.stream_id:
+        raise StateDecodeError(
+            f"{where} belongs to another state stream (stream id {stream_id:016x}, this "
+            f"header's is {header.stream_id:016x})"
+        )
+
+
+def _trailer_of(header: StateHeader, view: memoryview, index: int) -> StateTrailer:
+    trailer = parse_trailer(view, index)
+    _check_stream(header, trailer.stream_id, f"trailer frame {index}")
+    if len(trailer.crc32s) != len(header.tensors):
+        raise StateDecodeError(
+            f"trailer frame {index} lists {len(trailer.crc32s)} tensor CRCs; the header has "
+            f"{len(header.tensors)} tensors"
+        )
+    return trailer
+
+
+def inspect(frames: Iterable[bytes]) -> StateHeader:
+    """The header of an encoded state (first frame only; checked for structure, not a model)."""
+    return _first_header(iter(frames))
+
+
+def inspect_trailer(frames: Sequence[bytes]) -> StateTrailer:
+    """The trailer of a complete stream (its last frame), checked against the header's stream
+    id and tensor count but not against a model or the data."""
+    header = inspect(frames)
+    if len(frames) < 2:
+        raise StateDecodeError("stream ended early: no trailer frame after the header")
+    index = len(frames) - 1
+    view = _view(frames[index], index)
+    if not is_trailer(view):
+        raise StateDecodeError(f"stream ended early: its last frame ({index}) is not the trailer")
+    return _trailer_of(header, view, index)
 
 
 def payload_nbytes(frames: Iterable[bytes]) -> int:
@@ -267,39 +299,11 @@ def payload_nbytes(frames: Iterable[bytes]) -> int:
     checked; the header is parsed but not matched to a model)."""
     total = 0
     for index, frame in enumerate(frames):
+        view = _view(frame, index)
         if index == 0:
-            parse_header(_view(frame, 0))
+            parse_header(view)
+        elif is_trailer(view):
+            parse_trailer(view, index)
         else:
-            total += len(parse_data(_view(frame, index), index).payload)
+            total += len(parse_data(view, index).payload)
     return total
-
-
-def write_file(path: str | os.PathLike[str], frames: Iterable[bytes]) -> int:
-    """Write frames to a file container (module docstring); returns the bytes written."""
-    with open(path, "wb") as fh:
-        written = fh.write(_FILE_HEAD.pack(FILE_MAGIC, FILE_VERSION))
-        for frame in frames:
-            written += fh.write(_RECORD.pack(len(frame))) + fh.write(frame)
-    return written
-
-
-def read_frames(path: str | os.PathLike[str]) -> list[bytes]:
-    """The frames of a file container; ``StateDecodeError`` if the container is malformed."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if len(data) < _FILE_HEAD.size or data[: len(FILE_MAGIC)] != FILE_MAGIC:
-        raise StateDecodeError(f"{path} is not a PrfaaS state file (no {FILE_MAGIC!r} magic)")
-    _, version = _FILE_HEAD.unpack_from(data)
-    if version != FILE_VERSION:
-        raise StateDecodeError(f"{path}: unsupported container version {version}")
-    frames, pos = [], _FILE_HEAD.size
-    while pos < len(data):
-        if len(data) - pos < _RECORD.size:
-            raise StateDecodeError(f"{path} is truncated inside a frame length at byte {pos}")
-        (size,) = _RECORD.unpack_from(data, pos)
-        pos += _RECORD.size
-        if len(data) - pos < size:
-            raise StateDecodeError(f"{path} is truncated: a {size}-byte frame at byte {pos}")
-        frames.append(data[pos : pos + size])
-        pos += size
-    return frames

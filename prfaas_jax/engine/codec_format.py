@@ -1,9 +1,10 @@
 """Byte layouts of the state wire format whose spec is the docstring of ``engine/codec.py``.
 
-The header (``StateHeader``, ``pack_header`` / ``parse_header``) and the data-frame prefix
-(``pack_data`` / ``parse_data``), with the error they raise (``StateDecodeError``). Parsers
-check structure and checksums only; whether a header fits a given model is ``codec.decode``'s
-job (it compares the table with ``codec_layout.canonical_tensors``).
+The header (``StateHeader``, ``pack_header`` / ``parse_header``), the data-frame prefix
+(``pack_data`` / ``parse_data``) and the trailer (``StateTrailer``, ``pack_trailer`` /
+``parse_trailer``), with the error they raise (``StateDecodeError``). Parsers check structure
+and checksums only; whether a header fits a given model is ``codec.decode``'s job (it compares
+the table with ``codec_layout.canonical_tensors``), as is matching frames to their stream.
 """
 
 from __future__ import annotations
@@ -20,18 +21,23 @@ from prfaas_jax.errors import UserError
 
 HEADER_MAGIC = b"PRFSTATE"
 DATA_MAGIC = b"PRFD"
-FORMAT_VERSION = 1
+TRAILER_MAGIC = b"PRFT"
+FORMAT_VERSION = 2
 
-# magic, version, reserved, token count, tensor count, fingerprint (sha256), JSON length
-_HEADER = struct.Struct("<8sHHQI32sI")
+# magic, version, reserved, stream id, token count, tensor count, fingerprint (sha256), JSON length
+_HEADER = struct.Struct("<8sHHQQI32sI")
 _CRC = struct.Struct("<I")
-# magic, stream tag, tensor id, byte offset, payload length; then the frame's CRC32
-_DATA_HEAD = struct.Struct("<4sIIQI")
+# magic, stream id, tensor id, byte offset, payload length; then the frame's CRC32
+_DATA_HEAD = struct.Struct("<4sQIQI")
+# magic, stream id, tensor count; then one CRC32 per tensor and the frame's CRC32
+_TRAILER_HEAD = struct.Struct("<4sQI")
+HEADER_FIXED_SIZE = _HEADER.size  # the tensor table starts here
 DATA_PREFIX_SIZE = _DATA_HEAD.size + _CRC.size
 HEADER_OVERHEAD = _HEADER.size + _CRC.size
 MAX_CHUNK_BYTES = 2**32 - 1  # the payload length field is a u32
+MAX_STREAM_ID = 2**64 - 1
 
-_COLUMNS = ("layer", "kind", "name", "dtype", "shape", "token_axis", "chunk_bytes", "crc32")
+_COLUMNS = ("layer", "kind", "name", "dtype", "shape", "token_axis", "chunk_bytes")
 _KINDS = {kind.value: kind for kind in LayerKind}
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -42,23 +48,28 @@ class StateDecodeError(UserError, ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TensorEntry:
-    """A row of the header's tensor table: the tensor, how it is chunked, its CRC32."""
+    """A row of the header's tensor table: the tensor and how its data frames cut it."""
 
     spec: TensorSpec
     chunk_bytes: int  # every data frame of the tensor but the last carries exactly this many
-    crc32: int  # zlib CRC32 of the whole canonical little-endian buffer
 
     @property
     def num_frames(self) -> int:
         return -(-self.spec.nbytes // self.chunk_bytes)
 
+    @property
+    def frame_rows(self) -> int:
+        """Token rows per data frame of a token-axis tensor (the grid frames are cut on)."""
+        return self.chunk_bytes // self.spec.unit_bytes
+
 
 @dataclasses.dataclass(frozen=True)
 class StateHeader:
-    """Frame 0 of an encoded state: format version, model, token count and tensor table."""
+    """Frame 0 of an encoded state: version, model, stream id, token count and tensor table."""
 
     version: int
     fingerprint: str  # hex SHA-256 of the model config (ModelConfig.fingerprint)
+    stream_id: int  # random u64 that every later frame of the stream repeats
     length: int  # tokens of state (L)
     tensors: tuple[TensorEntry, ...]
 
@@ -67,32 +78,30 @@ class StateHeader:
         return sum(entry.spec.nbytes for entry in self.tensors)
 
     @property
+    def num_data_frames(self) -> int:
+        return sum(entry.num_frames for entry in self.tensors)
+
+    @property
     def num_frames(self) -> int:
-        return 1 + sum(entry.num_frames for entry in self.tensors)
+        """Frames of the whole stream: header, data frames, trailer."""
+        return self.num_data_frames + 2
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary with stable keys (for ``--json`` output)."""
-        table = []
-        for tid, entry in enumerate(self.tensors):
-            spec = entry.spec
-            table.append(
-                {
-                    "id": tid,
-                    "layer": spec.layer,
-                    "kind": spec.kind.value,
-                    "name": spec.name,
-                    "dtype": spec.dtype,
-                    "shape": list(spec.shape),
-                    "token_axis": spec.token_axis,
-                    "nbytes": spec.nbytes,
-                    "chunk_bytes": entry.chunk_bytes,
-                    "num_frames": entry.num_frames,
-                    "crc32": entry.crc32,
-                }
-            )
+        table = [
+            {
+                "id": tid,
+                **dict(zip(_COLUMNS, _row(entry), strict=True)),
+                "nbytes": entry.spec.nbytes,
+                "num_frames": entry.num_frames,
+            }
+            for tid, entry in enumerate(self.tensors)
+        ]
         return {
             "version": self.version,
             "fingerprint": self.fingerprint,
+            # A string: a u64 does not survive JSON readers that parse numbers as doubles.
+            "stream_id": f"{self.stream_id:016x}",
             "length": self.length,
             "payload_nbytes": self.payload_nbytes,
             "num_frames": self.num_frames,
@@ -100,26 +109,20 @@ class StateHeader:
         }
 
 
+def _row(entry: TensorEntry) -> list[Any]:
+    """A tensor-table row, in ``_COLUMNS`` order."""
+    s = entry.spec
+    return [s.layer, s.kind.value, s.name, s.dtype, list(s.shape), s.token_axis, entry.chunk_bytes]
+
+
 def pack_header(header: StateHeader) -> bytes:
-    rows = [
-        [
-            s.layer,
-            s.kind.value,
-            s.name,
-            s.dtype,
-            list(s.shape),
-            s.token_axis,
-            e.chunk_bytes,
-            e.crc32,
-        ]
-        for e in header.tensors
-        for s in (e.spec,)
-    ]
+    rows = [_row(entry) for entry in header.tensors]
     blob = json.dumps({"tensors": rows}, separators=(",", ":")).encode()
     fixed = _HEADER.pack(
         HEADER_MAGIC,
         header.version,
         0,
+        header.stream_id,
         header.length,
         len(header.tensors),
         bytes.fromhex(header.fingerprint),
@@ -127,15 +130,6 @@ def pack_header(header: StateHeader) -> bytes:
     )
     body = fixed + blob
     return body + _CRC.pack(zlib.crc32(body))
-
-
-def stream_tag(header_frame: bytes | memoryview) -> int:
-    """The tag data frames carry: the header's stored CRC32 (its last four bytes).
-
-    Not the CRC32 of the whole header frame: a CRC over a message followed by its own CRC is
-    the same constant for every message, so it would tie data frames to nothing.
-    """
-    return _CRC.unpack_from(header_frame, len(header_frame) - _CRC.size)[0]
 
 
 def _fail(message: str) -> NoReturn:
@@ -164,7 +158,7 @@ def _parse_entry(tid: int, row: Any) -> TensorEntry:
         _fail(
             f"{where}: expected a list of {len(_COLUMNS)} fields {list(_COLUMNS)}, got {row!r:.80}"
         )
-    layer, kind, name, dtype, shape, token_axis, chunk_bytes, crc = row
+    layer, kind, name, dtype, shape, token_axis, chunk_bytes = row
     if not _is_int(layer, 0, 2**31):
         _fail(f"{where}: layer must be a non-negative integer, got {layer!r:.40}")
     if type(kind) is not str or kind not in _KINDS:
@@ -179,8 +173,6 @@ def _parse_entry(tid: int, row: Any) -> TensorEntry:
         _fail(f"{where}: token_axis must be true or false, got {token_axis!r:.40}")
     if not _is_int(chunk_bytes, 1, MAX_CHUNK_BYTES):
         _fail(f"{where}: chunk_bytes must be an integer in [1, 2**32), got {chunk_bytes!r:.40}")
-    if not _is_int(crc, 0, 2**32 - 1):
-        _fail(f"{where}: crc32 must be an integer in [0, 2**32), got {crc!r:.40}")
     spec = TensorSpec(layer, _KINDS[kind], name, dtype, tuple(shape), token_axis)
     if token_axis and (not shape or spec.unit_bytes == 0):
         _fail(f"{where}: a token-axis tensor needs a non-empty token row, got shape {shape}")
@@ -190,16 +182,19 @@ def _parse_entry(tid: int, row: Any) -> TensorEntry:
             f"{where}: chunk_bytes {chunk_bytes} is not a multiple of the "
             f"{spec.unit_bytes}-byte {unit}"
         )
-    return TensorEntry(spec, chunk_bytes, crc)
+    return TensorEntry(spec, chunk_bytes)
 
 
 def parse_header(frame: memoryview) -> StateHeader:
     """Parse and self-check the first frame (structure and CRC; no model knowledge)."""
-    if bytes(frame[: len(DATA_MAGIC)]) == DATA_MAGIC:
-        _fail("frame 0 is a data frame; a state stream must start with its header frame")
+    if bytes(frame[: len(DATA_MAGIC)]) in (DATA_MAGIC, TRAILER_MAGIC):
+        kind = "data" if bytes(frame[: len(DATA_MAGIC)]) == DATA_MAGIC else "trailer"
+        _fail(f"frame 0 is a {kind} frame; a state stream must start with its header frame")
     if len(frame) < HEADER_OVERHEAD:
         _fail(f"header frame truncated: {len(frame)} bytes, a header needs ≥ {HEADER_OVERHEAD}")
-    magic, version, reserved, length, count, digest, blob_len = _HEADER.unpack_from(frame)
+    magic, version, reserved, stream_id, length, count, digest, blob_len = _HEADER.unpack_from(
+        frame
+    )
     if magic != HEADER_MAGIC:
         _fail(f"bad magic {magic!r} in frame 0: not a PrfaaS state (expected {HEADER_MAGIC!r})")
     if version != FORMAT_VERSION:
@@ -230,19 +225,19 @@ def parse_header(frame: memoryview) -> StateHeader:
     if len(rows) != count:
         _fail(f"header says {count} tensors but its table lists {len(rows)}")
     tensors = tuple(_parse_entry(tid, row) for tid, row in enumerate(rows))
-    return StateHeader(version, digest.hex(), length, tensors)
+    return StateHeader(version, digest.hex(), stream_id, length, tensors)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataFrame:
-    tag: int  # CRC32 of the header frame this data belongs to
+    stream_id: int  # the stream id of the header this data belongs to
     tensor_id: int
     offset: int  # byte offset of the payload in the tensor's canonical buffer
     payload: memoryview
 
 
-def pack_data(tag: int, tensor_id: int, offset: int, payload: bytes) -> bytes:
-    head = _DATA_HEAD.pack(DATA_MAGIC, tag, tensor_id, offset, len(payload))
+def pack_data(stream_id: int, tensor_id: int, offset: int, payload: bytes | memoryview) -> bytes:
+    head = _DATA_HEAD.pack(DATA_MAGIC, stream_id, tensor_id, offset, len(payload))
     return head + _CRC.pack(zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
@@ -254,10 +249,13 @@ def parse_data(frame: memoryview, index: int) -> DataFrame:
         _fail(
             f"data frame {index} truncated: {len(frame)} bytes, its prefix needs {DATA_PREFIX_SIZE}"
         )
-    magic, tag, tensor_id, offset, size = _DATA_HEAD.unpack_from(frame)
+    magic, stream_id, tensor_id, offset, size = _DATA_HEAD.unpack_from(frame)
     (stored,) = _CRC.unpack_from(frame, _DATA_HEAD.size)
     if magic != DATA_MAGIC:
-        _fail(f"bad magic {magic!r} in frame {index}: expected a data frame ({DATA_MAGIC!r})")
+        _fail(
+            f"bad magic {magic!r} in frame {index}: expected a data frame ({DATA_MAGIC!r}) or "
+            f"the trailer ({TRAILER_MAGIC!r})"
+        )
     got = len(frame) - DATA_PREFIX_SIZE
     if got < size:
         _fail(f"data frame {index} truncated: payload has {got} of its {size} bytes")
@@ -266,4 +264,47 @@ def parse_data(frame: memoryview, index: int) -> DataFrame:
     payload = frame[DATA_PREFIX_SIZE:]
     if zlib.crc32(payload, zlib.crc32(frame[: _DATA_HEAD.size])) != stored:
         _fail(f"data frame {index} checksum mismatch: the frame is corrupt")
-    return DataFrame(tag, tensor_id, offset, payload)
+    return DataFrame(stream_id, tensor_id, offset, payload)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateTrailer:
+    """The last frame of an encoded state: the CRC32 of every tensor's whole canonical buffer."""
+
+    stream_id: int
+    crc32s: tuple[int, ...]  # in tensor-table order
+
+
+def trailer_nbytes(num_tensors: int) -> int:
+    return _TRAILER_HEAD.size + (num_tensors + 1) * _CRC.size
+
+
+def is_trailer(frame: memoryview) -> bool:
+    return bytes(frame[: len(TRAILER_MAGIC)]) == TRAILER_MAGIC
+
+
+def pack_trailer(trailer: StateTrailer) -> bytes:
+    count = len(trailer.crc32s)
+    body = _TRAILER_HEAD.pack(TRAILER_MAGIC, trailer.stream_id, count)
+    body += struct.pack(f"<{count}I", *trailer.crc32s)
+    return body + _CRC.pack(zlib.crc32(body))
+
+
+def parse_trailer(frame: memoryview, index: int) -> StateTrailer:
+    """Parse and self-check frame number ``index`` as the trailer (structure and CRC)."""
+    where = f"trailer frame {index}"
+    if not is_trailer(frame):
+        _fail(f"frame {index} is not a trailer frame (no {TRAILER_MAGIC!r} magic)")
+    if len(frame) < trailer_nbytes(0):
+        _fail(f"{where} truncated: {len(frame)} bytes, a trailer needs ≥ {trailer_nbytes(0)}")
+    _, stream_id, count = _TRAILER_HEAD.unpack_from(frame)
+    expected = trailer_nbytes(count)
+    if len(frame) < expected:
+        _fail(f"{where} truncated: {len(frame)} bytes, its {count} tensor CRCs need {expected}")
+    if len(frame) > expected:
+        _fail(f"{where} has {len(frame) - expected} trailing bytes after its checksum")
+    (stored,) = _CRC.unpack_from(frame, expected - _CRC.size)
+    if zlib.crc32(frame[: expected - _CRC.size]) != stored:
+        _fail(f"{where} checksum mismatch: the trailer is corrupt")
+    crc32s = struct.unpack_from(f"<{count}I", frame, _TRAILER_HEAD.size)
+    return StateTrailer(stream_id, crc32s)

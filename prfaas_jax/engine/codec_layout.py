@@ -2,8 +2,10 @@
 
 ``canonical_tensors(cfg, L)`` lists the tensors (model/state.py's canonical representation) in
 wire order; ``canonical_arrays`` reads them out of one row of a (batched) state as host arrays
-(``canonical_row``: as little-endian bytes), and ``state_from_arrays`` / ``build_state`` lay them
-back out as a batch-1 state of a given capacity. The prefix cache stores the same arrays.
+(``canonical_row``: as little-endian bytes, ``wire_bytes`` for one array), ``growing_rows`` reads
+some positions of one growing cache of a state still being prefilled, and ``state_from_arrays`` /
+``build_state`` lay them back out as a batch-1 state of a given capacity. The prefix cache
+stores the same arrays.
 SWA rings keep position ``p`` in slot ``p mod W'`` (``W'`` the ring size, the array's axis 1).
 """
 
@@ -105,7 +107,8 @@ def _ring_slots(length: int, count: int, ring: int) -> np.ndarray:
     return np.arange(length - count, length) % ring
 
 
-def _wire_bytes(array: np.ndarray) -> bytes:
+def wire_bytes(array: np.ndarray) -> bytes:
+    """``array``'s elements as raw little-endian bytes in C order (what the codec ships)."""
     # Reinterpret as same-width unsigned ints so the byte order is explicit for every dtype,
     # bfloat16 included (ml_dtypes types carry no byte order of their own).
     width = array.dtype.itemsize
@@ -119,6 +122,40 @@ def _from_wire(buffer: bytearray, spec: TensorSpec) -> np.ndarray:
     return raw.view(jnp.dtype(spec.dtype)).reshape(spec.shape)
 
 
+def row_length(state: ModelState, row: int) -> tuple[int, int]:
+    """``(batch size, L of row ``row``)`` of ``state``; ValueError for a missing row."""
+    lengths = np.asarray(state.lengths)
+    if lengths.ndim != 1 or not 0 <= row < lengths.shape[0]:
+        raise ValueError(f"row {row} is not a row of a state with lengths shape {lengths.shape}")
+    length = int(lengths[row])
+    if length < 0:
+        raise ValueError(f"row {row} has negative length {length}")
+    return lengths.shape[0], length
+
+
+def _field(state: ModelState, cfg: ModelConfig, spec: TensorSpec, batch: int) -> jax.Array:
+    """The state field that holds ``spec``, checked against it (ValueError if it cannot)."""
+    if len(state.layers) != cfg.num_layers:
+        raise ValueError(f"state has {len(state.layers)} layers, {cfg.name} has {cfg.num_layers}")
+    layer: LayerState = state.layers[spec.layer]
+    where = f"layer {spec.layer} ({spec.kind.value}) {spec.name}"
+    if type(layer) is not _LAYER_CLASSES[spec.kind]:
+        raise ValueError(f"layer {spec.layer} is a {type(layer).__name__}, not {spec.kind}")
+    array: jax.Array = getattr(layer, spec.name)
+    if array.dtype != jnp.dtype(spec.dtype):
+        raise ValueError(f"{where} has dtype {array.dtype}, the config says {spec.dtype}")
+    fixed = (batch, *spec.shape)
+    if spec.token_axis:
+        # Growing caches may hold more positions than L, SWA rings more slots than min(L, W).
+        ok = len(array.shape) == len(fixed) and array.shape[0] == batch
+        ok = ok and array.shape[2:] == fixed[2:] and array.shape[1] >= spec.shape[0]
+    else:
+        ok = array.shape == fixed
+    if not ok:
+        raise ValueError(f"{where} has shape {array.shape}, which cannot hold {spec.shape}")
+    return array
+
+
 def canonical_arrays(
     state: ModelState, cfg: ModelConfig, row: int
 ) -> tuple[int, list[tuple[TensorSpec, np.ndarray]]]:
@@ -126,32 +163,10 @@ def canonical_arrays(
 
     Raises ValueError when the state does not fit ``cfg`` (layer types, dtypes, shapes, L).
     """
-    lengths = np.asarray(state.lengths)
-    if lengths.ndim != 1 or not 0 <= row < lengths.shape[0]:
-        raise ValueError(f"row {row} is not a row of a state with lengths shape {lengths.shape}")
-    if len(state.layers) != cfg.num_layers:
-        raise ValueError(f"state has {len(state.layers)} layers, {cfg.name} has {cfg.num_layers}")
-    batch, length = lengths.shape[0], int(lengths[row])
-    if length < 0:
-        raise ValueError(f"row {row} has negative length {length}")
+    batch, length = row_length(state, row)
     tensors = []
     for spec in canonical_tensors(cfg, length):
-        layer: LayerState = state.layers[spec.layer]
-        where = f"layer {spec.layer} ({spec.kind.value}) {spec.name}"
-        if type(layer) is not _LAYER_CLASSES[spec.kind]:
-            raise ValueError(f"layer {spec.layer} is a {type(layer).__name__}, not {spec.kind}")
-        array: jax.Array = getattr(layer, spec.name)
-        if array.dtype != jnp.dtype(spec.dtype):
-            raise ValueError(f"{where} has dtype {array.dtype}, the config says {spec.dtype}")
-        fixed = (batch, *spec.shape)
-        if spec.token_axis:
-            # Growing caches may hold more positions than L, SWA rings more slots than min(L, W).
-            ok = len(array.shape) == len(fixed) and array.shape[0] == batch
-            ok = ok and array.shape[2:] == fixed[2:] and array.shape[1] >= spec.shape[0]
-        else:
-            ok = array.shape == fixed
-        if not ok:
-            raise ValueError(f"{where} has shape {array.shape}, which cannot hold {spec.shape}")
+        array = _field(state, cfg, spec, batch)
         # Select the row on device (one compiled op per state shape) but the live positions on
         # the host: slicing [:L] on device would compile a new XLA op for every distinct L.
         data = np.asarray(array[row])
@@ -163,12 +178,31 @@ def canonical_arrays(
     return length, tensors
 
 
+def growing_rows(
+    state: ModelState, cfg: ModelConfig, spec: TensorSpec, row: int, start: int, stop: int
+) -> np.ndarray:
+    """Positions ``[start, stop)`` of the growing cache ``spec`` (MLA, GQA) in row ``row``.
+
+    For a state whose first ``stop`` positions are final but whose L may still grow (a chunked
+    prefill's working state). A host copy: the state's buffers may be donated once this returns.
+    """
+    if not spec.kind.has_growing_state:
+        raise ValueError(f"{spec} is not a growing cache")
+    batch, length = row_length(state, row)
+    if not 0 <= start <= stop <= length:
+        raise ValueError(f"positions [{start}, {stop}) are not all final in a state of L={length}")
+    array = _field(state, cfg, dataclasses.replace(spec, shape=(stop, *spec.shape[1:])), batch)
+    # The whole field to the host, then the rows: a device slice would compile once per
+    # distinct (start, stop), i.e. once per prompt length.
+    return np.array(np.asarray(array)[row, start:stop])
+
+
 def canonical_row(
     state: ModelState, cfg: ModelConfig, row: int
 ) -> tuple[int, list[tuple[TensorSpec, bytes]]]:
     """``canonical_arrays`` as little-endian bytes (what the codec puts on the wire)."""
     length, arrays = canonical_arrays(state, cfg, row)
-    return length, [(spec, _wire_bytes(array)) for spec, array in arrays]
+    return length, [(spec, wire_bytes(array)) for spec, array in arrays]
 
 
 def _stored(

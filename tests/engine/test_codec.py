@@ -25,10 +25,14 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec_format import (
     DATA_MAGIC,
     DATA_PREFIX_SIZE,
+    HEADER_FIXED_SIZE,
     HEADER_MAGIC,
+    TRAILER_MAGIC,
     StateDecodeError,
+    StateTrailer,
     TensorEntry,
     pack_header,
+    pack_trailer,
 )
 from prfaas_jax.engine.codec_layout import canonical_tensors
 from prfaas_jax.model.state import ModelState, init_state, state_nbytes, window_capacity
@@ -103,8 +107,9 @@ def test_round_trip(name: str, length: int) -> None:
     assert out.lengths.tolist() == [length] and out.lengths.dtype == jnp.int32
     assert_bitwise_equal(canonical(out, cfg, 0), canonical(state, cfg, 1))
     assert out.capacity == length
-    # Decoding is the inverse of encoding: re-encoding gives the very same bytes.
-    assert list(codec.encode(out, cfg, max_frame_bytes=SMALL_FRAME)) == frames
+    # Decoding is the inverse of encoding: re-encoding (same stream id) gives the same bytes.
+    again = codec.encode(out, cfg, max_frame_bytes=SMALL_FRAME, stream_id=header.stream_id)
+    assert list(again) == frames
 
     wide = codec.decode(frames, cfg, max_len=256)
     assert_bitwise_equal(canonical(wide, cfg, 0), canonical(state, cfg, 1))
@@ -126,8 +131,8 @@ def test_default_frames_and_empty_state(name: str) -> None:
     cfg = model(name)
     state = random_state(cfg, [65], max_len=65, seed=1)
     frames = list(codec.encode(state, cfg))
-    # With 4 MiB frames every non-empty tensor fits in one data frame.
-    assert len(frames) == 1 + sum(spec.nbytes > 0 for spec in canonical_tensors(cfg, 65))
+    # With 4 MiB frames every non-empty tensor fits in one data frame (plus header, trailer).
+    assert len(frames) == 2 + sum(spec.nbytes > 0 for spec in canonical_tensors(cfg, 65))
     assert_bitwise_equal(canonical(codec.decode(frames, cfg), cfg, 0), canonical(state, cfg, 0))
 
     empty = init_state(cfg, 1, 4)
@@ -155,7 +160,8 @@ def test_wire_bytes_are_little_endian_in_position_order() -> None:
     state = ModelState(jnp.array([11], jnp.int32), (state.layers[0], ring, *state.layers[2:]))
     frames = list(codec.encode(state, cfg))
     k_frame = frames[3]  # header, layer-0 k and v, then layer-1 k
-    assert struct.unpack_from("<4sII", k_frame)[::2] == (DATA_MAGIC, 2)
+    magic, stream_id, tensor_id = struct.unpack_from("<4sQI", k_frame)
+    assert (magic, stream_id, tensor_id) == (DATA_MAGIC, codec.inspect(frames).stream_id, 2)
     row_bytes = cfg.swa.num_kv_heads * cfg.swa.head_dim * 4
     # Canonical SWA positions are 3..10, so position 10 is row 7.
     assert k_frame[DATA_PREFIX_SIZE + 7 * row_bytes :][:4] == struct.pack("<f", 1.5)
@@ -193,6 +199,7 @@ def test_inspect_reports_the_table() -> None:
     summary = codec.inspect(frames).to_dict()
     assert json.loads(json.dumps(summary)) == summary
     assert summary["fingerprint"] == cfg.fingerprint() and summary["length"] == 9
+    assert int(summary["stream_id"], 16) == codec.inspect(frames).stream_id
     assert [(t["layer"], t["kind"], t["name"]) for t in summary["tensors"]] == [
         *((i, "lightning", "recurrent") for i in range(7)),
         (7, "mla", "c_kv"),
@@ -232,7 +239,7 @@ def reheader(frames: tuple[bytes, ...], table: object = None, **fields: object) 
     head = pack_header(header)
     if table is not None:
         blob = json.dumps(table).encode()
-        body = head[:56] + struct.pack("<I", len(blob)) + blob
+        body = head[: HEADER_FIXED_SIZE - 4] + struct.pack("<I", len(blob)) + blob
         head = body + struct.pack("<I", zlib.crc32(body))
     return [head, *frames[1:]]
 
@@ -250,13 +257,18 @@ def test_wrong_model_is_named() -> None:
     [
         (lambda f: [], "no frames"),
         (lambda f: [b"XXXXXXXX" + f[0][8:], *f[1:]], "bad magic"),
-        (lambda f: [f[0][:8] + b"\x02" + f[0][9:], *f[1:]], "version 2"),
+        (lambda f: [f[0][:8] + b"\x01" + f[0][9:], *f[1:]], "version 1"),
         (lambda f: [f[0][:-3], *f[1:]], "header frame truncated"),
         (lambda f: [f[0] + b"\0", *f[1:]], "trailing bytes"),
         (lambda f: list(f[1:]), "data frame; a state stream must start"),
-        (lambda f: [*f, f[0]], "second header"),
-        (lambda f: [*f, f[1]], "duplicate"),
-        (lambda f: list(f[:-1]), "ended early"),
+        (lambda f: [f[-1], *f[1:-1]], "trailer frame; a state stream must start"),
+        (lambda f: [*f[:-1], f[0], f[-1]], "second header"),
+        (lambda f: [*f[:-1], f[1], f[-1]], "duplicate"),
+        (lambda f: list(f[:-1]), "ended early: no trailer"),
+        (lambda f: [f[0], *f[2:]], "ended early: tensor 0"),
+        (lambda f: [*f, f[1]], "follows the trailer"),
+        (lambda f: [*f, f[-1]], "follows the trailer"),
+        (lambda f: [f[0], f[-1], *f[1:-1]], "follows the trailer"),
         (lambda f: [*f[:-1], f[-1][:-1]], "truncated"),
         (lambda f: [*f[:-1], f[-1] + b"\0"], "trailing bytes"),
         (lambda f: [*f[:-1], f[-1][:-1] + bytes([f[-1][-1] ^ 1])], "checksum mismatch"),
@@ -266,7 +278,7 @@ def test_wrong_model_is_named() -> None:
         (lambda f: reheader(f, length=10**9), "more than the model's max_len"),
         (lambda f: reheader(f, table={"tensors": []}), "header says"),
         (lambda f: reheader(f, table=[1]), "must be a JSON object"),
-        (lambda f: reheader(f, table={"tensors": [[True] * 8] * 8}), "layer must be"),
+        (lambda f: reheader(f, table={"tensors": [[True] * 7] * 8}), "layer must be"),
     ],
 )
 def test_named_failures(mutate, message: str) -> None:
@@ -282,7 +294,7 @@ def test_table_rows_are_checked_against_the_config() -> None:
     spec = dataclasses.replace(entry.spec, shape=(21, *entry.spec.shape[1:]))
     bad = (
         *header.tensors[:6],
-        TensorEntry(spec, entry.chunk_bytes, entry.crc32),
+        TensorEntry(spec, entry.chunk_bytes),
         header.tensors[7],
     )
     with pytest.raises(StateDecodeError, match="header tensor 6 is layer 3 mla c_kv"):
@@ -290,10 +302,41 @@ def test_table_rows_are_checked_against_the_config() -> None:
 
 
 def test_frames_of_another_stream_are_rejected() -> None:
-    frames, _ = stream("tiny", 20)
-    other, _ = stream("tiny", 21)
-    with pytest.raises(StateDecodeError, match="another state stream"):
-        codec.decode([frames[0], other[1], *frames[2:]], model("tiny"))
+    frames, state = stream("tiny", 20)
+    # The same state encoded again: identical payloads, but a fresh random stream id.
+    other = list(codec.encode(state, model("tiny"), max_frame_bytes=800))
+    assert codec.inspect(other).stream_id != codec.inspect(frames).stream_id
+    assert [f[DATA_PREFIX_SIZE:] for f in other[1:-1]] == [
+        f[DATA_PREFIX_SIZE:] for f in frames[1:-1]
+    ]
+    for mixed in ([frames[0], other[1], *frames[2:]], [*frames[:-1], other[-1]]):
+        with pytest.raises(StateDecodeError, match="another state stream"):
+            codec.decode(mixed, model("tiny"))
+    assert_same_state(codec.decode(other, model("tiny")), state)
+
+
+def retrailer(frames: tuple[bytes, ...], crc32s: tuple[int, ...]) -> list[bytes]:
+    """Replace the trailer by one with a valid frame CRC but the given tensor CRCs."""
+    trailer = pack_trailer(StateTrailer(codec.inspect(frames).stream_id, crc32s))
+    return [*frames[:-1], trailer]
+
+
+def test_the_trailer_is_checked() -> None:
+    frames, state = stream("tiny", 20)
+    crcs = codec.inspect_trailer(frames).crc32s
+    assert len(crcs) == len(codec.inspect(frames).tensors)
+    assert_same_state(codec.decode(retrailer(frames, crcs), model("tiny")), state)
+    wrong = (*crcs[:2], crcs[2] ^ 1, *crcs[3:])
+    with pytest.raises(StateDecodeError, match=r"tensor 2 \(layer 1 recurrent\) fails its CRC32"):
+        codec.decode(retrailer(frames, wrong), model("tiny"))
+    with pytest.raises(StateDecodeError, match="lists 7 tensor CRCs; the header has 8"):
+        codec.decode(retrailer(frames, crcs[:-1]), model("tiny"))
+    corrupt = bytearray(frames[-1])
+    corrupt[20] ^= 0x10  # inside the CRC list
+    with pytest.raises(StateDecodeError, match=r"trailer frame \d+ checksum mismatch"):
+        codec.decode([*frames[:-1], bytes(corrupt)], model("tiny"))
+    with pytest.raises(StateDecodeError, match="not the trailer"):
+        codec.inspect_trailer(frames[:-1])
 
 
 def test_max_len_below_length() -> None:
@@ -364,9 +407,9 @@ def test_data_frames_are_self_placing(picked, rnd) -> None:
     name, length, frames = picked
     order = list(range(len(frames)))
     rnd.shuffle(order)
-    # Data frames may come in any order; the header must come first.
+    # Data frames may come in any order; the header must come first and the trailer last.
     ok = decodes_to_original_or_fails([frames[i] for i in order], name, length)
-    assert ok == (order[0] == 0)
+    assert ok == (order[0] == 0 and order[-1] == len(frames) - 1)
 
 
 @PROPERTY
@@ -395,8 +438,9 @@ def test_mutation_sequences_never_decode_wrong(picked, steps) -> None:
 
 garbage = st.one_of(
     st.binary(max_size=120),
-    st.binary(max_size=120).map(lambda b: HEADER_MAGIC + b"\x01\0" + b),
+    st.binary(max_size=120).map(lambda b: HEADER_MAGIC + b"\x02\0" + b),
     st.binary(max_size=120).map(lambda b: DATA_MAGIC + b),
+    st.binary(max_size=120).map(lambda b: TRAILER_MAGIC + b),
 )
 
 
@@ -419,9 +463,9 @@ json_values = st.recursive(
 @given(a_stream(), st.data())
 def test_hostile_headers_with_valid_crc_are_rejected(picked, data) -> None:
     name, length, frames = picked
-    rows = [list(row) for row in json.loads(frames[0][60:-4])["tensors"]]
+    rows = [list(row) for row in json.loads(frames[0][HEADER_FIXED_SIZE:-4])["tensors"]]
     row = data.draw(st.integers(0, len(rows) - 1))
-    column = data.draw(st.integers(0, 7))
+    column = data.draw(st.integers(0, len(rows[row]) - 1))
     rows[row][column] = data.draw(json_values)
     table = data.draw(st.sampled_from([{"tensors": rows}, data.draw(json_values)]))
     decodes_to_original_or_fails(reheader(tuple(frames), table=table), name, length)
