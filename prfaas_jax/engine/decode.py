@@ -14,13 +14,13 @@ step. A slot finishes on its EOS token or when its ``max_new_tokens`` are out; i
 until ``free``. Per-slot controls (last token, token index, key, knobs) live on the host and
 travel with each step; only the state stays on the device, donated from step to step.
 
-Handoff frame (integers unsigned little-endian)::
+Handoff frame, sent after the state's trailer (integers unsigned little-endian)::
 
     0     4  magic b"PRFH"
-    4     4  stream tag: the state header's CRC32 field (codec_format.stream_tag)
-    8     4  N: byte length of the JSON
-    12    N  UTF-8 JSON {"first_token": int, "sampling": {temperature, top_k, top_p, seed}}
-    12+N  4  CRC32 of bytes [0, 12+N)
+    4     8  stream id: the state header's (engine/codec.py), binding the handoff to that state
+    12    4  N: byte length of the JSON
+    16    N  UTF-8 JSON {"first_token": int, "sampling": {temperature, top_k, top_p, seed}}
+    16+N  4  CRC32 of bytes [0, 16+N)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import StateDecodeError, stream_tag
+from prfaas_jax.engine.codec_format import StateDecodeError
 from prfaas_jax.engine.prefill import (
     GREEDY,
     EngineError,
@@ -49,6 +49,7 @@ from prfaas_jax.engine.prefill import (
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model import ModelState, decode_step, init_state
+from prfaas_jax.model.sharding import shard_params, shard_state
 from prfaas_jax.ops.dispatch import Impl
 
 
@@ -103,14 +104,21 @@ class DecodeEngine:
         max_slots: int,
         max_len: int,
         impl: Impl | str = Impl.CHUNK,
+        mesh: jax.sharding.Mesh | None = None,
     ) -> None:
         if max_slots < 1 or max_len < 1:
             raise EngineError(f"max_slots and max_len must be ≥ 1, got {max_slots}, {max_len}")
+        # On a mesh params and slots are placed once by the sharding rules; jit propagates them.
+        self.mesh = mesh
+        if mesh is not None:
+            params = shard_params(params, cfg, mesh)
         self.cfg, self.params, self.impl = cfg, params, Impl(impl)
         self.max_slots, self.max_len = max_slots, max_len
         shapes = jax.eval_shape(functools.partial(init_state, cfg, max_slots, max_len))
         # Zeros from the host: jnp.zeros would compile a fill per shape for nothing.
         self._state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), shapes)
+        if mesh is not None:
+            self._state = shard_state(self._state, cfg, mesh)
         self._tokens = np.zeros(max_slots, np.int32)  # last token of each slot: the next input
         self._index = np.zeros(max_slots, np.int32)  # key-schedule index of the next token
         self._keys = np.zeros((max_slots, 2), np.uint32)
@@ -169,6 +177,10 @@ class DecodeEngine:
                 f"engine's max_len {self.max_len}"
             )
         row = with_capacity(state, self.cfg, self.max_len)
+        if self.mesh is not None:
+            # Resharding on load: whatever layout (or host) the state came from, the row takes
+            # this engine's layout, so a state prefilled on one mesh decodes on another.
+            row = shard_state(row, self.cfg, self.mesh)
         free = self.free_slots
         if not free:
             raise NoFreeSlotError(f"all {self.max_slots} slots are busy")
@@ -218,7 +230,7 @@ class DecodeEngine:
 # --- handoff ---------------------------------------------------------------------------------
 
 HANDOFF_MAGIC = b"PRFH"
-_HANDOFF_HEAD = struct.Struct("<4sII")
+_HANDOFF_HEAD = struct.Struct("<4sQI")
 _CRC = struct.Struct("<I")
 
 
@@ -232,19 +244,20 @@ class Handoff:
 
 def pack_handoff(handoff: Handoff, header_frame: bytes) -> bytes:
     """The handoff frame for the state whose header frame is ``header_frame``."""
+    stream_id = codec.inspect([header_frame]).stream_id
     blob = json.dumps(
         {"first_token": handoff.first_token, "sampling": dataclasses.asdict(handoff.sampling)},
         separators=(",", ":"),
     ).encode()
-    body = _HANDOFF_HEAD.pack(HANDOFF_MAGIC, stream_tag(header_frame), len(blob)) + blob
+    body = _HANDOFF_HEAD.pack(HANDOFF_MAGIC, stream_id, len(blob)) + blob
     return body + _CRC.pack(zlib.crc32(body))
 
 
-def _parse_handoff(frame: bytes, tag: int) -> Handoff:
+def _parse_handoff(frame: bytes, stream_id: int) -> Handoff:
     size = _HANDOFF_HEAD.size + _CRC.size
     if len(frame) < size or frame[:4] != HANDOFF_MAGIC:
         raise StateDecodeError("the stream does not end with a handoff frame (first token)")
-    _, frame_tag, blob_len = _HANDOFF_HEAD.unpack_from(frame)
+    _, frame_stream, blob_len = _HANDOFF_HEAD.unpack_from(frame)
     if len(frame) != size + blob_len:
         raise StateDecodeError(
             f"handoff frame is {len(frame)} bytes, its length says {size + blob_len}"
@@ -252,7 +265,7 @@ def _parse_handoff(frame: bytes, tag: int) -> Handoff:
     (stored,) = _CRC.unpack_from(frame, len(frame) - _CRC.size)
     if zlib.crc32(frame[: -_CRC.size]) != stored:
         raise StateDecodeError("handoff frame checksum mismatch: the frame is corrupt")
-    if frame_tag != tag:
+    if frame_stream != stream_id:
         raise StateDecodeError("the handoff frame belongs to another state stream")
     try:
         data = json.loads(frame[_HANDOFF_HEAD.size : -_CRC.size].decode("utf-8"))
@@ -269,7 +282,7 @@ def split_handoff(frames: Sequence[bytes]) -> tuple[list[bytes], Handoff]:
 
     Only the header of the state is checked here (``codec.decode`` checks the rest).
     """
-    codec.inspect(frames)
+    header = codec.inspect(frames)
     if len(frames) < 2:
         raise StateDecodeError("the stream has no handoff frame (first token) after its header")
-    return list(frames[:-1]), _parse_handoff(bytes(frames[-1]), stream_tag(frames[0]))
+    return list(frames[:-1]), _parse_handoff(bytes(frames[-1]), header.stream_id)

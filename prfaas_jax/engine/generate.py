@@ -16,6 +16,7 @@ without a model.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import time
 
@@ -42,6 +43,7 @@ from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer, check_byte_vocab
 from prfaas_jax.errors import UserError
 from prfaas_jax.model import init_params, init_state, prefill
+from prfaas_jax.model.sharding import make_mesh
 from prfaas_jax.model.weights import load_model
 from prfaas_jax.ops.dispatch import Impl
 
@@ -61,6 +63,7 @@ class GenerateRequest:
     hf_dir: str | None = None  # weights from a Hugging Face checkpoint instead of model/seed
     checkpoint: str | None = None  # weights from an orbax checkpoint (prfaas convert-hf)
     dump_logits: str | None = None  # .npy file for the prompt's logits [T, vocab] float32
+    mesh: str | None = None  # device mesh spec, e.g. "tensor=4,expert=2" (model/sharding.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +129,12 @@ def generate(
     sampling: SamplingParams,
     *,
     impl: Impl = Impl.CHUNK,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> tuple[list[int], float, float]:
-    """Generate ``max_new_tokens``; returns ``(tokens, prefill_seconds, decode_seconds)``."""
+    """Generate ``max_new_tokens``; returns ``(tokens, prefill_seconds, decode_seconds)``.
+
+    With ``mesh`` both engines run sharded on it (model/sharding.py); the tokens are the same.
+    """
     total = len(prompt_ids) + max_new_tokens
     if total > cfg.max_len:
         raise UserError(
@@ -135,7 +142,7 @@ def generate(
             f"max_len {cfg.max_len}"
         )
     start = time.perf_counter()
-    prefill_engine = PrefillEngine(cfg, params, impl=impl)
+    prefill_engine = PrefillEngine(cfg, params, impl=impl, mesh=mesh)
     # One bucketed capacity for both engines: the decode engine takes the state without a copy,
     # and requests whose total falls in the same bucket share every compiled program.
     max_len = prefill_engine.bucket(total)
@@ -144,7 +151,7 @@ def generate(
     start = time.perf_counter()
     tokens = [prefilled.first_token]
     if max_new_tokens > 1:
-        engine = DecodeEngine(cfg, params, max_slots=1, max_len=max_len, impl=impl)
+        engine = DecodeEngine(cfg, params, max_slots=1, max_len=max_len, impl=impl, mesh=mesh)
         slot = engine.insert(
             prefilled.state, prefilled.first_token, sampling, max_new_tokens=max_new_tokens - 1
         )
@@ -187,8 +194,9 @@ def generate_from_preset(request: GenerateRequest) -> GenerateResult:
     )
     sampling = _sampling(request)
     prompt = _prompt_ids(request, cfg)
+    mesh = make_mesh(request.mesh) if request.mesh else None
     tokens, prefill_s, decode_s = generate(
-        params, cfg, prompt, request.max_new_tokens, sampling, impl=Impl(request.impl)
+        params, cfg, prompt, request.max_new_tokens, sampling, impl=Impl(request.impl), mesh=mesh
     )
     if request.dump_logits is not None:
         logits = prompt_logits(params, cfg, prompt, impl=Impl(request.impl))
@@ -241,14 +249,21 @@ class PrefillFileResult:
 def prefill_to_file(
     request: GenerateRequest, path: str | os.PathLike[str], *, chunk_len: int = DEFAULT_CHUNK_LEN
 ) -> PrefillFileResult:
-    """Prefill ``request``'s prompt and write the state plus its handoff frame to ``path``."""
+    """Prefill ``request``'s prompt and write the state plus its handoff frame to ``path``.
+
+    A file holds one stream, so nothing can mix with it: its stream id is a hash of the state
+    rather than random, and the same prefill writes the same bytes.
+    """
     cfg = load_model_config(request.model)
     prompt, sampling = _prompt_ids(request, cfg), _sampling(request)
     params = init_params(jax.random.PRNGKey(request.seed), cfg)
-    engine = PrefillEngine(cfg, params, impl=request.impl, chunk_len=chunk_len)
+    mesh = make_mesh(request.mesh) if request.mesh else None
+    engine = PrefillEngine(cfg, params, impl=request.impl, chunk_len=chunk_len, mesh=mesh)
     result = engine.prefill(prompt, sampling=sampling)
     start = time.perf_counter()
-    frames = list(codec.encode(result.state, cfg))
+    draft = b"".join(codec.encode(result.state, cfg, stream_id=0))
+    stream_id = int.from_bytes(hashlib.sha256(draft).digest()[:8], "little")
+    frames = list(codec.encode(result.state, cfg, stream_id=stream_id))
     frames.append(pack_handoff(Handoff(result.first_token, sampling), frames[0]))
     try:
         file_bytes = codec.write_file(path, frames)
@@ -302,8 +317,12 @@ def decode_file(
     seed: int = 0,
     max_new_tokens: int = 16,
     impl: str = "chunk",
+    mesh: str | None = None,
 ) -> DecodeFileResult:
-    """Continue the request in a ``prefill_to_file`` file for ``max_new_tokens`` more tokens."""
+    """Continue the request in a ``prefill_to_file`` file for ``max_new_tokens`` more tokens.
+
+    The file is layout-free: ``mesh`` (any spec, or none) need not match the prefill's.
+    """
     start = time.perf_counter()
     cfg = load_model_config(model)
     state_frames, handoff = split_handoff(_read(path))
@@ -318,7 +337,8 @@ def decode_file(
     # Every byte is checked against the model here, before any weights exist.
     state = codec.decode(state_frames, cfg, max_len=max_len)
     params = init_params(jax.random.PRNGKey(seed), cfg)
-    engine = DecodeEngine(cfg, params, max_slots=1, max_len=max_len, impl=impl)
+    device_mesh = make_mesh(mesh) if mesh else None
+    engine = DecodeEngine(cfg, params, max_slots=1, max_len=max_len, impl=impl, mesh=device_mesh)
     load_s = time.perf_counter() - start
     slot = engine.insert(
         state, handoff.first_token, handoff.sampling, max_new_tokens=max_new_tokens
@@ -334,7 +354,8 @@ def decode_file(
 
 
 def inspect_file(path: str | os.PathLike[str]) -> dict:
-    """A state file's header, tensor table, payload bytes and handoff, without a model.
+    """A state file's header, tensor table (with the trailer's CRC32s), payload bytes and
+    handoff, without a model.
 
     Every frame's structure and CRC32 is checked; whether the state fits a model is not.
     """
@@ -343,6 +364,7 @@ def inspect_file(path: str | os.PathLike[str]) -> dict:
     handoff = None
     if len(frames) > 1 and bytes(frames[-1][: len(HANDOFF_MAGIC)]) == HANDOFF_MAGIC:
         frames, handoff = split_handoff(frames)
+    trailer = codec.inspect_trailer(frames)
     payload = codec.payload_nbytes(frames)
     if payload != header.payload_nbytes:
         raise codec.StateDecodeError(
@@ -350,6 +372,8 @@ def inspect_file(path: str | os.PathLike[str]) -> dict:
             f"{header.payload_nbytes}"
         )
     info = {"tokens": header.length, "payload_bytes": payload, **header.to_dict()}
+    for row, crc in zip(info["tensors"], trailer.crc32s, strict=True):
+        row["crc32"] = crc
     info["first_token"] = None if handoff is None else handoff.first_token
     info["sampling"] = None if handoff is None else dataclasses.asdict(handoff.sampling)
     return info
@@ -361,6 +385,7 @@ def format_inspection(info: dict) -> str:
         [
             ("format version", str(info["version"])),
             ("model fingerprint", info["fingerprint"]),
+            ("stream id", info["stream_id"]),
             ("tokens", str(info["tokens"])),
             ("payload bytes", f"{info['payload_bytes']:,}"),
             ("frames", str(info["num_frames"])),

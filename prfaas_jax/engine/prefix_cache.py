@@ -19,6 +19,10 @@ that exact length, capped at ``len(tokens) − 1`` so prefill always computes at
 token (whose logits give the first output token). Blocks and checkpoints share one byte budget
 with LRU eviction that only ever removes checkpoints and *leaf* blocks (no child block, no
 checkpoint): a checkpoint can therefore never outlive the KV prefix it needs.
+
+The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
+instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
+arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -114,6 +119,7 @@ class PrefixCache:
         self.checkpoint_every = checkpoint_every
         self.stats = CacheStats(capacity_bytes=capacity_bytes)
         self._clock = itertools.count(1)
+        self._lock = threading.RLock()
         self._root = _Block(depth=0, tokens=(), kv=[], parent=None, nbytes=0, last_used=0)
 
     # --- what to save -----------------------------------------------------------------------
@@ -128,6 +134,12 @@ class PrefixCache:
         length, arrays = canonical_arrays(state, self.cfg, row)
         if length != len(tokens):
             raise ValueError(f"state holds {length} tokens but {len(tokens)} were given")
+        with self._lock:
+            self._insert(tokens, length, arrays)
+
+    def _insert(
+        self, tokens: Sequence[int], length: int, arrays: list[tuple[TensorSpec, np.ndarray]]
+    ) -> None:
         growing = [a for spec, a in arrays if _is_growing(spec)]
         fixed = [a for spec, a in arrays if not _is_growing(spec)]
         bs = self.block_size
@@ -154,9 +166,27 @@ class PrefixCache:
 
     # --- lookup -----------------------------------------------------------------------------
 
-    def match(self, tokens: Sequence[int]) -> PrefixHit | None:
-        """The longest reusable prefix of ``tokens`` shorter than ``tokens``, or None."""
-        self.stats.lookups += 1
+    def match(self, tokens: Sequence[int], *, record: bool = True) -> PrefixHit | None:
+        """The longest reusable prefix of ``tokens`` shorter than ``tokens``, or None.
+
+        ``record=False`` is a read-only probe (a router asking where a prompt would hit): it
+        neither refreshes the hit's LRU position nor counts in ``stats``.
+        """
+        with self._lock:
+            best = self._find(tokens)
+            if not record:
+                return best
+            self.stats.lookups += 1
+            if best is not None:
+                now = next(self._clock)
+                for block in best.blocks:
+                    block.last_used = now
+                best.checkpoint.last_used = now
+                self.stats.hits += 1
+                self.stats.hit_tokens += best.length
+            return best
+
+    def _find(self, tokens: Sequence[int]) -> PrefixHit | None:
         limit, bs = len(tokens) - 1, self.block_size
         best: PrefixHit | None = None
         path: list[_Block] = []
@@ -176,13 +206,6 @@ class PrefixCache:
                 break
             path.append(child)
             node = child
-        if best is not None:
-            now = next(self._clock)
-            for block in best.blocks:
-                block.last_used = now
-            best.checkpoint.last_used = now
-            self.stats.hits += 1
-            self.stats.hit_tokens += best.length
         return best
 
     def build_state(self, hit: PrefixHit, capacity: int) -> ModelState:

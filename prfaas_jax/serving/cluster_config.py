@@ -5,7 +5,8 @@ starting roles). Sections and keys, all optional except `[model] preset` (docs/s
 explains each):
 
     [model]       preset, seed, impl ("chunk" | "reference"), engine ("jax" | "fake")
-    [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache
+    [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache,
+                  prefill_mesh, decode_mesh (model/sharding.py specs)
     [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s
@@ -15,6 +16,8 @@ explains each):
     [rebalancer]  enabled, period_s, drain_timeout_s and every `RebalancerConfig` field
     [profile]     prfaas_prefill_s, pd_prefill_s (polynomial coefficients of T_prefill(l), s),
                   decode_step_s: the throughput model's view of the emulated hardware
+    [prefix_cache] enabled, capacity_mib, block_size, checkpoint_every: each prefill worker's
+                  hybrid prefix cache pool (engine/prefix_cache.py)
 
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type.
 """
@@ -51,6 +54,8 @@ class EngineSection:
     max_slots: int = 8
     frame_bytes: int = 16384  # largest codec frame: the link shaper's granularity
     compile_cache: bool = True  # share compiled executables between worker processes
+    prefill_mesh: str = ""  # device mesh of prefill engines, e.g. "tensor=4" ("": one device)
+    decode_mesh: str = ""  # of decode engines; may differ: states are layout-free on the wire
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,18 @@ class ProfileSection:
 
 
 @dataclass(frozen=True)
+class PrefixCacheSection:
+    enabled: bool = False  # off by default: existing clusters route exactly as before
+    capacity_mib: float = 64.0  # host-memory budget per prefill worker, KV and states together
+    block_size: int = 16  # tokens per KV block (the match granularity of attention layers)
+    checkpoint_every: int = 4  # linear-state checkpoint every this many blocks, and at prompt end
+
+    @property
+    def capacity_bytes(self) -> int:
+        return int(self.capacity_mib * 2**20)
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     path: Path
     model: ModelSection
@@ -124,6 +141,7 @@ class ClusterConfig:
     controller: ControllerSection
     rebalancer: RebalancerSection
     profile: ProfileSection
+    prefix_cache: PrefixCacheSection = dataclasses.field(default_factory=PrefixCacheSection)
 
     def controller_config(self) -> ControllerConfig:
         from prfaas_jax.policy.threshold_controller import threshold_candidates
@@ -210,7 +228,7 @@ def _section(path: Path, doc: dict, name: str, cls: type, **extra: object) -> An
 
 def _parse(path: Path, doc: dict) -> ClusterConfig:
     sections = ("model", "engine", "fake", "instances", "link", "router")
-    sections += ("controller", "rebalancer", "profile")
+    sections += ("controller", "rebalancer", "profile", "prefix_cache")
     for key in doc:
         if key not in sections:
             raise ConfigError(
@@ -243,6 +261,9 @@ def _parse(path: Path, doc: dict) -> ClusterConfig:
             controller=ControllerSection(**controller_values, options=options),
             rebalancer=RebalancerSection(**rebalancer_values, config=RebalancerConfig(**policy)),
             profile=ProfileSection(**_section(path, doc, "profile", ProfileSection)),
+            prefix_cache=PrefixCacheSection(
+                **_section(path, doc, "prefix_cache", PrefixCacheSection)
+            ),
         )
     except ValueError as err:
         raise ConfigError(f"{path}: {err}") from None
@@ -295,6 +316,10 @@ def _validate(config: ClusterConfig) -> None:
     for key in ("prfaas_prefill_s", "pd_prefill_s"):
         check(bool(getattr(profile, key)), f"profile.{key}", "needs at least one coefficient")
     check(profile.decode_step_s > 0, "profile.decode_step_s", "must be positive")
+    cache = config.prefix_cache
+    check(cache.capacity_mib >= 0, "prefix_cache.capacity_mib", "must be ≥ 0")
+    check(cache.block_size >= 1, "prefix_cache.block_size", "must be ≥ 1")
+    check(cache.checkpoint_every >= 1, "prefix_cache.checkpoint_every", "must be ≥ 1")
 
 
 def resolve_cluster_path(name_or_path: str | Path) -> Path:

@@ -1,11 +1,12 @@
 """The `DecodeWorker` service: receive states, batch their requests, stream their tokens.
 
 A request meets the decode worker twice, in either order: the prefill worker's `PushState`
-(the codec frames and the handoff frame) and the router's `Generate` (request id, prompt length,
-token budget). `PushState` validates everything before a request can use it — the handoff
-(`split_handoff`) and every frame (`codec.decode`: magic, version, model fingerprint, checksums,
-shapes, completeness) — and refuses a state longer than the node can decode, or one whose
-length differs from the prompt length the router announced. Malformed input is
+(the codec frames — header, data frames as prefill makes them, trailer — and the handoff frame)
+and the router's `Generate` (request id, prompt length, token budget). `PushState` collects the
+stream and validates everything before a request can use it — the handoff (`split_handoff`) and
+every frame (`codec.decode`: magic, version, model fingerprint, stream id, checksums, shapes,
+completeness, the trailer's CRCs) — and refuses a state longer than the node can decode, or one
+whose length differs from the prompt length the router announced. Malformed input is
 INVALID_ARGUMENT, a second state or stream for one request ALREADY_EXISTS.
 
 One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into

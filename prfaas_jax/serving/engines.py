@@ -88,6 +88,7 @@ class EngineFactory:
                 self.cfg, seconds_per_token=self.config.fake.prefill_s_per_token
             )
         from prfaas_jax.engine.prefill import PrefillEngine
+        from prfaas_jax.model.sharding import make_mesh
 
         engine = PrefillEngine(
             self.cfg,
@@ -95,6 +96,7 @@ class EngineFactory:
             impl=self.config.model.impl,
             buckets=engine_cfg.buckets,
             chunk_len=engine_cfg.chunk_len,
+            mesh=make_mesh(engine_cfg.prefill_mesh) if engine_cfg.prefill_mesh else None,
         )
         from prfaas_jax.engine import codec
 
@@ -126,6 +128,7 @@ class EngineFactory:
 
         from prfaas_jax.engine.decode import DecodeEngine
         from prfaas_jax.model import init_state
+        from prfaas_jax.model.sharding import make_mesh
 
         engine = DecodeEngine(
             self.cfg,
@@ -133,6 +136,7 @@ class EngineFactory:
             max_slots=engine_cfg.max_slots,
             max_len=engine_cfg.max_len,
             impl=self.config.model.impl,
+            mesh=make_mesh(engine_cfg.decode_mesh) if engine_cfg.decode_mesh else None,
         )
         # A one-token state of capacity max_len compiles the insert and the step (built on the
         # host: jnp.zeros would compile a fill per shape).

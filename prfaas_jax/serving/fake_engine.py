@@ -9,7 +9,9 @@ carries it. For a prompt of L tokens with sum S, over a vocabulary of V:
 
 Prefill writes the prompt into the state (token p at position p of the first growing cache,
 every other value zero); decode reads S and L back *from the state it received*, so a state
-that arrives damaged or belongs to another prompt shows up as wrong tokens. Optional sleeps
+that arrives damaged or belongs to another prompt shows up as wrong tokens. Prefill after a
+`prefix` state (a cached prefix) reads the prefix's tokens back from that state the same way,
+so a prefix cache that serves the wrong state shows up as wrong tokens too. Optional sleeps
 (`seconds_per_token` of prefill, `step_s` per decode step) emulate compute time.
 """
 
@@ -43,11 +45,19 @@ def _prompt_tensor(cfg: ModelConfig, length: int) -> int:
     raise EngineError(f"the fake engines need a growing KV cache; {cfg.name!r} has none")
 
 
+def _prompt_of(cfg: ModelConfig, state: ModelState) -> list[int]:
+    """The token ids a fake state holds (row 0)."""
+    length, arrays = canonical_arrays(state, cfg, 0)
+    holder = arrays[_prompt_tensor(cfg, length)][1]
+    return [int(x) for x in np.asarray(holder).reshape(length, -1)[:, 0]]
+
+
 @dataclasses.dataclass(frozen=True)
 class FakePrefillResult:
     state: ModelState
     first_token: int
-    num_tokens: int
+    num_tokens: int  # tokens computed (after the prefix)
+    prefix_len: int = 0
 
 
 class FakePrefillEngine:
@@ -65,19 +75,23 @@ class FakePrefillEngine:
         self,
         tokens: Sequence[int],
         *,
+        prefix: ModelState | None = None,
+        on_chunk: Callable[[ModelState, int], None] | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
     ) -> FakePrefillResult:
-        ids = [int(t) for t in tokens]
-        if not ids:
+        new = [int(t) for t in tokens]
+        if not new:
             raise EngineError("the prompt is empty")
-        if any(not 0 <= t < self.cfg.vocab_size for t in ids):
+        if any(not 0 <= t < self.cfg.vocab_size for t in new):
             raise EngineError(f"token id outside the vocabulary [0, {self.cfg.vocab_size})")
+        head = [] if prefix is None else _prompt_of(self.cfg, prefix)
+        ids = head + new
         capacity = max_len or len(ids)
         if len(ids) > capacity:
             raise EngineError(f"prompt ({len(ids)}) exceeds max_len {capacity}")
         if self.seconds_per_token:
-            self._sleep(self.seconds_per_token * len(ids))
+            self._sleep(self.seconds_per_token * len(new))  # only the uncached part costs
         specs = canonical_tensors(self.cfg, len(ids))
         arrays = [np.zeros(spec.shape, spec.dtype) for spec in specs]
         holder = arrays[_prompt_tensor(self.cfg, len(ids))]
@@ -85,8 +99,10 @@ class FakePrefillEngine:
         state = state_from_arrays(
             self.cfg, len(ids), list(zip(specs, arrays, strict=True)), capacity
         )
+        if on_chunk is not None:
+            on_chunk(state, len(ids))  # one chunk: the whole prompt
         first = fake_tokens(ids, 1, self.cfg.vocab_size)[0]
-        return FakePrefillResult(state, first, len(ids))
+        return FakePrefillResult(state, first, len(new), len(head))
 
 
 @dataclasses.dataclass
@@ -131,11 +147,10 @@ class FakeDecodeEngine:
         max_new_tokens: int,
         eos_id: int | None = None,
     ) -> int:
-        length, arrays = canonical_arrays(state, self.cfg, 0)
+        prompt = _prompt_of(self.cfg, state)
+        length = len(prompt)
         if length + max_new_tokens > self.max_len:
             raise EngineError(f"state ({length}) + {max_new_tokens} exceed max_len {self.max_len}")
-        holder = arrays[_prompt_tensor(self.cfg, length)][1]
-        prompt = [int(x) for x in np.asarray(holder).reshape(length, -1)[:, 0]]
         if not self.free_slots:
             raise EngineError(f"all {self.max_slots} slots are busy")
         slot = self.free_slots[0]

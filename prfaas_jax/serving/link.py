@@ -15,7 +15,9 @@ debt is repaid, so over any interval T at most burst + ∫ rate dt bytes leave. 
 made under a lock in call order, so concurrent transfers share the link first come, first
 served. A frame *arrives* `latency_s` after it departs: `send` reserves every frame of a
 transfer up front and yields each at its arrival time, so latency delays a transfer once
-instead of once per frame. The clock and sleep are injected (tests use a fake clock).
+instead of once per frame; a sender whose frames appear over time `admit`s each as it is made
+and `deliver`s it at its arrival time. The clock and sleep are injected (tests use a fake
+clock).
 """
 
 from __future__ import annotations
@@ -134,17 +136,29 @@ class LinkShaper:
             self._tokens -= nbytes
             return now if self._tokens >= 0 else self._repaid_at(now, -self._tokens)
 
+    def admit(self, nbytes: int) -> float:
+        """Queue a frame of `nbytes` on the link now; returns its arrival time (`deliver` it then).
+
+        For frames produced over time (a state streamed while it is prefilled): each takes its
+        place on the link when it exists, and latency still delays the stream only once.
+        """
+        return self.reserve(nbytes) + self._latency
+
+    def deliver(self, frame: bytes, arrival: float) -> bytes:
+        """`frame` once its `arrival` time has come (sleeps until then), counted as sent."""
+        wait = arrival - self._clock()
+        if wait > 0:
+            self._sleep(wait)
+        with self._lock:
+            self._sent_bytes += len(frame)
+            self._sent_frames += 1
+        return frame
+
     def send(self, frames: Sequence[bytes]) -> Iterator[bytes]:
-        """Yield `frames`, each at its arrival time through the link."""
-        arrivals = [self.reserve(len(frame)) + self._latency for frame in frames]
+        """Yield `frames`, each at its arrival time through the link (all admitted up front)."""
+        arrivals = [self.admit(len(frame)) for frame in frames]
         for frame, arrival in zip(frames, arrivals, strict=True):
-            wait = arrival - self._clock()
-            if wait > 0:
-                self._sleep(wait)
-            with self._lock:
-                self._sent_bytes += len(frame)
-                self._sent_frames += 1
-            yield frame
+            yield self.deliver(frame, arrival)
 
     @property
     def sent_bytes(self) -> int:

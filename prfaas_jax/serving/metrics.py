@@ -16,6 +16,19 @@
     prfaas_instances{role}                       gauge
     prfaas_role_changes_total                    counter
     prfaas_ttft_seconds                          histogram
+    prfaas_prompt_tokens_total                   counter  prompt tokens of finished requests
+    prfaas_cached_tokens_total                   counter  of those, reused from a cached prefix
+    prfaas_prefix_moves_total                    counter  prefixes fetched from another instance
+    prfaas_prefix_cache_bytes{instance}          gauge    bytes held (KV blocks + checkpoints)
+    prfaas_prefix_cache_capacity_bytes{instance} gauge
+    prfaas_prefix_cache_lookups_total{instance}  counter  prefills that consulted the cache
+    prfaas_prefix_cache_hits_total{instance}     counter  of those, with a reusable prefix
+    prfaas_prefix_cache_evictions_total{instance} counter
+    prfaas_prefill_tokens_total{instance, kind}  counter  "reused" or "computed" prompt tokens
+    prfaas_prefix_transfer_bytes_total{instance, direction}  counter  "export" | "import" state
+
+Token hit rate = cached / prompt tokens; the per-instance series come from each worker's
+`GetStats` (`PrefixCacheStats`), as polled by the router's control loop.
 """
 
 from __future__ import annotations
@@ -58,6 +71,11 @@ class RouterSnapshot:
     instances: dict[str, int]  # role → count
     role_changes: int
     ttft: Histogram
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    prefix_moves: int = 0
+    # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
+    prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def _number(value: float) -> str:
@@ -139,6 +157,7 @@ def render_metrics(s: RouterSnapshot) -> str:
         [(_labels(role=r), n) for r, n in sorted(s.instances.items())],
     )
     metric("prfaas_role_changes_total", "counter", "PD role switches.", [("", s.role_changes)])
+    _prefix_metrics(s, metric)
     lines.append("# HELP prfaas_ttft_seconds Time to first token at the router.")
     lines.append("# TYPE prfaas_ttft_seconds histogram")
     for bound, count in zip(s.ttft.buckets, s.ttft.counts, strict=True):
@@ -147,6 +166,71 @@ def render_metrics(s: RouterSnapshot) -> str:
     lines.append(f"prfaas_ttft_seconds_sum {_number(s.ttft.total)}")
     lines.append(f"prfaas_ttft_seconds_count {s.ttft.count}")
     return "\n".join(lines) + "\n"
+
+
+def _prefix_metrics(s: RouterSnapshot, metric: Callable[..., None]) -> None:
+    metric(
+        "prfaas_prompt_tokens_total",
+        "counter",
+        "Prompt tokens of finished requests.",
+        [("", s.prompt_tokens)],
+    )
+    metric(
+        "prfaas_cached_tokens_total",
+        "counter",
+        "Prompt tokens reused from a cached prefix instead of prefilled.",
+        [("", s.cached_tokens)],
+    )
+    metric(
+        "prfaas_prefix_moves_total",
+        "counter",
+        "Requests whose reused prefix was fetched from another instance.",
+        [("", s.prefix_moves)],
+    )
+    caches = sorted(s.prefix_cache.items())
+
+    def per_instance(name: str, kind: str, help_text: str, field: str) -> None:
+        metric(name, kind, help_text, [(_labels(instance=i), c[field]) for i, c in caches])
+
+    per_instance("prfaas_prefix_cache_bytes", "gauge", "Prefix cache bytes held.", "used_bytes")
+    per_instance(
+        "prfaas_prefix_cache_capacity_bytes", "gauge", "Prefix cache budget.", "capacity_bytes"
+    )
+    per_instance(
+        "prfaas_prefix_cache_lookups_total",
+        "counter",
+        "Prefills that consulted the cache.",
+        "lookups",
+    )
+    per_instance(
+        "prfaas_prefix_cache_hits_total", "counter", "Prefills that reused a prefix.", "hits"
+    )
+    per_instance(
+        "prfaas_prefix_cache_evictions_total",
+        "counter",
+        "Blocks and checkpoints evicted.",
+        "evictions",
+    )
+    metric(
+        "prfaas_prefill_tokens_total",
+        "counter",
+        "Prompt tokens per prefill instance, reused or computed.",
+        [
+            (_labels(instance=i, kind=kind), c[f"{kind}_tokens"])
+            for i, c in caches
+            for kind in ("reused", "computed")
+        ],
+    )
+    metric(
+        "prfaas_prefix_transfer_bytes_total",
+        "counter",
+        "Prefix state bytes sent to or fetched from other instances.",
+        [
+            (_labels(instance=i, direction=d), c[f"{d}_bytes"])
+            for i, c in caches
+            for d in ("export", "import")
+        ],
+    )
 
 
 class MetricsServer:

@@ -1,23 +1,32 @@
-"""The `PrefillWorker` service: prefill a prompt, push its state to the chosen decode worker.
+"""The `PrefillWorker` service: prefill a prompt, stream its state to the chosen decode worker.
 
 `PrefillService.Prefill` checks the request, waits for the engine (one prefill at a time: a
-prefill instance is compute-bound), prefills with the node's `PrefillEngine`, encodes the state
-with the codec (frames of at most `frame_bytes`) followed by the handoff frame (first token and
-sampling, engine/decode.py), and streams them to the decode worker's `PushState`. A PrfaaS
-worker sends through its `LinkShaper` (the inter-cluster link); a PD worker sends unshaped. The
-engine is released before the transfer starts, so the next prompt prefills while this state is
-on the wire.
+prefill instance is compute-bound), then streams the state to the decode worker's `PushState`
+*while* the node's `PrefillEngine` computes it (codec v2, engine/codec.py; frames of at most
+`frame_bytes`): the header goes out as prefill starts, each chunk's `on_chunk` hands the MLA /
+GQA cache rows it made final to the stream (`StreamEncoder.ready_frames`), and after the last
+chunk come the rest of the state (recurrent states, conv tails, SWA windows, the last cache
+rows), the trailer and the handoff frame (first token and sampling, engine/decode.py).
 
-Chunk-level overlap: the codec's v1 data frames carry a stream tag derived from the final header
-(which holds whole-tensor CRCs), so no frame can be built before the last chunk is done; the
-transfer therefore starts right after prefill, and overlaps the *next* request's prefill.
+Two threads share the work through an `_Outbox`: the engine thread (this RPC's) makes frames,
+gRPC's request-stream thread sends them, so copying rows to the host is all a chunk waits for.
+A PrfaaS worker sends through its `LinkShaper` (the inter-cluster link; each frame takes its
+place on the link when it is made); a PD worker sends unshaped. The engine is released after
+the last chunk, so the next prompt prefills while this state's tail is on the wire. The push's
+deadline (`push_timeout_s`) therefore covers prefill and transfer.
+
+Every prefill goes through the node's prefix cache (`prefixes`, serving/prefix_service.py): only
+the part of the prompt no cached prefix covers is computed, checkpoints are saved from the same
+`on_chunk` calls, and a prefix the router says sits on another instance (`prefix_source`) is
+fetched before the engine is awaited. The reply's `cached_len` is what was reused.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import grpc
@@ -26,9 +35,11 @@ from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.decode import Handoff, pack_handoff
 from prfaas_jax.errors import UserError
+from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS, abort_for
 from prfaas_jax.serving.link import LinkShaper
 from prfaas_jax.serving.messages import check_prompt, sampling_from_proto
+from prfaas_jax.serving.prefix_service import PrefixService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -59,12 +70,14 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         shaper: LinkShaper | None,
         admit: Callable[[grpc.ServicerContext], None],
         push_timeout_s: float = 120.0,
+        prefixes: PrefixService | None = None,
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
-        the node currently has a prefill role."""
+        the node currently has a prefill role; `prefixes` is the node's prefix cache, which
+        every prefill goes through (none: every prompt is computed in full)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
-        self.push_timeout_s = push_timeout_s
+        self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
         self._channels = DecodeChannels()
         self._engine_lock = threading.Lock()
         self._count_lock = threading.Lock()
@@ -97,53 +110,131 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         except UserError as err:
             abort_for(context, err)
         arrived = time.perf_counter()
+        prefix = None
+        if request.prefix_source and self.prefixes is not None:
+            # Fetched before waiting for the engine, so the transfer overlaps the queue.
+            prefix = self.prefixes.fetch(
+                request.prefix_source, tokens, cross_cluster=request.prefix_cross_cluster
+            )
+        outbox = _Outbox(self.shaper, context)
+        push: grpc.Future | None = None
         self._count("queued", 1)
         try:
             with self._engine_lock:
                 started = time.perf_counter()
-                result = self._engine().prefill(tokens, sampling=sampling, max_len=self.max_len)
-                frames = list(
-                    codec.encode(result.state, self.cfg, max_frame_bytes=self.frame_bytes)
+                encoder = codec.StreamEncoder(
+                    self.cfg, len(tokens), max_frame_bytes=self.frame_bytes
                 )
+                push = self._start_push(request, outbox)
+                outbox.put(encoder.header())
+                result = self._prefill(
+                    tokens,
+                    prefix,
+                    sampling=sampling,
+                    max_len=self.max_len,
+                    on_chunk=lambda state, done: outbox.put_all(encoder.ready_frames(state, done)),
+                )
+                tail = encoder.finish(result.state)  # reads the state; frames built as sent
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang
+            outbox.cancel(push)
             abort_for(context, err)
         finally:
             self._count("queued", -1)
         prefilled = time.perf_counter()
-        frames.append(pack_handoff(Handoff(result.first_token, sampling), frames[0]))
-        state_bytes = codec.inspect(frames).payload_nbytes
-        self._count("transferring", 1)
+        outbox.put_all(tail)
+        outbox.put(pack_handoff(Handoff(result.first_token, sampling), encoder.header()))
+        outbox.close()
         try:
-            self._push(request, frames, context)
-        finally:
-            self._count("transferring", -1)
-        self._count("completed", 1)
-        return pb.PrefillReply(
-            first_token=result.first_token,
-            state_bytes=state_bytes,
-            wire_bytes=sum(len(f) for f in frames),
-            frames=len(frames),
-            queue_s=started - arrived,
-            prefill_s=prefilled - started,
-            transfer_s=time.perf_counter() - prefilled,
-            shaped=self.shaper is not None,
-        )
-
-    def _push(
-        self, request: pb.PrefillRequest, frames: list[bytes], context: grpc.ServicerContext
-    ) -> None:
-        def chunks() -> Iterator[pb.StateChunk]:
-            yield pb.StateChunk(request_id=request.request_id)
-            sent = self.shaper.send(frames) if self.shaper is not None else frames
-            for frame in sent:
-                if not context.is_active():
-                    return  # the router gave up on this request: stop using the link
-                yield pb.StateChunk(frame=frame)
-
-        stub = self._channels.stub(request.decode_address)
-        try:
-            stub.PushState(chunks(), timeout=self.push_timeout_s)
+            push.result()
         except grpc.RpcError as err:
             context.abort(
                 err.code(), f"pushing the state to {request.decode_address}: {err.details()}"
             )
+        self._count("completed", 1)
+        return pb.PrefillReply(
+            first_token=result.first_token,
+            state_bytes=encoder.state_header.payload_nbytes,
+            wire_bytes=outbox.wire_bytes,
+            frames=outbox.frames,
+            queue_s=started - arrived,
+            prefill_s=prefilled - started,
+            transfer_s=time.perf_counter() - prefilled,  # the part of the transfer after prefill
+            shaped=self.shaper is not None,
+            cached_len=result.prefix_len,
+            prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
+        )
+
+    def _prefill(self, tokens: list[int], prefix: ModelState | None, **options: Any) -> Any:
+        """Prefill through the node's prefix cache (engine/cached_prefill.py): only the part no
+        cached (or fetched) prefix covers is computed; `on_chunk` still sees every chunk."""
+        engine = self._engine()
+        if self.prefixes is None:
+            return engine.prefill(tokens, **options)
+        return self.prefixes.reuse.prefill(engine, tokens, prefix=prefix, **options)
+
+    def _start_push(self, request: pb.PrefillRequest, outbox: _Outbox) -> grpc.Future:
+        """Open the decode worker's `PushState`; it sends what `outbox` is given, as it comes."""
+
+        def chunks() -> Iterator[pb.StateChunk]:
+            yield pb.StateChunk(request_id=request.request_id)
+            for frame in outbox.frames_to_send():
+                yield pb.StateChunk(frame=frame)
+
+        stub = self._channels.stub(request.decode_address)
+        self._count("transferring", 1)
+        push = stub.PushState.future(chunks(), timeout=self.push_timeout_s)
+
+        def done(_: grpc.Future) -> None:
+            outbox.stop()  # a failed push takes no more frames (nor link capacity)
+            self._count("transferring", -1)
+
+        push.add_done_callback(done)
+        return push
+
+
+_CLOSED = None
+
+
+class _Outbox:
+    """Frames between the engine thread (`put`) and gRPC's request-stream thread
+    (`frames_to_send`), shaped by the link when there is one."""
+
+    def __init__(self, shaper: LinkShaper | None, context: grpc.ServicerContext) -> None:
+        self._shaper, self._context = shaper, context
+        self._queue: queue.Queue[tuple[bytes, float] | None] = queue.Queue()
+        self._stopped = threading.Event()  # the sender gave up: drop what is still made
+        self.frames = self.wire_bytes = 0
+
+    def put(self, frame: bytes) -> None:
+        if self._stopped.is_set():
+            return
+        # The frame joins the link's queue when it is made, not when the sender gets to it.
+        arrival = self._shaper.admit(len(frame)) if self._shaper is not None else 0.0
+        self.frames += 1
+        self.wire_bytes += len(frame)
+        self._queue.put((frame, arrival))
+
+    def put_all(self, frames: Iterable[bytes]) -> None:
+        for frame in frames:
+            self.put(frame)
+
+    def close(self) -> None:
+        self._queue.put(_CLOSED)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def cancel(self, push: grpc.Future | None) -> None:
+        """Abandon the transfer: the decode worker sees a cancelled stream, not a short one."""
+        self.stop()
+        if push is not None:
+            push.cancel()
+        self.close()  # wakes the sending thread if it waits for a frame
+
+    def frames_to_send(self) -> Iterator[bytes]:
+        while (item := self._queue.get()) is not _CLOSED:
+            if self._stopped.is_set() or not self._context.is_active():
+                self.stop()  # the router gave up on this request: stop using the link
+                return
+            frame, arrival = item
+            yield self._shaper.deliver(frame, arrival) if self._shaper is not None else frame

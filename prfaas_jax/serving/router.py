@@ -3,10 +3,14 @@
 Also exposes `WorkerHandle` (the router's record of one instance) and `kv_size_profile`.
 
 `Generate` checks the request (INVALID_ARGUMENT on a bad one, ALREADY_EXISTS on a request id
-already in flight), asks the policy where to prefill (`policy.routing.route` on the uncached
-length, with the PrfaaS queue guard) and where to decode (`pick_decode`), then opens the decode
-worker's token stream and calls the prefill worker, which pushes the state to that decode
-worker. Tokens are forwarded as they come; the final message carries the `RequestReport`. If
+already in flight), asks every prefill instance how much of the prompt its prefix cache holds
+(`lookup_prefixes`, serving/prefix_service.py; skipped when `[prefix_cache]` is off), asks the
+policy where to prefill (`policy.routing.route` on the uncached length — both bandwidth cases,
+cache affinity against load, the PrfaaS queue guard) and where to decode (`pick_decode`), then
+opens the decode worker's token stream and calls the prefill worker, which pushes the state to
+that decode worker; when the reused prefix sits on another instance, the call names it and the
+prefill worker fetches it first. The report's `cached_len` is what the prefill worker actually
+reused. Tokens are forwarded as they come; the final message carries the `RequestReport`. If
 the prefill fails, its status is the request's status; if the client goes away, both calls are
 cancelled. The router's own counts of outstanding prefills (and their tokens) per instance are
 the queue depths the routing rule and the controllers see — exact at decision time, unlike
@@ -43,6 +47,7 @@ from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS
 from prfaas_jax.serving.messages import check_prompt, sampling_from_proto, sampling_to_proto
 from prfaas_jax.serving.metrics import Histogram
+from prfaas_jax.serving.prefix_service import lookup_prefixes
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -75,6 +80,7 @@ class WorkerHandle:
     control: pb_grpc.WorkerControlStub
     prefill: pb_grpc.PrefillWorkerStub
     decode: pb_grpc.DecodeWorkerStub
+    prefix: pb_grpc.PrefixCacheStub
     outstanding_prefills: int = 0
     outstanding_tokens: int = 0
     assigned_decodes: int = 0
@@ -91,6 +97,7 @@ class WorkerHandle:
             pb_grpc.WorkerControlStub(channel),
             pb_grpc.PrefillWorkerStub(channel),
             pb_grpc.DecodeWorkerStub(channel),
+            pb_grpc.PrefixCacheStub(channel),
         )
 
     @property
@@ -112,6 +119,7 @@ class RouterCore:
         self.in_flight: set[str] = set()
         self.finished: dict[tuple[str, str], int] = {}
         self.ttft = Histogram()
+        self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -123,8 +131,17 @@ class RouterCore:
         key = (route_name, outcome)
         self.finished[key] = self.finished.get(key, 0) + 1
 
+    def _lookup(self, prompt: list[int]) -> dict[str, int]:
+        """Each prefill instance's cached prefix of `prompt` (none without a cache); `_decide`
+        reads only the instances that take requests."""
+        if not self.config.prefix_cache.enabled:
+            return {}
+        with self.lock:
+            stubs = {w.name: w.prefix for w in self.workers.values() if w.role.is_prefill}
+        return lookup_prefixes(stubs, prompt)
+
     def _decide(
-        self, request_id: str, prompt_len: int, max_new_tokens: int
+        self, request_id: str, prompt_len: int, max_new_tokens: int, cached: dict[str, int]
     ) -> tuple[Decision, WorkerHandle, WorkerHandle, float]:
         now = time.monotonic()
         with self.lock:
@@ -133,7 +150,9 @@ class RouterCore:
 
             def loads(role: Role) -> tuple[InstanceLoad, ...]:
                 return tuple(
-                    InstanceLoad(w.name, w.outstanding_prefills, w.outstanding_tokens)
+                    InstanceLoad(
+                        w.name, w.outstanding_prefills, w.outstanding_tokens, cached.get(w.name, 0)
+                    )
                     for w in self.serving(role)
                 )
 
@@ -158,6 +177,7 @@ class RouterCore:
             prefill.outstanding_prefills += 1
             prefill.outstanding_tokens += decision.uncached_len
             decode.assigned_decodes += 1
+            self.prefix_moves += decision.moves_prefix
             self.in_flight.add(request_id)
             self.traffic.record(now, decision.uncached_len, max_new_tokens)
         return decision, prefill, decode, threshold
@@ -191,7 +211,7 @@ class RouterCore:
         request_id = request.request_id or uuid.uuid4().hex
         try:
             decision, prefill, decode, threshold = self._decide(
-                request_id, len(prompt), request.max_new_tokens
+                request_id, len(prompt), request.max_new_tokens, self._lookup(prompt)
             )
         except _InFlightError:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is in flight")
@@ -210,12 +230,15 @@ class RouterCore:
             ),
             timeout=timeout,
         )
+        source = self.workers[decision.prefix_source] if decision.moves_prefix else None
         prefill_call = prefill.prefill.Prefill.future(
             pb.PrefillRequest(
                 request_id=wire_id,
                 prompt_token_ids=prompt,
                 sampling=sampling_to_proto(sampling),
                 decode_address=decode.address,
+                prefix_source=source.address if source else "",
+                prefix_cross_cluster=bool(source and source.role.cluster != prefill.role.cluster),
             ),
             timeout=timeout,
         )
@@ -235,11 +258,12 @@ class RouterCore:
                     with self.lock:
                         self.ttft.observe(ttft)
                 if message.finished:
+                    cached = self._reused(prefill_call, decision, timeout)
                     report = pb.RequestReport(
                         route=route_name,
                         prompt_len=len(prompt),
-                        cached_len=decision.cached_len,
-                        uncached_len=decision.uncached_len,
+                        cached_len=cached,
+                        uncached_len=len(prompt) - cached,
                         threshold=threshold,
                         ttft_s=ttft,
                         state_bytes=state_bytes,
@@ -266,6 +290,18 @@ class RouterCore:
                 decode.assigned_decodes -= 1
                 self.in_flight.discard(request_id)
                 self._count(route_name, outcome)
+
+    def _reused(self, prefill_call: grpc.Future, decision: Decision, timeout: float) -> int:
+        """Prompt tokens the prefill worker actually reused (the decision's estimate if its
+        reply is lost), counted for the hit-rate metrics."""
+        try:
+            cached = prefill_call.result(timeout=timeout).cached_len
+        except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+            cached = decision.cached_len
+        with self.lock:
+            self.prompt_tokens += decision.cached_len + decision.uncached_len
+            self.cached_tokens += cached
+        return cached
 
 
 class RouterService(pb_grpc.RouterServicer):

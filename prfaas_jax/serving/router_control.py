@@ -10,7 +10,8 @@ the thread waits until the router has no request on it (up to `drain_timeout_s`,
 change is abandoned and the node resumes its old role), sends `SetRole` (retried while the
 worker still finishes its last stream), then routes to the node in its new role, tells the
 rebalancer, and has the controller re-solve t for the new shape. `router_stats` and `snapshot`
-render the same counters for `GetStats` and the Prometheus endpoint.
+render the same counters for `GetStats` and the Prometheus endpoint, the workers' polled prefix
+cache counters included.
 """
 
 from __future__ import annotations
@@ -252,10 +253,14 @@ class RouterControl:
                 model=core.config.model.preset,
                 vocab_size=core.cfg.vocab_size,
                 max_len=core.config.engine.max_len,
+                prefix_moves=core.prefix_moves,
+                prompt_tokens=core.prompt_tokens,
+                cached_tokens=core.cached_tokens,
             )
 
     def snapshot(self) -> RouterSnapshot:
         core = self.core
+        cache_fields = pb.PrefixCacheStats.DESCRIPTOR.fields
         with core.lock:
             workers = list(core.workers.values())
             instances: dict[str, int] = {}
@@ -280,6 +285,14 @@ class RouterControl:
                 instances=instances,
                 role_changes=self.role_changes,
                 ttft=core.ttft,
+                prompt_tokens=core.prompt_tokens,
+                cached_tokens=core.cached_tokens,
+                prefix_moves=core.prefix_moves,
+                prefix_cache={
+                    w.name: {f.name: getattr(w.stats.prefix_cache, f.name) for f in cache_fields}
+                    for w in workers
+                    if w.stats is not None and w.stats.HasField("prefix_cache")
+                },
             )
 
 

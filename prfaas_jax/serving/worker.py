@@ -2,8 +2,9 @@
 
 Exposes `WorkerNode` (the role, the engines and the `WorkerControl` service) and `main`.
 
-A node serves `WorkerControl` always, and `PrefillWorker` or `DecodeWorker` according to its
-current role; a call for the other role is FAILED_PRECONDITION. PrfaaS nodes are prefill-only
+A node serves `WorkerControl` and `PrefixCache` (serving/prefix_service.py: its hybrid prefix
+cache, which prefill goes through) always, and `PrefillWorker` or `DecodeWorker` according to
+its current role; a call for the other role is FAILED_PRECONDITION. PrfaaS nodes are prefill-only
 and own the inter-cluster `LinkShaper` (`SetLink` changes its bandwidth at run time). PD nodes
 may be switched between pd_prefill and pd_decode by `SetRole`, which the router sends only
 after draining the node: the call is refused while the node still has work, builds and warms
@@ -35,6 +36,7 @@ from prfaas_jax.serving.launcher import die_with_parent, install_stop_handlers, 
 from prfaas_jax.serving.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.messages import role_from_proto, role_to_proto
 from prfaas_jax.serving.prefill_worker import PrefillService
+from prfaas_jax.serving.prefix_service import PrefixService, build_prefix_cache
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -60,6 +62,15 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         self.factory = EngineFactory(config)
         cfg, engine = self.factory.cfg, config.engine
         self.shaper = LinkShaper(link_profile(config)) if role is Role.PRFAAS_PREFILL else None
+        # The cache lives as long as the process: a PD node switched to decode and back keeps it.
+        self.prefixes = PrefixService(
+            cfg=cfg,
+            cache=build_prefix_cache(cfg, config),
+            max_len=engine.max_len,
+            frame_bytes=engine.frame_bytes,
+            shaper=self.shaper,
+            fetch_timeout_s=config.router.request_timeout_s,
+        )
         self.prefill = PrefillService(
             engine=self.factory.prefill_engine,
             cfg=cfg,
@@ -68,6 +79,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             shaper=self.shaper,
             admit=self._admit_prefill,
             push_timeout_s=config.router.request_timeout_s,
+            prefixes=self.prefixes,
         )
         self.decode = DecodeService(
             engine=self.factory.decode_engine,
@@ -85,7 +97,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
     def warm(self) -> None:
         """Build the engine of the current role (compiles happen here, before SERVING)."""
         if self.role.is_prefill:
-            self.factory.prefill_engine()
+            self.prefixes.warm(self.factory.prefill_engine())
         else:
             self.factory.decode_engine()
 
@@ -115,6 +127,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             tokens_generated=decode["tokens_generated"],
             state_bytes_received=decode["state_bytes_received"],
         )
+        stats.prefix_cache.CopyFrom(self.prefixes.stats())
         if self.shaper is not None:
             stats.egress_bytes = self.shaper.sent_bytes
             stats.link.CopyFrom(self._link_state())
@@ -145,7 +158,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             )
         start = time.perf_counter()
         if target.is_prefill:
-            self.factory.prefill_engine()
+            self.prefixes.warm(self.factory.prefill_engine())
         else:
             self.factory.decode_engine()
         with self._role_lock:
@@ -196,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
                 pb_grpc.add_DecodeWorkerServicer_to_server,
                 node.decode,
                 full_service_name("DecodeWorker"),
+            ),
+            (
+                pb_grpc.add_PrefixCacheServicer_to_server,
+                node.prefixes,
+                full_service_name("PrefixCache"),
             ),
         ]
     )

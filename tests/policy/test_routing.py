@@ -115,3 +115,83 @@ def test_roles():
     assert Role.PRFAAS_PREFILL.cluster is ClusterKind.PRFAAS
     assert Role.PD_DECODE.cluster is ClusterKind.PD and not Role.PD_DECODE.is_prefill
     assert Role("pd_prefill").is_prefill
+
+
+# Both bandwidth cases on one table: t = 200, a 1000-token prompt, PrfaaS instance r0 and PD
+# prefill instance p0 holding the given cached prefixes.
+# (l_prfaas, l_pd, abundant) → (cluster, instance computing, prefix source, cached, uncached)
+CASES = [
+    # scarce: only PD's own cache counts for PD; 1000 − 850 = 150 ≤ 200 → PD reuses 850.
+    ((900, 850, False), (ClusterKind.PD, "p0", "p0", 850, 150)),
+    # scarce: 1000 − 700 = 300 > 200 → PrfaaS, which reuses its own 900.
+    ((900, 700, False), (ClusterKind.PRFAAS, "r0", "r0", 900, 100)),
+    # scarce: PrfaaS's 600 is shorter than PD's 750, but PD cannot take it: 250 > 200.
+    ((600, 750, False), (ClusterKind.PRFAAS, "r0", "r0", 600, 400)),
+    # abundant: the best prefix anywhere (750 on PD) → 250 > 200 → PrfaaS, prefix moves PD → PrfaaS.
+    ((600, 750, True), (ClusterKind.PRFAAS, "r0", "p0", 750, 250)),
+    # abundant: 900 on PrfaaS → 100 ≤ 200 → PD computes 100, prefix moves PrfaaS → PD.
+    ((900, 0, True), (ClusterKind.PD, "p0", "r0", 900, 100)),
+    # abundant: 1000 − 850 = 150 ≤ 200 with the prefix already on PD: nothing moves.
+    ((700, 850, True), (ClusterKind.PD, "p0", "p0", 850, 150)),
+    # abundant, no cache anywhere: the plain threshold rule.
+    ((0, 0, True), (ClusterKind.PRFAAS, "r0", None, 0, 1000)),
+]
+
+
+@pytest.mark.parametrize(("cached", "expected"), CASES)
+def test_both_bandwidth_cases_with_literal_numbers(cached, expected):
+    l_prfaas, l_pd, abundant = cached
+    view = ClusterView(
+        200,
+        (InstanceLoad("r0", cached_len=l_prfaas),),
+        (InstanceLoad("p0", cached_len=l_pd),),
+        bandwidth_abundant=abundant,
+    )
+    d = route(1000, view, 0.0)
+    assert (d.cluster, d.instance, d.prefix_source, d.cached_len, d.uncached_len) == expected
+    assert d.moves_prefix == (d.prefix_source not in (None, d.instance))
+
+
+def test_affinity_against_load_inside_a_cluster_with_cached_prefixes():
+    # PrfaaS r0 holds 900 tokens of the prompt but has 2000 tokens queued; r1 is idle and cold.
+    # Work after the request: r0 = 2000 + (1000 − 900) = 2100, r1 = 0 + 1000 = 1000 → r1, and
+    # (bandwidth scarce) r0's prefix moves to r1 inside the PrfaaS cluster (r1 computes 100).
+    prfaas = (InstanceLoad("r0", 1, 2000, cached_len=900), InstanceLoad("r1"))
+    # Scarce: 1000 − l_pd = 1000 > 200 → PrfaaS.
+    d = route(1000, ClusterView(200, prfaas, (InstanceLoad("p0"),)), 0.0)
+    assert (d.cluster, d.instance, d.prefix_source, d.uncached_len) == (
+        ClusterKind.PRFAAS,
+        "r1",
+        "r0",
+        100,
+    )
+    # Abundant: 1000 − 900 = 100 ≤ 200 → PD computes the 100, the prefix crosses clusters.
+    view = ClusterView(200, prfaas, (InstanceLoad("p0"),), bandwidth_abundant=True)
+    d = route(1000, view, 0.0)
+    assert (d.cluster, d.instance, d.prefix_source, d.uncached_len) == (
+        ClusterKind.PD,
+        "p0",
+        "r0",
+        100,
+    )
+    # With 800 queued instead, r0 wins: 800 + 100 = 900 < 1000, reusing its own prefix.
+    prfaas = (InstanceLoad("r0", 1, 800, cached_len=900), InstanceLoad("r1"))
+    d = route(1000, ClusterView(200, prfaas, (InstanceLoad("p0"),)), 0.0)
+    assert (d.instance, d.prefix_source, d.moves_prefix) == ("r0", "r0", False)
+
+
+def test_queue_guard_keeps_a_cached_request_local_with_pd_prefix():
+    # 1000 − 300 = 700 > 200 would go to PrfaaS, but its only instance has 4 queued.
+    view = ClusterView(
+        200,
+        (InstanceLoad("r0", queue_depth=4, cached_len=900),),
+        (InstanceLoad("p0", cached_len=300),),
+        prfaas_max_queue=4,
+    )
+    d = route(1000, view, 0.0)
+    assert (d.cluster, d.reason, d.prefix_source, d.uncached_len) == (
+        ClusterKind.PD,
+        "queue_guard",
+        "p0",
+        700,
+    )

@@ -23,6 +23,9 @@ def test_toy_config():
     }
     candidates = config.controller_config().candidates
     assert candidates[0] == 16 and candidates[-1] == 512
+    cache = config.prefix_cache
+    assert cache.enabled and cache.capacity_bytes == 64 * 2**20
+    assert (cache.block_size, cache.checkpoint_every) == (16, 4)
 
 
 def write(tmp_path, text: str):
@@ -44,6 +47,7 @@ def test_defaults_and_policy_keys(tmp_path):
     assert config.controller_config().min_samples == 3
     assert config.rebalancer.enabled and config.rebalancer.config.consecutive == 3
     assert config.link.schedule == ((10.0, 0.1), (20.0, 1.0))
+    assert not config.prefix_cache.enabled  # off unless a config turns it on
 
 
 @pytest.mark.parametrize(
@@ -58,6 +62,10 @@ def test_defaults_and_policy_keys(tmp_path):
         ("[controller]\nlow_utilization = 0.95\n", "low_utilization"),
         ("[rebalancer]\nimbalance = 0.5\n", "imbalance"),
         ("[model]\n", "invalid TOML"),
+        ("[prefix_cache]\nblock_sise = 8\n", "unknown key 'prefix_cache.block_sise'"),
+        ("[prefix_cache]\nenabled = 1\n", "'prefix_cache.enabled' must be true or false"),
+        ("[prefix_cache]\ncheckpoint_every = 0\n", "'prefix_cache.checkpoint_every' must be ≥ 1"),
+        ("[prefix_cache]\ncapacity_mib = -1\n", "'prefix_cache.capacity_mib' must be ≥ 0"),
     ],
 )
 def test_mistakes(tmp_path, text, message):

@@ -140,6 +140,8 @@ def test_decode_worker_validates_frames(fake_cluster):
         "no handoff": good[:-1],
         "other model": frames_for(8, "tiny-gdn"),
         "duplicate": [*good[:2], good[1], *good[2:]],
+        "no trailer": [*good[:-2], good[-1]],
+        "another stream's frame": [good[0], frames_for(20)[1], *good[2:]],
     }
     for name, frames in bad.items():
         with pytest.raises(grpc.RpcError) as err:

@@ -55,6 +55,19 @@ def test_latency_delays_a_transfer_once_not_per_frame():
     assert arrival_times(link, clock, [b"x" * 500] * 4) == [0.25, 0.25, 0.75, 1.25]
 
 
+def test_frames_admitted_as_they_are_made():
+    """A state streamed during prefill: frames join the link when made, latency counts once."""
+    clock = FakeClock()
+    link = shaper(clock, latency_s=0.25)
+    first = [link.admit(500), link.admit(500)]  # made at t = 0: the burst covers both
+    clock.now += 2.0  # the next chunk's frames come 2 s later; the bucket has refilled
+    later = [link.admit(800), link.admit(800)]
+    assert [round(t - 100.0, 9) for t in first + later] == [0.25, 0.25, 2.25, 2.85]
+    assert link.deliver(b"x", first[0]) == b"x" and clock.now == 102.0  # already arrived
+    link.deliver(b"y" * 800, later[1])
+    assert round(clock.now - 100.0, 9) == 2.85 and (link.sent_bytes, link.sent_frames) == (801, 2)
+
+
 def test_fluctuation_schedule_and_set_link():
     clock = FakeClock()
     link = shaper(clock, schedule=((1.0, 0.1), (3.0, 1.0)))

@@ -40,3 +40,42 @@ def test_render():
     assert 'prfaas_ttft_seconds_bucket{le="+Inf"} 3' in lines
     assert "prfaas_ttft_seconds_count 3" in lines
     assert text.endswith("\n") and "# TYPE prfaas_ttft_seconds histogram" in lines
+
+
+def test_render_prefix_cache():
+    fields = {
+        "used_bytes": 4096,
+        "capacity_bytes": 65536,
+        "lookups": 5,
+        "hits": 4,
+        "evictions": 2,
+        "reused_tokens": 900,
+        "computed_tokens": 300,
+        "export_bytes": 0,
+        "import_bytes": 57600,
+    }
+    snapshot = RouterSnapshot(
+        requests={},
+        in_flight=0,
+        threshold=64,
+        threshold_changes={},
+        egress_bytes=0,
+        egress_bytes_per_s=0.0,
+        link_capacity_bytes_per_s=0.0,
+        queue_depth={},
+        decode_assigned={},
+        instances={},
+        role_changes=0,
+        ttft=Histogram(),
+        prompt_tokens=1200,
+        cached_tokens=900,
+        prefix_moves=1,
+        prefix_cache={"pd-0": fields},
+    )
+    lines = set(render_metrics(snapshot).splitlines())
+    assert {"prfaas_prompt_tokens_total 1200", "prfaas_cached_tokens_total 900"} <= lines
+    assert "prfaas_prefix_moves_total 1" in lines
+    assert 'prfaas_prefix_cache_hits_total{instance="pd-0"} 4' in lines
+    assert 'prfaas_prefix_cache_evictions_total{instance="pd-0"} 2' in lines
+    assert 'prfaas_prefill_tokens_total{instance="pd-0",kind="computed"} 300' in lines
+    assert 'prfaas_prefix_transfer_bytes_total{instance="pd-0",direction="import"} 57600' in lines

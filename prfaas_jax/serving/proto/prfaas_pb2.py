@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%prfaas_jax/serving/proto/prfaas.proto\x12\tprfaas.v1\"\x98\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x04\"a\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12(\n\x06report\x18\x03 \x01(\x0b\x32\x18.prfaas.v1.RequestReport\"\xc7\x01\n\rRequestReport\x12\r\n\x05route\x18\x01 \x01(\t\x12\x12\n\nprompt_len\x18\x02 \x01(\x05\x12\x12\n\ncached_len\x18\x03 \x01(\x05\x12\x14\n\x0cuncached_len\x18\x04 \x01(\x05\x12\x11\n\tthreshold\x18\x05 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x06 \x01(\x01\x12\x13\n\x0bstate_bytes\x18\x07 \x01(\x04\x12\x18\n\x10prefill_instance\x18\x08 \x01(\t\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\t \x01(\t\"\x11\n\x0fGetStatsRequest\"\xee\x03\n\x0bRouterStats\x12\x11\n\tthreshold\x18\x01 \x01(\x01\x12\x17\n\x0frequests_prfaas\x18\x02 \x01(\x04\x12\x13\n\x0brequests_pd\x18\x03 \x01(\x04\x12\x17\n\x0frequests_failed\x18\x04 \x01(\x04\x12\x1a\n\x12requests_in_flight\x18\x05 \x01(\x04\x12\x14\n\x0c\x65gress_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12\x65gress_bytes_per_s\x18\x07 \x01(\x01\x12!\n\x19link_capacity_bytes_per_s\x18\x08 \x01(\x01\x12\x19\n\x11threshold_changes\x18\t \x01(\x04\x12\x14\n\x0crole_changes\x18\n \x01(\x04\x12\x1d\n\x15last_threshold_reason\x18\x0b \x01(\t\x12\'\n\x07workers\x18\x0c \x03(\x0b\x32\x16.prfaas.v1.WorkerStats\x12\x36\n\x08\x64raining\x18\r \x03(\x0b\x32$.prfaas.v1.RouterStats.DrainingEntry\x12\r\n\x05model\x18\x0e \x01(\t\x12\x12\n\nvocab_size\x18\x0f \x01(\x05\x12\x0f\n\x07max_len\x18\x10 \x01(\x05\x1a/\n\rDrainingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\x95\x02\n\x0bWorkerStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.prfaas.v1.Role\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\r\x12\x14\n\x0c\x61\x63tive_slots\x18\x04 \x01(\r\x12\x11\n\tmax_slots\x18\x05 \x01(\r\x12\x16\n\x0epending_states\x18\x06 \x01(\r\x12\x11\n\tcompleted\x18\x07 \x01(\x04\x12\x14\n\x0c\x65gress_bytes\x18\x08 \x01(\x04\x12\"\n\x04link\x18\t \x01(\x0b\x32\x14.prfaas.v1.LinkState\x12\x18\n\x10tokens_generated\x18\n \x01(\x04\x12\x1c\n\x14state_bytes_received\x18\x0b \x01(\x04\"=\n\tLinkState\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x01 \x01(\x01\x12\x11\n\tlatency_s\x18\x02 \x01(\x01\"/\n\x0eSetRoleRequest\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.prfaas.v1.Role\"?\n\x0cSetRoleReply\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.prfaas.v1.Role\x12\x10\n\x08switch_s\x18\x02 \x01(\x01\"B\n\x0eSetLinkRequest\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x01 \x01(\x01\x12\x11\n\tlatency_s\x18\x02 \x01(\x01\"\x83\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.prfaas.v1.SamplingParams\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x04 \x01(\t\"\xa4\x01\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x13\n\x0bstate_bytes\x18\x02 \x01(\x04\x12\x12\n\nwire_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x04 \x01(\r\x12\x0f\n\x07queue_s\x18\x05 \x01(\x01\x12\x11\n\tprefill_s\x18\x06 \x01(\x01\x12\x12\n\ntransfer_s\x18\x07 \x01(\x01\x12\x0e\n\x06shaped\x18\x08 \x01(\x08\"/\n\nStateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x66rame\x18\x02 \x01(\x0c\"5\n\x0ePushStateReply\x12\x13\n\x0bstate_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\"O\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_len\x18\x02 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"J\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x13\n\x0bstate_bytes\x18\x03 \x01(\x04*^\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13ROLE_PRFAAS_PREFILL\x10\x01\x12\x13\n\x0fROLE_PD_PREFILL\x10\x02\x12\x12\n\x0eROLE_PD_DECODE\x10\x03\x32\x8f\x01\n\x06Router\x12\x45\n\x08Generate\x12\x1a.prfaas.v1.GenerateRequest\x1a\x1b.prfaas.v1.GenerateResponse0\x01\x12>\n\x08GetStats\x12\x1a.prfaas.v1.GetStatsRequest\x1a\x16.prfaas.v1.RouterStats2\xca\x01\n\rWorkerControl\x12>\n\x08GetStats\x12\x1a.prfaas.v1.GetStatsRequest\x1a\x16.prfaas.v1.WorkerStats\x12=\n\x07SetRole\x12\x19.prfaas.v1.SetRoleRequest\x1a\x17.prfaas.v1.SetRoleReply\x12:\n\x07SetLink\x12\x19.prfaas.v1.SetLinkRequest\x1a\x14.prfaas.v1.LinkState2N\n\rPrefillWorker\x12=\n\x07Prefill\x12\x19.prfaas.v1.PrefillRequest\x1a\x17.prfaas.v1.PrefillReply2\x92\x01\n\x0c\x44\x65\x63odeWorker\x12?\n\tPushState\x12\x15.prfaas.v1.StateChunk\x1a\x19.prfaas.v1.PushStateReply(\x01\x12\x41\n\x08Generate\x12\x18.prfaas.v1.DecodeRequest\x1a\x19.prfaas.v1.DecodeResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%prfaas_jax/serving/proto/prfaas.proto\x12\tprfaas.v1\"\x98\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\x12\x13\n\x0btemperature\x18\x04 \x01(\x02\x12\r\n\x05top_p\x18\x05 \x01(\x02\x12\r\n\x05top_k\x18\x06 \x01(\x05\x12\x0c\n\x04seed\x18\x07 \x01(\x04\"a\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12(\n\x06report\x18\x03 \x01(\x0b\x32\x18.prfaas.v1.RequestReport\"\xc7\x01\n\rRequestReport\x12\r\n\x05route\x18\x01 \x01(\t\x12\x12\n\nprompt_len\x18\x02 \x01(\x05\x12\x12\n\ncached_len\x18\x03 \x01(\x05\x12\x14\n\x0cuncached_len\x18\x04 \x01(\x05\x12\x11\n\tthreshold\x18\x05 \x01(\x01\x12\x0e\n\x06ttft_s\x18\x06 \x01(\x01\x12\x13\n\x0bstate_bytes\x18\x07 \x01(\x04\x12\x18\n\x10prefill_instance\x18\x08 \x01(\t\x12\x17\n\x0f\x64\x65\x63ode_instance\x18\t \x01(\t\"\x11\n\x0fGetStatsRequest\"\xb2\x04\n\x0bRouterStats\x12\x11\n\tthreshold\x18\x01 \x01(\x01\x12\x17\n\x0frequests_prfaas\x18\x02 \x01(\x04\x12\x13\n\x0brequests_pd\x18\x03 \x01(\x04\x12\x17\n\x0frequests_failed\x18\x04 \x01(\x04\x12\x1a\n\x12requests_in_flight\x18\x05 \x01(\x04\x12\x14\n\x0c\x65gress_bytes\x18\x06 \x01(\x04\x12\x1a\n\x12\x65gress_bytes_per_s\x18\x07 \x01(\x01\x12!\n\x19link_capacity_bytes_per_s\x18\x08 \x01(\x01\x12\x19\n\x11threshold_changes\x18\t \x01(\x04\x12\x14\n\x0crole_changes\x18\n \x01(\x04\x12\x1d\n\x15last_threshold_reason\x18\x0b \x01(\t\x12\'\n\x07workers\x18\x0c \x03(\x0b\x32\x16.prfaas.v1.WorkerStats\x12\x36\n\x08\x64raining\x18\r \x03(\x0b\x32$.prfaas.v1.RouterStats.DrainingEntry\x12\r\n\x05model\x18\x0e \x01(\t\x12\x12\n\nvocab_size\x18\x0f \x01(\x05\x12\x0f\n\x07max_len\x18\x10 \x01(\x05\x12\x14\n\x0cprefix_moves\x18\x11 \x01(\x04\x12\x15\n\rprompt_tokens\x18\x12 \x01(\x04\x12\x15\n\rcached_tokens\x18\x13 \x01(\x04\x1a/\n\rDrainingEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"Q\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x0c\n\x04seed\x18\x04 \x01(\x04\"\xc8\x02\n\x0bWorkerStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x04role\x18\x02 \x01(\x0e\x32\x0f.prfaas.v1.Role\x12\x13\n\x0bqueue_depth\x18\x03 \x01(\r\x12\x14\n\x0c\x61\x63tive_slots\x18\x04 \x01(\r\x12\x11\n\tmax_slots\x18\x05 \x01(\r\x12\x16\n\x0epending_states\x18\x06 \x01(\r\x12\x11\n\tcompleted\x18\x07 \x01(\x04\x12\x14\n\x0c\x65gress_bytes\x18\x08 \x01(\x04\x12\"\n\x04link\x18\t \x01(\x0b\x32\x14.prfaas.v1.LinkState\x12\x18\n\x10tokens_generated\x18\n \x01(\x04\x12\x1c\n\x14state_bytes_received\x18\x0b \x01(\x04\x12\x31\n\x0cprefix_cache\x18\x0c \x01(\x0b\x32\x1b.prfaas.v1.PrefixCacheStats\"\x82\x03\n\x10PrefixCacheStats\x12\x0f\n\x07\x65nabled\x18\x01 \x01(\x08\x12\x12\n\nblock_size\x18\x02 \x01(\r\x12\x18\n\x10\x63heckpoint_every\x18\x03 \x01(\r\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x12\x0e\n\x06\x62locks\x18\x06 \x01(\r\x12\x13\n\x0b\x63heckpoints\x18\x07 \x01(\r\x12\x0f\n\x07lookups\x18\x08 \x01(\x04\x12\x0c\n\x04hits\x18\t \x01(\x04\x12\x11\n\tevictions\x18\n \x01(\x04\x12\x15\n\rprompt_tokens\x18\x0b \x01(\x04\x12\x15\n\rreused_tokens\x18\x0c \x01(\x04\x12\x17\n\x0f\x63omputed_tokens\x18\r \x01(\x04\x12\x0f\n\x07\x65xports\x18\x0e \x01(\x04\x12\x14\n\x0c\x65xport_bytes\x18\x0f \x01(\x04\x12\x0f\n\x07imports\x18\x10 \x01(\x04\x12\x14\n\x0cimport_bytes\x18\x11 \x01(\x04\x12\x17\n\x0fimport_failures\x18\x12 \x01(\x04\"=\n\tLinkState\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x01 \x01(\x01\x12\x11\n\tlatency_s\x18\x02 \x01(\x01\"/\n\x0eSetRoleRequest\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.prfaas.v1.Role\"?\n\x0cSetRoleReply\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.prfaas.v1.Role\x12\x10\n\x08switch_s\x18\x02 \x01(\x01\"B\n\x0eSetLinkRequest\x12\x1d\n\x15\x62\x61ndwidth_bytes_per_s\x18\x01 \x01(\x01\x12\x11\n\tlatency_s\x18\x02 \x01(\x01\"\xb8\x01\n\x0ePrefillRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.prfaas.v1.SamplingParams\x12\x16\n\x0e\x64\x65\x63ode_address\x18\x04 \x01(\t\x12\x15\n\rprefix_source\x18\x05 \x01(\t\x12\x1c\n\x14prefix_cross_cluster\x18\x06 \x01(\x08\"\xce\x01\n\x0cPrefillReply\x12\x13\n\x0b\x66irst_token\x18\x01 \x01(\x05\x12\x13\n\x0bstate_bytes\x18\x02 \x01(\x04\x12\x12\n\nwire_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x04 \x01(\r\x12\x0f\n\x07queue_s\x18\x05 \x01(\x01\x12\x11\n\tprefill_s\x18\x06 \x01(\x01\x12\x12\n\ntransfer_s\x18\x07 \x01(\x01\x12\x0e\n\x06shaped\x18\x08 \x01(\x08\x12\x12\n\ncached_len\x18\t \x01(\x05\x12\x14\n\x0cprefix_bytes\x18\n \x01(\x04\"/\n\nStateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05\x66rame\x18\x02 \x01(\x0c\"5\n\x0ePushStateReply\x12\x13\n\x0bstate_bytes\x18\x01 \x01(\x04\x12\x0e\n\x06\x66rames\x18\x02 \x01(\r\"O\n\rDecodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nprompt_len\x18\x02 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x03 \x01(\x05\"J\n\x0e\x44\x65\x63odeResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\x12\x13\n\x0bstate_bytes\x18\x03 \x01(\x04\"/\n\x13PrefixLookupRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\"\'\n\x11PrefixLookupReply\x12\x12\n\ncached_len\x18\x01 \x01(\x05\"F\n\x13PrefixExportRequest\x12\x18\n\x10prompt_token_ids\x18\x01 \x03(\x05\x12\x15\n\rcross_cluster\x18\x02 \x01(\x08\",\n\x0bPrefixChunk\x12\x0e\n\x06length\x18\x01 \x01(\x05\x12\r\n\x05\x66rame\x18\x02 \x01(\x0c*^\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13ROLE_PRFAAS_PREFILL\x10\x01\x12\x13\n\x0fROLE_PD_PREFILL\x10\x02\x12\x12\n\x0eROLE_PD_DECODE\x10\x03\x32\x8f\x01\n\x06Router\x12\x45\n\x08Generate\x12\x1a.prfaas.v1.GenerateRequest\x1a\x1b.prfaas.v1.GenerateResponse0\x01\x12>\n\x08GetStats\x12\x1a.prfaas.v1.GetStatsRequest\x1a\x16.prfaas.v1.RouterStats2\xca\x01\n\rWorkerControl\x12>\n\x08GetStats\x12\x1a.prfaas.v1.GetStatsRequest\x1a\x16.prfaas.v1.WorkerStats\x12=\n\x07SetRole\x12\x19.prfaas.v1.SetRoleRequest\x1a\x17.prfaas.v1.SetRoleReply\x12:\n\x07SetLink\x12\x19.prfaas.v1.SetLinkRequest\x1a\x14.prfaas.v1.LinkState2N\n\rPrefillWorker\x12=\n\x07Prefill\x12\x19.prfaas.v1.PrefillRequest\x1a\x17.prfaas.v1.PrefillReply2\x92\x01\n\x0c\x44\x65\x63odeWorker\x12?\n\tPushState\x12\x15.prfaas.v1.StateChunk\x1a\x19.prfaas.v1.PushStateReply(\x01\x12\x41\n\x08Generate\x12\x18.prfaas.v1.DecodeRequest\x1a\x19.prfaas.v1.DecodeResponse0\x01\x32\x99\x01\n\x0bPrefixCache\x12\x46\n\x06Lookup\x12\x1e.prfaas.v1.PrefixLookupRequest\x1a\x1c.prfaas.v1.PrefixLookupReply\x12\x42\n\x06\x45xport\x12\x1e.prfaas.v1.PrefixExportRequest\x1a\x16.prfaas.v1.PrefixChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROUTERSTATS_DRAININGENTRY']._loaded_options = None
   _globals['_ROUTERSTATS_DRAININGENTRY']._serialized_options = b'8\001'
-  _globals['_ROLE']._serialized_start=2194
-  _globals['_ROLE']._serialized_end=2288
+  _globals['_ROLE']._serialized_start=3005
+  _globals['_ROLE']._serialized_end=3099
   _globals['_GENERATEREQUEST']._serialized_start=53
   _globals['_GENERATEREQUEST']._serialized_end=205
   _globals['_GENERATERESPONSE']._serialized_start=207
@@ -44,39 +44,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSTATSREQUEST']._serialized_start=508
   _globals['_GETSTATSREQUEST']._serialized_end=525
   _globals['_ROUTERSTATS']._serialized_start=528
-  _globals['_ROUTERSTATS']._serialized_end=1022
-  _globals['_ROUTERSTATS_DRAININGENTRY']._serialized_start=975
-  _globals['_ROUTERSTATS_DRAININGENTRY']._serialized_end=1022
-  _globals['_SAMPLINGPARAMS']._serialized_start=1024
-  _globals['_SAMPLINGPARAMS']._serialized_end=1105
-  _globals['_WORKERSTATS']._serialized_start=1108
-  _globals['_WORKERSTATS']._serialized_end=1385
-  _globals['_LINKSTATE']._serialized_start=1387
-  _globals['_LINKSTATE']._serialized_end=1448
-  _globals['_SETROLEREQUEST']._serialized_start=1450
-  _globals['_SETROLEREQUEST']._serialized_end=1497
-  _globals['_SETROLEREPLY']._serialized_start=1499
-  _globals['_SETROLEREPLY']._serialized_end=1562
-  _globals['_SETLINKREQUEST']._serialized_start=1564
-  _globals['_SETLINKREQUEST']._serialized_end=1630
-  _globals['_PREFILLREQUEST']._serialized_start=1633
-  _globals['_PREFILLREQUEST']._serialized_end=1764
-  _globals['_PREFILLREPLY']._serialized_start=1767
-  _globals['_PREFILLREPLY']._serialized_end=1931
-  _globals['_STATECHUNK']._serialized_start=1933
-  _globals['_STATECHUNK']._serialized_end=1980
-  _globals['_PUSHSTATEREPLY']._serialized_start=1982
-  _globals['_PUSHSTATEREPLY']._serialized_end=2035
-  _globals['_DECODEREQUEST']._serialized_start=2037
-  _globals['_DECODEREQUEST']._serialized_end=2116
-  _globals['_DECODERESPONSE']._serialized_start=2118
-  _globals['_DECODERESPONSE']._serialized_end=2192
-  _globals['_ROUTER']._serialized_start=2291
-  _globals['_ROUTER']._serialized_end=2434
-  _globals['_WORKERCONTROL']._serialized_start=2437
-  _globals['_WORKERCONTROL']._serialized_end=2639
-  _globals['_PREFILLWORKER']._serialized_start=2641
-  _globals['_PREFILLWORKER']._serialized_end=2719
-  _globals['_DECODEWORKER']._serialized_start=2722
-  _globals['_DECODEWORKER']._serialized_end=2868
+  _globals['_ROUTERSTATS']._serialized_end=1090
+  _globals['_ROUTERSTATS_DRAININGENTRY']._serialized_start=1043
+  _globals['_ROUTERSTATS_DRAININGENTRY']._serialized_end=1090
+  _globals['_SAMPLINGPARAMS']._serialized_start=1092
+  _globals['_SAMPLINGPARAMS']._serialized_end=1173
+  _globals['_WORKERSTATS']._serialized_start=1176
+  _globals['_WORKERSTATS']._serialized_end=1504
+  _globals['_PREFIXCACHESTATS']._serialized_start=1507
+  _globals['_PREFIXCACHESTATS']._serialized_end=1893
+  _globals['_LINKSTATE']._serialized_start=1895
+  _globals['_LINKSTATE']._serialized_end=1956
+  _globals['_SETROLEREQUEST']._serialized_start=1958
+  _globals['_SETROLEREQUEST']._serialized_end=2005
+  _globals['_SETROLEREPLY']._serialized_start=2007
+  _globals['_SETROLEREPLY']._serialized_end=2070
+  _globals['_SETLINKREQUEST']._serialized_start=2072
+  _globals['_SETLINKREQUEST']._serialized_end=2138
+  _globals['_PREFILLREQUEST']._serialized_start=2141
+  _globals['_PREFILLREQUEST']._serialized_end=2325
+  _globals['_PREFILLREPLY']._serialized_start=2328
+  _globals['_PREFILLREPLY']._serialized_end=2534
+  _globals['_STATECHUNK']._serialized_start=2536
+  _globals['_STATECHUNK']._serialized_end=2583
+  _globals['_PUSHSTATEREPLY']._serialized_start=2585
+  _globals['_PUSHSTATEREPLY']._serialized_end=2638
+  _globals['_DECODEREQUEST']._serialized_start=2640
+  _globals['_DECODEREQUEST']._serialized_end=2719
+  _globals['_DECODERESPONSE']._serialized_start=2721
+  _globals['_DECODERESPONSE']._serialized_end=2795
+  _globals['_PREFIXLOOKUPREQUEST']._serialized_start=2797
+  _globals['_PREFIXLOOKUPREQUEST']._serialized_end=2844
+  _globals['_PREFIXLOOKUPREPLY']._serialized_start=2846
+  _globals['_PREFIXLOOKUPREPLY']._serialized_end=2885
+  _globals['_PREFIXEXPORTREQUEST']._serialized_start=2887
+  _globals['_PREFIXEXPORTREQUEST']._serialized_end=2957
+  _globals['_PREFIXCHUNK']._serialized_start=2959
+  _globals['_PREFIXCHUNK']._serialized_end=3003
+  _globals['_ROUTER']._serialized_start=3102
+  _globals['_ROUTER']._serialized_end=3245
+  _globals['_WORKERCONTROL']._serialized_start=3248
+  _globals['_WORKERCONTROL']._serialized_end=3450
+  _globals['_PREFILLWORKER']._serialized_start=3452
+  _globals['_PREFILLWORKER']._serialized_end=3530
+  _globals['_DECODEWORKER']._serialized_start=3533
+  _globals['_DECODEWORKER']._serialized_end=3679
+  _globals['_PREFIXCACHE']._serialized_start=3682
+  _globals['_PREFIXCACHE']._serialized_end=3835
 # @@protoc_insertion_point(module_scope)

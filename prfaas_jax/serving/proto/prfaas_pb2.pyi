@@ -73,7 +73,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +97,9 @@ class RouterStats(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_LEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_MOVES_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -113,7 +116,10 @@ class RouterStats(_message.Message):
     model: str
     vocab_size: int
     max_len: int
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ...) -> None: ...
+    prefix_moves: int
+    prompt_tokens: int
+    cached_tokens: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed")
@@ -128,7 +134,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received")
+    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received", "prefix_cache")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +146,7 @@ class WorkerStats(_message.Message):
     LINK_FIELD_NUMBER: _ClassVar[int]
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: Role
     queue_depth: int
@@ -151,7 +158,48 @@ class WorkerStats(_message.Message):
     link: LinkState
     tokens_generated: int
     state_bytes_received: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ...) -> None: ...
+    prefix_cache: PrefixCacheStats
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ...) -> None: ...
+
+class PrefixCacheStats(_message.Message):
+    __slots__ = ("enabled", "block_size", "checkpoint_every", "capacity_bytes", "used_bytes", "blocks", "checkpoints", "lookups", "hits", "evictions", "prompt_tokens", "reused_tokens", "computed_tokens", "exports", "export_bytes", "imports", "import_bytes", "import_failures")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    EXPORTS_FIELD_NUMBER: _ClassVar[int]
+    EXPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IMPORTS_FIELD_NUMBER: _ClassVar[int]
+    IMPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IMPORT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    block_size: int
+    checkpoint_every: int
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+    checkpoints: int
+    lookups: int
+    hits: int
+    evictions: int
+    prompt_tokens: int
+    reused_tokens: int
+    computed_tokens: int
+    exports: int
+    export_bytes: int
+    imports: int
+    import_bytes: int
+    import_failures: int
+    def __init__(self, enabled: _Optional[bool] = ..., block_size: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., checkpoints: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., exports: _Optional[int] = ..., export_bytes: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., import_failures: _Optional[int] = ...) -> None: ...
 
 class LinkState(_message.Message):
     __slots__ = ("bandwidth_bytes_per_s", "latency_s")
@@ -184,19 +232,23 @@ class SetLinkRequest(_message.Message):
     def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "prefix_source", "prefix_cross_cluster")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CROSS_CLUSTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     decode_address: str
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ...) -> None: ...
+    prefix_source: str
+    prefix_cross_cluster: bool
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
-    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped")
+    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +257,8 @@ class PrefillReply(_message.Message):
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
     SHAPED_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     state_bytes: int
     wire_bytes: int
@@ -213,7 +267,9 @@ class PrefillReply(_message.Message):
     prefill_s: float
     transfer_s: float
     shaped: bool
-    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ...) -> None: ...
+    cached_len: int
+    prefix_bytes: int
+    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("request_id", "frame")
@@ -250,3 +306,31 @@ class DecodeResponse(_message.Message):
     finished: bool
     state_bytes: int
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., state_bytes: _Optional[int] = ...) -> None: ...
+
+class PrefixLookupRequest(_message.Message):
+    __slots__ = ("prompt_token_ids",)
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PrefixLookupReply(_message.Message):
+    __slots__ = ("cached_len",)
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    cached_len: int
+    def __init__(self, cached_len: _Optional[int] = ...) -> None: ...
+
+class PrefixExportRequest(_message.Message):
+    __slots__ = ("prompt_token_ids", "cross_cluster")
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CROSS_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    cross_cluster: bool
+    def __init__(self, prompt_token_ids: _Optional[_Iterable[int]] = ..., cross_cluster: _Optional[bool] = ...) -> None: ...
+
+class PrefixChunk(_message.Message):
+    __slots__ = ("length", "frame")
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    FRAME_FIELD_NUMBER: _ClassVar[int]
+    length: int
+    frame: bytes
+    def __init__(self, length: _Optional[int] = ..., frame: _Optional[bytes] = ...) -> None: ...

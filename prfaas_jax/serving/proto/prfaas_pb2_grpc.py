@@ -496,3 +496,123 @@ class DecodeWorker:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PrefixCacheStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Lookup = channel.unary_unary(
+                '/prfaas.v1.PrefixCache/Lookup',
+                request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixLookupRequest.SerializeToString,
+                response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixLookupReply.FromString,
+                _registered_method=True)
+        self.Export = channel.unary_stream(
+                '/prfaas.v1.PrefixCache/Export',
+                request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixExportRequest.SerializeToString,
+                response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixChunk.FromString,
+                _registered_method=True)
+
+
+class PrefixCacheServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Lookup(self, request, context):
+        """The longest prefix of the prompt this worker can reuse now (its KV blocks and a linear
+        checkpoint at exactly that length), capped at the prompt length − 1. Read-only: no LRU
+        refresh, not counted as a lookup.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Export(self, request, context):
+        """That prefix's state as codec frames; the first message names its length. NOT_FOUND when
+        nothing is cached (e.g. evicted since the lookup).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PrefixCacheServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Lookup': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lookup,
+                    request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixLookupRequest.FromString,
+                    response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixLookupReply.SerializeToString,
+            ),
+            'Export': grpc.unary_stream_rpc_method_handler(
+                    servicer.Export,
+                    request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixExportRequest.FromString,
+                    response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'prfaas.v1.PrefixCache', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('prfaas.v1.PrefixCache', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class PrefixCache:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Lookup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prfaas.v1.PrefixCache/Lookup',
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixLookupRequest.SerializeToString,
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixLookupReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Export(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/prfaas.v1.PrefixCache/Export',
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixExportRequest.SerializeToString,
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
