@@ -63,6 +63,15 @@ def _add_impl_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_mesh_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mesh",
+        metavar="SPEC",
+        help="shard the model over a device mesh, e.g. tensor=4 or tensor=2,expert=4[,data=K] "
+        "(default: one device; multi-host and CPU testing: docs/sharding.md)",
+    )
+
+
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "generate",
@@ -87,6 +96,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to make (default: 16)")
     _add_sampling_flags(p)
     _add_impl_flag(p)
+    _add_mesh_flag(p)
     p.add_argument(
         "--dump-logits",
         metavar="FILE.npy",
@@ -110,6 +120,7 @@ def _request(args: argparse.Namespace, max_new_tokens: int = 1):
         top_p=args.top_p,
         sample_seed=args.sample_seed,
         impl=args.impl,
+        mesh=args.mesh,
     )
 
 
@@ -192,6 +203,7 @@ def _add_prefill(sub: argparse._SubParsersAction) -> None:
     )
     _add_sampling_flags(p)
     _add_impl_flag(p)
+    _add_mesh_flag(p)
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=_run_prefill)
 
@@ -222,6 +234,7 @@ def _add_decode(sub: argparse._SubParsersAction) -> None:
         help="tokens to make after the file's first token (default: 16)",
     )
     _add_impl_flag(p)
+    _add_mesh_flag(p)
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=_run_decode)
 
@@ -237,6 +250,7 @@ def _run_decode(args: argparse.Namespace) -> int:
         seed=args.seed,
         max_new_tokens=args.max_new_tokens,
         impl=args.impl,
+        mesh=args.mesh,
     )
     return _print_result(args, result)
 
@@ -315,6 +329,64 @@ def _run_plan(args: argparse.Namespace) -> int:
         _print_json(plan_to_json(plan, config))
     else:
         print(format_plan(plan, config))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+# --- simulate -------------------------------------------------------------------------------
+
+
+def _add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="discrete-event cluster simulation driving the router's policy objects",
+        description="Simulate each deployment of the config under its workload (Poisson, gamma "
+        "or a Mooncake trace), with prefill queues, decode slots, a shared inter-cluster link and "
+        "prefix caches, routed by the router's own threshold rule, controller and rebalancer. "
+        "Prints TTFT, TPOT, offload, egress, queues, t and role changes per deployment, with the "
+        "simulated saturation throughput beside the analytic Λ_max.",
+        epilog="example: prfaas simulate --config configs/sim/case-study-1t.toml --plot sim.png",
+    )
+    p.add_argument(
+        "--config", required=True, help="simulation TOML (see configs/sim/ and docs/simulator.md)"
+    )
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also save TTFT CDFs, egress over time and t over time to this PNG (needs matplotlib)",
+    )
+    p.add_argument("--seed", type=int, help="workload seed (default: the config's)")
+    p.add_argument("--requests", type=int, help="requests per run (default: the config's)")
+    p.add_argument("--rate", type=float, help="offered requests/s (default: the config's)")
+    p.add_argument(
+        "--no-saturation", action="store_true", help="skip the saturation-throughput searches"
+    )
+    p.set_defaults(run=_run_simulate)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from prfaas_jax.planning.sim_config import load_sim_config, with_overrides
+    from prfaas_jax.planning.sim_report import format_run, run_to_json
+    from prfaas_jax.planning.sim_run import simulate
+
+    config = with_overrides(
+        load_sim_config(args.config), seed=args.seed, requests=args.requests, rate=args.rate
+    )
+
+    def progress(message: str) -> None:
+        print(f"prfaas simulate: {message}", file=sys.stderr, flush=True)
+
+    run = simulate(config, saturation=not args.no_saturation, progress=progress)
+    if args.plot:
+        from prfaas_jax.planning.sim_plot import draw_run
+
+        draw_run(run, args.plot)
+    if args.json:
+        _print_json(run_to_json(run))
+    else:
+        print(format_run(run))
         if args.plot:
             print(f"plot: {args.plot}")
     return 0
@@ -590,6 +662,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_state,
     _add_convert_hf,
     _add_plan,
+    _add_simulate,
     _add_kv,
     _add_serve,
     _add_bench,
@@ -612,6 +685,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     run: Runner = args.run
     try:
+        if getattr(args, "mesh", None):
+            from prfaas_jax.model.sharding import initialize_distributed
+
+            # Before any device is touched: a mesh may span hosts (docs/sharding.md).
+            initialize_distributed()
         return run(args)
     except UserError as err:
         print(f"prfaas {args.command}: error: {err}", file=sys.stderr)
