@@ -126,7 +126,12 @@ def _residual(
 
 
 def _forward(
-    params: Params, cfg: ModelConfig, tokens_BT: jax.Array, state: ModelState, ctx: StepContext
+    params: Params,
+    cfg: ModelConfig,
+    tokens_BT: jax.Array,
+    state: ModelState,
+    ctx: StepContext,
+    last_B: jax.Array | None = None,
 ) -> tuple[jax.Array, ModelState]:
     h = params["embed"][tokens_BT]
     res = cfg.residual
@@ -142,6 +147,9 @@ def _forward(
             out = swiglu(p["mlp"], normed)
         h = _residual(h, normed, out, res and (res.mlp_alpha, res.mlp_beta))
         new_layers.append(layer_state)
+    if last_B is not None:
+        # Only position last_B[b] is wanted: the LM head then runs on B rows instead of B·T.
+        h = jnp.take_along_axis(h, last_B[:, None, None], axis=1)
     h = rms_norm(h, params["final_norm"], cfg.norm_eps)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     # Logits in fp32 so sampling and cross-implementation comparisons see the same numbers.
@@ -162,12 +170,14 @@ def prefill(
     *,
     impl: Impl | str = Impl.CHUNK,
     valid_len: jax.Array | None = None,
+    last_only: bool = False,
 ) -> tuple[jax.Array, ModelState]:
     """Absorb ``tokens [B, T]`` into ``state``; returns ``(logits [B, T, V] fp32, state)``.
 
     ``valid_len [B]`` (default ``T``) marks trailing padding: tokens at ``t ≥ valid_len[b]`` leave
     row ``b``'s state untouched and their logits are meaningless. The state must have room for
     the new tokens (``lengths + valid_len ≤ capacity``); tokens past the capacity are dropped.
+    With ``last_only`` the logits are ``[B, V]``, at each row's last valid token only.
     """
     batch, seq_len = tokens.shape
     if valid_len is None:
@@ -179,7 +189,10 @@ def prefill(
         impl=Impl(impl),
         decode=False,
     )
-    return _forward(params, cfg, tokens, state, ctx)
+    if not last_only:
+        return _forward(params, cfg, tokens, state, ctx)
+    logits, state = _forward(params, cfg, tokens, state, ctx, last_B=ctx.valid_len - 1)
+    return logits[:, 0], state
 
 
 def decode_step(

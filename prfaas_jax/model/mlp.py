@@ -9,8 +9,10 @@ experts are *selected* on ``s + b`` (``b`` a learned selection bias, DeepSeek-V3
 sum of its two best ``s + b``, and experts outside the best ``topk_groups`` groups are not eligible.
 Always-on shared experts are one SwiGLU (width ``MoeConfig.shared_width``) added on top, scaled per
 token by ``sigmoid(x w_gate)`` when ``use_shared_gate`` (Qwen3-Next).
-Routed experts run as grouped matmuls (``lax.ragged_dot``) over token copies sorted by expert, so
-compute scales with ``top_k``, not with the number of experts.
+Routed experts run as grouped matmuls over token copies sorted by expert, so compute scales with
+``top_k``, not with the number of experts: ``lax.ragged_dot`` on accelerators; on CPU, where XLA
+expands ``ragged_dot`` into a dense matmul over every expert (plus a copy of each weight per
+call), a loop over row tiles that each belong to one expert (``_tiled_experts``).
 """
 
 from __future__ import annotations
@@ -55,6 +57,47 @@ def _limit_to_top_groups(select_NE: jax.Array, moe: MoeConfig) -> jax.Array:
     return jnp.where(keep[..., None], grouped, -jnp.inf).reshape(select_NE.shape)
 
 
+_MAX_TILE_LEN = 128  # rows per expert tile on CPU: large enough for an efficient matmul
+
+
+def _tiled_experts(
+    p: Params, xs_PD: jax.Array, experts_P: jax.Array, num_experts: int
+) -> jax.Array:
+    """Expert ``experts_P[i]``'s SwiGLU of each row of ``xs_PD`` (rows sorted by expert).
+
+    Each expert's rows are padded to whole tiles of ``tile_len`` (about rows per expert, so a
+    decode step's handful of rows is not padded to 128); a ``lax.map`` runs one tile per step
+    with that expert's weights and skips the unused tiles of the static bound.
+    """
+    num_pairs, dim = xs_PD.shape
+    per_expert = -(-num_pairs // num_experts)
+    tile_len = min(_MAX_TILE_LEN, 1 << (per_expert - 1).bit_length())
+    num_tiles = -(-num_pairs // tile_len) + min(num_experts, num_pairs)  # bound on tiles in use
+    sizes = jnp.bincount(experts_P, length=num_experts)
+    tiles = -(-sizes // tile_len)
+    tile_end = jnp.cumsum(tiles)
+    first_row = jnp.cumsum(sizes) - sizes
+    dest_P = (tile_end - tiles)[experts_P] * tile_len + jnp.arange(num_pairs) - first_row[experts_P]
+    padded = jnp.zeros((num_tiles * tile_len, dim), xs_PD.dtype).at[dest_P].set(xs_PD)
+    tile_expert = jnp.searchsorted(tile_end, jnp.arange(num_tiles), side="right")
+
+    def one_tile(args: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+        x, e, index = args
+
+        def run(x: jax.Array) -> jax.Array:
+            e_ = jnp.minimum(e, num_experts - 1)
+            hidden = jax.nn.silu(x @ p["experts_gate"][e_]) * (x @ p["experts_up"][e_])
+            return hidden @ p["experts_down"][e_]
+
+        return jax.lax.cond(index < tile_end[-1], run, jnp.zeros_like, x)
+
+    tiles_out = jax.lax.map(
+        one_tile,
+        (padded.reshape(num_tiles, tile_len, dim), tile_expert, jnp.arange(num_tiles)),
+    )
+    return tiles_out.reshape(-1, dim)[dest_P]
+
+
 def moe_mlp(p: Params, moe: MoeConfig, x_BTD: jax.Array) -> jax.Array:
     batch, seq_len, dim = x_BTD.shape
     x = x_BTD.reshape(-1, dim)
@@ -62,12 +105,15 @@ def moe_mlp(p: Params, moe: MoeConfig, x_BTD: jax.Array) -> jax.Array:
     flat_experts = expert_ids.reshape(-1)
     order = jnp.argsort(flat_experts, stable=True)
     token_of = order // moe.top_k
-    group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
     xs = x[token_of]
-    hidden = jax.nn.silu(jax.lax.ragged_dot(xs, p["experts_gate"], group_sizes)) * (
-        jax.lax.ragged_dot(xs, p["experts_up"], group_sizes)
-    )
-    ys = jax.lax.ragged_dot(hidden, p["experts_down"], group_sizes)
+    if jax.default_backend() == "cpu":
+        ys = _tiled_experts(p, xs, flat_experts[order], moe.num_experts)
+    else:
+        group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
+        hidden = jax.nn.silu(jax.lax.ragged_dot(xs, p["experts_gate"], group_sizes)) * (
+            jax.lax.ragged_dot(xs, p["experts_up"], group_sizes)
+        )
+        ys = jax.lax.ragged_dot(hidden, p["experts_down"], group_sizes)
     combine = weights.reshape(-1)[order].astype(ys.dtype)
     out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
     if moe.num_shared_experts:

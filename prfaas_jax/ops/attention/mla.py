@@ -17,8 +17,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from prfaas_jax.ops.attention.gqa import attention
-
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
@@ -34,15 +32,31 @@ def mla_decode_absorbed(
     kv_pos: jax.Array,
     scale: float,
 ) -> jax.Array:
-    """Absorbed MLA attention; returns ``[B, T, H, Dv]`` in ``c_kv``'s dtype."""
+    """Absorbed MLA attention; returns ``[B, T, H, Dv]`` in ``c_kv``'s dtype.
+
+    Masked like ``attention`` (filled and causal slots only). Written out rather than through
+    ``attention``: the cache is the dots' *left* operand, ``[S, R]`` contracted on its last axis
+    as stored, so XLA:CPU reads it in place instead of concatenating ``c_kv ‖ k_rope`` and
+    transposing the whole cache every step (over 10x slower at 32 slots of 576 on 2 cores).
+    """
     f32 = jnp.float32
+    c_kv = c_kv_BSR.astype(f32)
     q_latent = jnp.einsum(
         "bthn,rhn->bthr", q_nope_BTHN.astype(f32), w_uk_RHN.astype(f32), precision=_HIGHEST
     )
-    q = jnp.concatenate([q_latent, q_rope_BTHP.astype(f32)], axis=-1)
-    keys = jnp.concatenate([c_kv_BSR, k_rope_BSP], axis=-1).astype(f32)[:, :, None]
-    ctx = attention(
-        q, keys, c_kv_BSR.astype(f32)[:, :, None], q_pos=q_pos, kv_pos=kv_pos, scale=scale
+    logits_BSTH = jnp.einsum("bsr,bthr->bsth", c_kv, q_latent, precision=_HIGHEST)
+    logits_BSTH += jnp.einsum(
+        "bsp,bthp->bsth", k_rope_BSP.astype(f32), q_rope_BTHP.astype(f32), precision=_HIGHEST
     )
+    kp = kv_pos[:, :, None, None]
+    visible = (kp >= 0) & (kp <= q_pos[:, None, :, None])
+    logits_BSTH = jnp.where(visible, logits_BSTH * jnp.float32(scale), -jnp.inf)
+    peak = jnp.max(logits_BSTH, axis=1, keepdims=True)
+    # A query with nothing visible (only possible for padding rows) must not produce NaN.
+    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    weights = jnp.exp(logits_BSTH - peak)
+    denom = jnp.sum(weights, axis=1, keepdims=True)
+    probs = weights / jnp.maximum(denom, jnp.finfo(f32).tiny)
+    ctx = jnp.einsum("bsth,bsr->bthr", probs, c_kv, precision=_HIGHEST)
     out = jnp.einsum("bthr,rhv->bthv", ctx, w_uv_RHV.astype(f32), precision=_HIGHEST)
     return out.astype(c_kv_BSR.dtype)
