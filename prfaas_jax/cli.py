@@ -3,6 +3,10 @@
 Each subcommand has an ``_add_<name>`` function that declares its flags and a ``_run_<name>``
 function that calls into the library and prints. Heavy imports (JAX) happen inside the ``_run_``
 functions so that ``prfaas --help`` and the pure-Python commands start instantly.
+
+The module is long because it holds the flags of every subcommand (generate, prefill, decode,
+state, convert-hf, kv, plan, simulate, serve, demo, bench) in one place, where ``--help`` texts
+stay consistent; each ``_run_`` function is a few lines that call the library.
 """
 
 from __future__ import annotations
