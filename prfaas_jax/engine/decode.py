@@ -187,7 +187,8 @@ class DecodeEngine:
         slot = free[0]
         key = request_key(sampling.seed)
         self._state = _INSERT(self._state, row, np.int32(slot))
-        self._tokens[slot], self._index[slot], self._keys[slot] = first_token, 1, key
+        self._tokens[slot], self._keys[slot] = first_token, key
+        self._index[slot] = sampling.first_index + 1
         knobs = sampling_knobs(sampling)
         self._temperature[slot], self._top_k[slot], self._top_p[slot] = (k[0] for k in knobs)
         self._requests[slot] = _Request(remaining=max_new_tokens, eos_id=eos_id)
@@ -272,8 +273,9 @@ def _parse_handoff(frame: bytes, stream_id: int) -> Handoff:
         first_token, sampling = data["first_token"], SamplingParams(**data["sampling"])
     except (ValueError, TypeError, KeyError, RecursionError, UserError) as err:
         raise StateDecodeError(f"handoff frame JSON is malformed: {err}") from None
-    if not all(type(v) is int for v in (first_token, sampling.top_k, sampling.seed)):
-        raise StateDecodeError("handoff first_token, top_k and seed must be integers")
+    integers = (first_token, sampling.top_k, sampling.seed, sampling.first_index)
+    if not all(type(v) is int for v in integers):
+        raise StateDecodeError("handoff first_token, top_k, seed and first_index must be integers")
     return Handoff(first_token, sampling)
 
 

@@ -290,7 +290,8 @@ class PrefillEngine:
         return compiled, time.perf_counter() - start
 
     def _sample_first(self, logits_1V: jax.Array, sampling: SamplingParams) -> tuple[int, float]:
-        args = (logits_1V, request_key(sampling.seed)[None], np.zeros(1, np.int32))
+        index = np.array([sampling.first_index], np.int32)
+        args = (logits_1V, request_key(sampling.seed)[None], index)
         args += sampling_knobs(sampling)
         compile_s = 0.0
         if self._sampler is None:

@@ -12,6 +12,7 @@ pays its own compiles, a TCP socket carries two presets (every length) and a ``p
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -256,6 +257,23 @@ def test_continuous_batching_matches_requests_run_alone():
         step += 1
     assert got == alone
     assert len(set(map(tuple, got.values()))) == len(got)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=40, seed=7)])
+def test_resumed_request_continues_its_tokens(sampling):
+    """A request cut after k tokens and resumed — prefill of prompt + those k tokens, sampling
+    from index k (`first_index`) — yields exactly the tokens the uninterrupted run yields."""
+    _, _, prefill_engine, engine = engines("tiny")
+    start, total = prompt(17), 9
+    whole = prefill_engine.prefill(start, sampling=sampling)
+    expected = run_alone(engine, whole.state, whole.first_token, sampling, max_new_tokens=total - 1)
+    for k in (1, 4):
+        resumed = dataclasses.replace(sampling, first_index=k)
+        result = prefill_engine.prefill(start + expected[:k], sampling=resumed)
+        rest = run_alone(
+            engine, result.state, result.first_token, resumed, max_new_tokens=total - k - 1
+        )
+        assert expected[:k] + rest == expected, k
 
 
 def test_engine_errors():
