@@ -5,8 +5,8 @@ function that calls into the library and prints. Heavy imports (JAX) happen insi
 functions so that ``prfaas --help`` and the pure-Python commands start instantly.
 
 The module is long because it holds the flags of every subcommand (generate, prefill, decode,
-state, convert-hf, kv, plan, simulate, serve, demo, bench) in one place, where ``--help`` texts
-stay consistent; each ``_run_`` function is a few lines that call the library.
+state, convert-hf, kv, plan, simulate, serve, demo, bench, certs) in one place, where ``--help``
+texts stay consistent; each ``_run_`` function is a few lines that call the library.
 """
 
 from __future__ import annotations
@@ -617,6 +617,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:2000",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline in s")
+    p.add_argument(
+        "--ca-cert", default="", help="PEM CA that signed the router's certificate: use TLS"
+    )
+    p.add_argument(
+        "--token-file", default="", help="file holding the router's bearer token ([security])"
+    )
+    p.add_argument("--cert", default="", help="client certificate PEM, for a router without token")
+    p.add_argument("--key", default="", help="its private key PEM")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(run=_run_bench)
 
@@ -628,6 +636,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         run_bench,
         summarize,
     )
+    from prfaas_jax.serving.security import client_section
 
     opts = BenchOptions(
         router=args.router,
@@ -646,6 +655,9 @@ def _run_bench(args: argparse.Namespace) -> int:
         percentiles=tuple(float(p) for p in args.metric_percentiles),
         goodput=_parse_goodput(args.goodput),
         timeout_s=args.timeout,
+        security=client_section(
+            ca_cert=args.ca_cert, cert=args.cert, key=args.key, token_file=args.token_file
+        ),
     )
     records, context = run_bench(opts)
     summary = summarize(records, context, opts)
@@ -654,6 +666,35 @@ def _run_bench(args: argparse.Namespace) -> int:
     else:
         print(format_summary(summary, opts))
     return 0 if summary["failed"] == 0 else 1
+
+
+def _add_certs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "certs",
+        help="make a CA, a node certificate and a router token for a cluster's [security]",
+        description="Write ca.pem (a new CA), node.pem and node-key.pem (a certificate it "
+        "signed for 127.0.0.1 and localhost, for servers and clients alike; every process of "
+        "a toy cluster shares it) and router.token (a random bearer token); the key and the "
+        "token are readable by their owner only. The CA's key is not kept. Point the cluster "
+        "config's [security] section at them (docs/serving.md, Security).",
+        epilog="example: prfaas certs --out certs/ --days 30",
+    )
+    p.add_argument("--out", required=True, help="directory to write into (created if missing)")
+    p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    p.set_defaults(run=_run_certs)
+
+
+def _run_certs(args: argparse.Namespace) -> int:
+    from prfaas_jax.serving.certs import write_cluster_credentials
+
+    if args.days < 1:
+        raise UserError("--days must be ≥ 1")
+    paths = write_cluster_credentials(args.out, days=args.days)
+    names = ", ".join(path.name for path in paths.values())
+    print(f"wrote {names} to {args.out}; for the cluster config:\n\n[security]")
+    for key, path in paths.items():
+        print(f'{key} = "{path.resolve()}"')
+    return 0
 
 
 # --- entry point ----------------------------------------------------------------------------
@@ -670,6 +711,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     _add_kv,
     _add_serve,
     _add_bench,
+    _add_certs,
 )
 
 

@@ -19,6 +19,9 @@ ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chos
 goodput = requests/s that meet every SLO given (DistServe). PrfaaS-specific: the fraction of
 requests offloaded (from each RequestReport), and the inter-cluster egress during the run (the
 router's counter before and after).
+
+A router behind TLS or a bearer token (the `[security]` section, serving/security.py) is
+reached with `security`: its CA certificate, and the token file or a client certificate.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ import grpc
 import numpy as np
 
 from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster_config import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.security import router_channel
 
 PAPER_MU, PAPER_SIGMA, PAPER_MIN, PAPER_MAX = 9.90, 1.00, 128, 131072
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -61,6 +66,7 @@ class BenchOptions:
     goodput: dict[str, float] = dataclasses.field(default_factory=dict)  # metric → SLO in ms
     timeout_s: float = 300.0
     progress: bool = True
+    security: SecuritySection | None = None  # the router's CA, client cert, token (None: plain)
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
@@ -177,13 +183,14 @@ class _Progress:
 def run_bench(opts: BenchOptions) -> tuple[list[RequestRecord], dict]:
     """Send the workload; returns the records and the run's context (duration, egress, t)."""
     rng = np.random.default_rng(opts.seed)
-    with grpc.insecure_channel(opts.router) as channel:
+    with router_channel(opts.router, opts.security) as channel:
         stub = pb_grpc.RouterStub(channel)
         try:
             before = stub.GetStats(pb.GetStatsRequest(), timeout=10)
         except grpc.RpcError as err:
-            name = err.code().name
-            raise UserError(f"cannot reach the router at {opts.router}: {name}") from None
+            # The details say why (e.g. a refused token or TLS handshake); they hold no secret.
+            why = f"{err.code().name}: {err.details()}"
+            raise UserError(f"cannot reach the router at {opts.router}: {why}") from None
         max_prompt = before.max_len - opts.output_len + 1
         if max_prompt < 1:
             raise UserError(

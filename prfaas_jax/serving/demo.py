@@ -30,7 +30,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
 import numpy as np
 
 from prfaas_jax.config import ModelConfig, load_model_config
@@ -38,6 +37,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_config import load_cluster_config, resolve_cluster_path
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.security import router_channel
 
 # Short prompts (≤ the toy's t = 64, the boundary included) and long ones (> t), interleaved
 # so they overlap in flight; five distinct lengths keep the reference to five compiles.
@@ -208,7 +208,8 @@ def run_demo(config: str = "toy", *, as_json: bool = False, log_dir: str | None 
         # so its compiles do not compete with the requests being timed.
         reference.join()
         log("single-process reference ready; sending the workload")
-        with grpc.insecure_channel(ready["router"]) as channel:
+        # As any client would: TLS and the bearer token when the config's [security] sets them.
+        with router_channel(ready["router"], cluster_config.security) as channel:
             stub = pb_grpc.RouterStub(channel)
             # One untimed request per route first, as benchmarks warm up: first-use costs
             # (connections, allocator growth) are not what the table should show. Its prompt

@@ -40,7 +40,8 @@ from prfaas_jax.engine.cached_prefill import CachedPrefill, PrefillRunner
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
-from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving import security as transport
+from prfaas_jax.serving.cluster_config import ClusterConfig, SecuritySection
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS
 from prfaas_jax.serving.link import LinkShaper
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -118,8 +119,11 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
         frame_bytes: int,
         shaper: LinkShaper | None,
         fetch_timeout_s: float = 60.0,
+        security: SecuritySection | None = None,
     ) -> None:
+        """`security`: how fetches reach other instances' `Export` (None: plaintext)."""
         self.cfg, self.cache, self.max_len = cfg, cache, max_len
+        self.security = security
         self.frame_bytes, self.shaper, self.fetch_timeout_s = frame_bytes, shaper, fetch_timeout_s
         self.reuse = CachedPrefill(cache)
         self._lock = threading.Lock()
@@ -179,7 +183,7 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
     def _stub(self, address: str) -> pb_grpc.PrefixCacheStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = transport.channel(address, self.security, CHANNEL_OPTIONS)
                 self._stubs[address] = pb_grpc.PrefixCacheStub(channel)
             return self._stubs[address]
 

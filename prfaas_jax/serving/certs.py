@@ -1,0 +1,149 @@
+"""Certificates for a toy cluster: `make_ca`, `make_node_cert` and `write_cluster_credentials`
+(what `prfaas certs` writes).
+
+One CA signs one node certificate that every process of the toy cluster shares: it is valid
+for TLS servers and clients alike (extended key usage serverAuth + clientAuth) and names the
+loopback host as both IP 127.0.0.1 and DNS localhost, the two ways the cluster dials itself. A
+real deployment issues one certificate per node, naming that node's host, from the same CA;
+the `[security]` section takes any such pair (docs/serving.md, "Security"). Keys are ECDSA
+P-256: quick to make in a test, and every TLS stack gRPC builds on takes them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+LOOPBACK_NAMES = ("localhost",)
+LOOPBACK_IPS = ("127.0.0.1",)
+
+
+@dataclass(frozen=True)
+class Issued:
+    """A certificate and its private key, both PEM."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+
+
+def _builder(
+    subject: str, issuer: x509.Name, public_key: object, days: int
+) -> x509.CertificateBuilder:
+    # Backdated a minute, so a clock a little behind the issuer's still accepts it.
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(_name(subject))
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
+
+
+def make_ca(common_name: str = "prfaas toy cluster CA", *, days: int = 365) -> Issued:
+    """A self-signed CA that may sign end-entity certificates only (path length 0)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        _builder(common_name, _name(common_name), key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def make_node_cert(
+    ca: Issued,
+    common_name: str = "prfaas node",
+    *,
+    dns_names: tuple[str, ...] = LOOPBACK_NAMES,
+    ip_addresses: tuple[str, ...] = LOOPBACK_IPS,
+    days: int = 365,
+) -> Issued:
+    """A certificate signed by `ca` for both ends of a TLS connection, naming the given hosts
+    as subject alternative names (what a TLS client checks the address it dialled against)."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+    cert = (
+        _builder(common_name, ca_cert.subject, key.public_key(), days)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Issued(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Create `path` readable by its owner only (0600) before any secret byte is in it."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def write_cluster_credentials(
+    out_dir: str | os.PathLike[str], *, days: int = 365
+) -> dict[str, Path]:
+    """Write ca.pem, node.pem, node-key.pem and router.token (a random bearer token) into
+    `out_dir`; the key and the token are mode 0600. The CA's own key is not written: nothing
+    here issues more certificates later, and a key that is never stored cannot leak."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ca = make_ca(days=days)
+    node = make_node_cert(ca, days=days)
+    paths = {
+        "ca_cert": out / "ca.pem",
+        "cert": out / "node.pem",
+        "key": out / "node-key.pem",
+        "token_file": out / "router.token",
+    }
+    paths["ca_cert"].write_bytes(ca.cert_pem)
+    paths["cert"].write_bytes(node.cert_pem)
+    _write_private(paths["key"], node.key_pem)
+    _write_private(paths["token_file"], (secrets.token_urlsafe(32) + "\n").encode())
+    return paths
