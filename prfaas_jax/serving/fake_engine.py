@@ -3,12 +3,20 @@
 Also exposes `fake_tokens`, the expected output of a request. They serve the serving-plane
 tests (and `engine = "fake"` clusters) without a model, JetStream-style, but keep the real
 interfaces of engine/prefill.py and engine/decode.py and a real `ModelState`, so the real codec
-carries it. For a prompt of L tokens with sum S, over a vocabulary of V:
+carries it. The fake model is autoregressive: over a vocabulary of V, the token that follows a
+sequence (prompt, then the tokens generated so far) of length L and sum S is
 
-    token i of the request = (S + L + 7·i) mod V          (i = 0 is prefill's first token)
+    next(seq) = (2·S + L) mod V
 
-Prefill writes the prompt into the state (token p at position p of the first growing cache,
-every other value zero); decode reads S and L back *from the state it received*, so a state
+so for a prompt with sum S and length L, token 0 = (2S + L) mod V (prefill's first token) and
+token i+1 = (3·token_i + 1) mod V (appending t adds 2t + 1 to 2S + L). x ↦ 3x + 1 has no short
+cycles mod a power of two (every orbit mod 256 is 128 long), so outputs stay well spread. As
+every token depends on the whole sequence before it, a request resumed from prompt + its first
+k tokens continues exactly where it stopped — and one resumed from the wrong tokens does not.
+
+Prefill writes the sequence into the state (token p at position p of the first growing cache,
+every other value zero); decode reads S and L back *from the state it received*, absorbs the
+first token it is handed, and then tracks the running sum and length of each slot, so a state
 that arrives damaged or belongs to another prompt shows up as wrong tokens. Prefill after a
 `prefix` state (a cached prefix) reads the prefix's tokens back from that state the same way,
 so a prefix cache that serves the wrong state shows up as wrong tokens too. Optional sleeps
@@ -29,13 +37,19 @@ from prfaas_jax.engine.prefill import GREEDY, EngineError
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.model import ModelState
 
-STRIDE = 7
+
+def next_token(total: int, length: int, vocab_size: int) -> int:
+    """The token after a sequence of `length` tokens that sum to `total`."""
+    return (2 * total + length) % vocab_size
 
 
 def fake_tokens(prompt: Sequence[int], num_tokens: int, vocab_size: int) -> list[int]:
-    """The `num_tokens` tokens the fake engines produce for `prompt`."""
-    base = sum(prompt) + len(prompt)
-    return [(base + STRIDE * i) % vocab_size for i in range(num_tokens)]
+    """The `num_tokens` tokens the fake engines produce for `prompt` (greedy or not)."""
+    total, length, out = sum(prompt), len(prompt), []
+    for _ in range(num_tokens):
+        out.append(next_token(total, length, vocab_size))
+        total, length = total + out[-1], length + 1
+    return out
 
 
 def _prompt_tensor(cfg: ModelConfig, length: int) -> int:
@@ -101,14 +115,14 @@ class FakePrefillEngine:
         )
         if on_chunk is not None:
             on_chunk(state, len(ids))  # one chunk: the whole prompt
-        first = fake_tokens(ids, 1, self.cfg.vocab_size)[0]
+        first = next_token(sum(ids), len(ids), self.cfg.vocab_size)
         return FakePrefillResult(state, first, len(new), len(head))
 
 
 @dataclasses.dataclass
 class _Slot:
-    base: int  # S + L, read back from the state
-    index: int  # token index of the next token
+    total: int  # sum of the sequence so far: the state's tokens, then every token absorbed
+    length: int  # its length
     remaining: int
     finished: bool = False
 
@@ -154,7 +168,8 @@ class FakeDecodeEngine:
         if not self.free_slots:
             raise EngineError(f"all {self.max_slots} slots are busy")
         slot = self.free_slots[0]
-        self._slots[slot] = _Slot(sum(prompt) + length, 1, max_new_tokens)
+        # The first token (sampled by prefill) is the next input, as in the real engine.
+        self._slots[slot] = _Slot(sum(prompt) + int(first_token), length + 1, max_new_tokens)
         return slot
 
     def step(self) -> list[tuple[int, int]]:
@@ -167,8 +182,9 @@ class FakeDecodeEngine:
         for i in active:
             slot = self._slots[i]
             assert slot is not None
-            out.append((i, (slot.base + STRIDE * slot.index) % self.cfg.vocab_size))
-            slot.index += 1
+            token = next_token(slot.total, slot.length, self.cfg.vocab_size)
+            out.append((i, token))
+            slot.total, slot.length = slot.total + token, slot.length + 1
             slot.remaining -= 1
             slot.finished = slot.remaining == 0
         return out

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
@@ -15,8 +17,36 @@ CFG = load_model_config("tiny")
 
 
 def test_tokens_by_hand():
-    # S = 1 + 2 + 3 = 6, L = 3: tokens (9 + 7i) mod 256.
-    assert fake_tokens([1, 2, 3], 4, 256) == [9, 16, 23, 30]
+    # S = 1 + 2 + 3 = 6, L = 3: token 0 = 2·6 + 3 = 15, then 3·15 + 1 = 46, 3·46 + 1 = 139,
+    # 3·139 + 1 = 418 ≡ 162 (mod 256).
+    assert fake_tokens([1, 2, 3], 4, 256) == [15, 46, 139, 162]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 255), min_size=1, max_size=40),
+    n=st.integers(1, 40),
+    data=st.data(),
+)
+def test_tokens_are_autoregressive(prompt, n, data):
+    """Resuming from prompt + the first k tokens gives the rest: what a request continued on
+    another decode worker must produce."""
+    k = data.draw(st.integers(0, n - 1))
+    head = fake_tokens(prompt, k, 256)
+    assert fake_tokens(prompt + head, n - k, 256) == fake_tokens(prompt, n, 256)[k:]
+
+
+def test_decode_resumes_from_a_longer_state():
+    prompt, n, k = [9, 8, 7, 6], 10, 4
+    expected = fake_tokens(prompt, n, 256)
+    result = FakePrefillEngine(CFG).prefill(prompt + expected[:k], max_len=64)
+    assert result.first_token == expected[k]
+    engine = FakeDecodeEngine(CFG, max_slots=1, max_len=64)
+    slot = engine.insert(result.state, result.first_token, max_new_tokens=n - k - 1)
+    tokens = [result.first_token]
+    while not engine.is_finished(slot):
+        tokens += [token for _, token in engine.step()]
+    assert tokens == expected[k:]
 
 
 def test_prefill_codec_decode_round_trip():
@@ -44,8 +74,9 @@ def test_a_damaged_state_gives_other_tokens():
         state.lengths, (*state.layers[:3], type(state.layers[3])(c_kv, state.layers[3].k_rope))
     )
     engine = FakeDecodeEngine(CFG, max_slots=1, max_len=16)
-    slot = engine.insert(damaged, 9, max_new_tokens=1)
-    assert engine.step() == [(slot, fake_tokens([1, 7, 3], 2, 256)[1])]
+    slot = engine.insert(damaged, fake_tokens([1, 2, 3], 1, 256)[0], max_new_tokens=1)
+    # The decoder continues [1, 7, 3, 15]: 2·26 + 4 = 56, not fake_tokens([1, 2, 3])[1] = 46.
+    assert engine.step() == [(slot, 56)]
 
 
 def test_limits():
