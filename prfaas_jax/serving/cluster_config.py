@@ -6,18 +6,28 @@ explains each):
 
     [model]       preset, seed, impl ("chunk" | "reference"), engine ("jax" | "fake")
     [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache,
-                  prefill_mesh, decode_mesh (model/sharding.py specs)
+                  prefill_mesh, decode_mesh (model/sharding.py specs), max_prefill_queue
+                  (per prefill worker: requests waiting for or on its engine), max_pending_states
+                  (per decode worker: states held outside a slot; 0 = router.max_in_flight)
     [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s
     [router]      threshold, prfaas_max_queue, bandwidth_abundant, control_period_s,
-                  request_timeout_s, metrics_port
+                  request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
+                  metrics_port, max_in_flight (requests admitted at once), ttft_slo_s
+                  (refuse a request whose predicted TTFT exceeds it, policy/admission.py; 0 = off)
     [controller]  enabled, threshold_step and every `ControllerConfig` field but candidates
     [rebalancer]  enabled, period_s, drain_timeout_s and every `RebalancerConfig` field
     [profile]     prfaas_prefill_s, pd_prefill_s (polynomial coefficients of T_prefill(l), s),
                   decode_step_s: the throughput model's view of the emulated hardware
     [prefix_cache] enabled, capacity_mib, block_size, checkpoint_every: each prefill worker's
                   hybrid prefix cache pool (engine/prefix_cache.py)
+    [security]    ca_cert, cert, key (PEM paths, all three or none: mutual TLS between all
+                  processes; the router's port then uses TLS too), token_file (the router's
+                  bearer token); relative paths are resolved against the config's directory
+                  (serving/security.py)
+    [chaos]       corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
+                  fault injection in the prefill workers (serving/chaos.py); all zero = none
 
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type.
 """
@@ -56,6 +66,8 @@ class EngineSection:
     compile_cache: bool = True  # share compiled executables between worker processes
     prefill_mesh: str = ""  # device mesh of prefill engines, e.g. "tensor=4" ("": one device)
     decode_mesh: str = ""  # of decode engines; may differ: states are layout-free on the wire
+    max_prefill_queue: int = 64  # per prefill worker: requests waiting for or on its engine
+    max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
 
 
 @dataclass(frozen=True)
@@ -91,7 +103,12 @@ class RouterSection:
     bandwidth_abundant: bool = False
     control_period_s: float = 0.5
     request_timeout_s: float = 120.0
+    max_attempts: int = 4  # per request: the first attempt and up to 3 retries after faults
+    retry_wait_s: float = 30.0  # how long a retry waits for a live instance (e.g. a restart)
+    stall_timeout_s: float = 30.0  # an attempt silent this long (hung worker or link) is retried
     metrics_port: int = 0  # 0: any free port
+    max_in_flight: int = 256  # requests admitted at once; more are RESOURCE_EXHAUSTED
+    ttft_slo_s: float = 0.0  # refuse a request whose predicted TTFT exceeds this (0: off)
 
 
 @dataclass(frozen=True)
@@ -130,6 +147,34 @@ class PrefixCacheSection:
 
 
 @dataclass(frozen=True)
+class SecuritySection:
+    """Paths only: the key and the token are read by the processes that use them, so neither
+    ever sits in a config object that might be printed or logged."""
+
+    ca_cert: str = ""  # PEM: the CA that signs every node (and client) certificate
+    cert: str = ""  # PEM: this node's certificate, presented as server and as client
+    key: str = ""  # PEM: its private key
+    token_file: str = ""  # a file holding the router's bearer token ("": no token auth)
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.cert)
+
+
+@dataclass(frozen=True)
+class ChaosSection:
+    """Faults the prefill workers inject into their own state transfers (serving/chaos.py)."""
+
+    corrupt_frame_prob: float = 0.0  # flip one byte of one data frame: the receiver's CRC fails
+    drop_transfer_prob: float = 0.0  # cancel the push midway, as a dead link would
+    seed: int = 0  # each worker draws from seed + a hash of its name
+
+    @property
+    def enabled(self) -> bool:
+        return self.corrupt_frame_prob > 0 or self.drop_transfer_prob > 0
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     path: Path
     model: ModelSection
@@ -142,6 +187,14 @@ class ClusterConfig:
     rebalancer: RebalancerSection
     profile: ProfileSection
     prefix_cache: PrefixCacheSection = dataclasses.field(default_factory=PrefixCacheSection)
+    security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
+    chaos: ChaosSection = dataclasses.field(default_factory=ChaosSection)
+
+    @property
+    def pending_states_limit(self) -> int:
+        """`engine.max_pending_states`, or with 0 `router.max_in_flight`: then every request the
+        router admits may wait on one decode node with its state, as under a decode backlog."""
+        return self.engine.max_pending_states or self.router.max_in_flight
 
     def controller_config(self) -> ControllerConfig:
         from prfaas_jax.policy.threshold_controller import threshold_candidates
@@ -228,7 +281,8 @@ def _section(path: Path, doc: dict, name: str, cls: type, **extra: object) -> An
 
 def _parse(path: Path, doc: dict) -> ClusterConfig:
     sections = ("model", "engine", "fake", "instances", "link", "router")
-    sections += ("controller", "rebalancer", "profile", "prefix_cache")
+    sections += ("controller", "rebalancer", "profile", "prefix_cache", "security")
+    sections += ("chaos",)
     for key in doc:
         if key not in sections:
             raise ConfigError(
@@ -264,12 +318,35 @@ def _parse(path: Path, doc: dict) -> ClusterConfig:
             prefix_cache=PrefixCacheSection(
                 **_section(path, doc, "prefix_cache", PrefixCacheSection)
             ),
+            security=_security(path, doc),
+            chaos=ChaosSection(**_section(path, doc, "chaos", ChaosSection)),
         )
     except ValueError as err:
         raise ConfigError(f"{path}: {err}") from None
     _validate(config)
     config.controller_config()
     return config
+
+
+def _security(path: Path, doc: dict) -> SecuritySection:
+    """`[security]` with its paths resolved against the config file's directory."""
+    values = _section(path, doc, "security", SecuritySection)
+    resolved = {k: str(path.parent / v) if v else "" for k, v in values.items()}
+    return SecuritySection(**resolved)
+
+
+def _validate_security(config: ClusterConfig) -> None:
+    section, where = config.security, config.path
+    tls = {"ca_cert": section.ca_cert, "cert": section.cert, "key": section.key}
+    missing = [k for k, v in tls.items() if not v]
+    if missing and len(missing) < len(tls):
+        raise ConfigError(
+            f"{where}: 'security.{missing[0]}' is missing: ca_cert, cert and key go together "
+            "(all three for mutual TLS, or none)"
+        )
+    for key, value in {**tls, "token_file": section.token_file}.items():
+        if value and not Path(value).is_file():
+            raise ConfigError(f"{where}: 'security.{key}': no such file {value}")
 
 
 def _validate(config: ClusterConfig) -> None:
@@ -285,6 +362,8 @@ def _validate(config: ClusterConfig) -> None:
     ok = bool(engine.buckets) and list(engine.buckets) == sorted(set(engine.buckets))
     check(ok and engine.buckets[0] >= 1, "engine.buckets", "must be increasing positive sizes")
     check(engine.max_slots >= 1, "engine.max_slots", "must be ≥ 1")
+    check(engine.max_prefill_queue >= 1, "engine.max_prefill_queue", "must be ≥ 1")
+    check(engine.max_pending_states >= 0, "engine.max_pending_states", "must be ≥ 0")
     check(engine.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
     check(min(config.fake.prefill_s_per_token, config.fake.decode_step_s) >= 0, "fake", "≥ 0")
     check(min(inst.prfaas_prefill, inst.pd_prefill) >= 0, "instances", "counts must be ≥ 0")
@@ -307,7 +386,12 @@ def _validate(config: ClusterConfig) -> None:
     check(router.prfaas_max_queue >= 1, "router.prfaas_max_queue", "must be ≥ 1")
     check(router.control_period_s > 0, "router.control_period_s", "must be positive")
     check(router.request_timeout_s > 0, "router.request_timeout_s", "must be positive")
+    check(router.max_attempts >= 1, "router.max_attempts", "must be ≥ 1")
+    check(router.retry_wait_s >= 0, "router.retry_wait_s", "must be ≥ 0")
+    check(router.stall_timeout_s > 0, "router.stall_timeout_s", "must be positive")
     check(0 <= router.metrics_port < 65536, "router.metrics_port", "must be a port number")
+    check(router.max_in_flight >= 1, "router.max_in_flight", "must be ≥ 1")
+    check(router.ttft_slo_s >= 0, "router.ttft_slo_s", "must be ≥ 0")
     check(config.controller.threshold_step >= 1, "controller.threshold_step", "must be ≥ 1")
     check(config.controller.window >= 1, "controller.window", "must be ≥ 1")
     check(config.rebalancer.period_s > 0, "rebalancer.period_s", "must be positive")
@@ -320,6 +404,10 @@ def _validate(config: ClusterConfig) -> None:
     check(cache.capacity_mib >= 0, "prefix_cache.capacity_mib", "must be ≥ 0")
     check(cache.block_size >= 1, "prefix_cache.block_size", "must be ≥ 1")
     check(cache.checkpoint_every >= 1, "prefix_cache.checkpoint_every", "must be ≥ 1")
+    chaos = config.chaos
+    for key in ("corrupt_frame_prob", "drop_transfer_prob"):
+        check(0 <= getattr(chaos, key) <= 1, f"chaos.{key}", "must be in [0, 1]")
+    _validate_security(config)
 
 
 def resolve_cluster_path(name_or_path: str | Path) -> Path:

@@ -3,11 +3,12 @@
 A request meets the decode worker twice, in either order: the prefill worker's `PushState`
 (the codec frames — header, data frames as prefill makes them, trailer — and the handoff frame)
 and the router's `Generate` (request id, prompt length, token budget). `PushState` collects the
-stream and validates everything before a request can use it — the handoff (`split_handoff`) and
-every frame (`codec.decode`: magic, version, model fingerprint, stream id, checksums, shapes,
-completeness, the trailer's CRCs) — and refuses a state longer than the node can decode, or one
-whose length differs from the prompt length the router announced. Malformed input is
-INVALID_ARGUMENT, a second state or stream for one request ALREADY_EXISTS.
+stream and validates everything before a request can use it — the handoff (`split_handoff`; its
+first token must be in the vocabulary) and every frame (`codec.decode`: magic, version, model
+fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) — and refuses a
+state longer than the node can decode, or one whose length differs from the prompt length the
+router announced. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
+waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
 
 One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into
 free slots as they arrive, runs one `step` for all active slots, sends each request its token,
@@ -15,6 +16,11 @@ and frees a slot when its request finishes or its client goes away. The first to
 prefill) is sent on insertion, so time-to-first-token includes the state transfer. A state that
 no `Generate` claims within `state_timeout_s` is dropped, as is a `Generate` whose state never
 comes (DEADLINE_EXCEEDED).
+
+Both queues are bounded, so a burst costs refusals, not memory: at most `max_pending_states`
+states are held outside a slot (received or being received, waiting for their `Generate` or for
+a slot), and at most `max_waiting` `Generate` calls wait for a state or a slot. Beyond that, a
+push is refused before any of its frames is read, a call at once; both RESOURCE_EXHAUSTED.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import grpc
 import numpy as np
@@ -38,7 +44,6 @@ from prfaas_jax.engine.decode import split_handoff
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.grpc_server import abort_for
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -59,6 +64,7 @@ class _Request:
     sampling: SamplingParams | None = None
     state_bytes: int = 0
     cancelled: bool = False
+    taken: bool = False  # the engine thread took it off the ready queue: it waits no more
     out: queue.Queue = dataclasses.field(default_factory=queue.Queue)
 
 
@@ -71,9 +77,13 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         max_len: int,
         admit: Callable[[grpc.ServicerContext], None],
         state_timeout_s: float = 120.0,
+        max_pending_states: int = 256,
+        max_waiting: int = 512,
     ) -> None:
         self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
         self.state_timeout_s = state_timeout_s
+        self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
+        self._receiving = 0  # pushes accepted and still streaming
         # Frames of the longest state this node decodes, with generous room for headers.
         self.max_push_bytes = 2 * state_nbytes(cfg, max_len) + 2**20
         self._cv = threading.Condition()
@@ -103,6 +113,17 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         with self._cv:
             return bool(self._requests or self._slots)
 
+    def _held_states(self) -> int:
+        """States outside a slot, received or being received (caller holds `_cv`)."""
+        held = sum(1 for r in self._requests.values() if r.state is not None and not r.taken)
+        return held + self._receiving
+
+    def _waiting(self) -> int:
+        """`Generate` calls waiting for a state or a slot (caller holds `_cv`)."""
+        return sum(
+            1 for r in self._requests.values() if r.registered and not (r.taken or r.cancelled)
+        )
+
     # --- PushState ------------------------------------------------------------------------
 
     def PushState(  # noqa: N802
@@ -114,22 +135,51 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message must name the request"
             )
+        with self._cv:
+            full = self._held_states() >= self.max_pending_states
+            if not full:
+                self._receiving += 1
+        if full:  # refused before reading a frame: nothing of this stream is buffered
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{first.request_id}: {self.max_pending_states} states already wait here "
+                "for a Generate or a slot, this node's limit",
+            )
+        try:
+            return self._receive(first, request_iterator, context)
+        finally:
+            with self._cv:
+                self._receiving -= 1
+
+    def _receive(
+        self,
+        first: pb.StateChunk,
+        request_iterator: Iterator[pb.StateChunk],
+        context: grpc.ServicerContext,
+    ) -> pb.PushStateReply:
+        """Read, validate and keep the state that `first` announced."""
         frames, total = [], 0
         for chunk in request_iterator:
             total += len(chunk.frame)
             if total > self.max_push_bytes:
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
+                self._reject(
+                    context,
+                    first.request_id,
                     f"state stream exceeds {self.max_push_bytes} bytes, more than a "
                     f"{self.max_len}-token state of this model",
                 )
             frames.append(chunk.frame)
         try:
             state_frames, handoff = split_handoff(frames)
+            vocab = self.cfg.vocab_size
+            if not 0 <= handoff.first_token < vocab:
+                raise UserError(
+                    f"handoff first token {handoff.first_token} outside the vocabulary [0, {vocab})"
+                )
             state = codec.decode(state_frames, self.cfg, max_len=self.max_len)
             state_bytes = codec.inspect(state_frames).payload_nbytes
         except UserError as err:
-            abort_for(context, err)
+            self._reject(context, first.request_id, str(err))
         self._start_engine_thread()
         length = int(np.asarray(state.lengths)[0])
         with self._cv:
@@ -158,6 +208,16 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     def _fail(self, req: _Request, message: str) -> None:
         req.out.put((grpc.StatusCode.INVALID_ARGUMENT, message))
 
+    def _reject(self, context: grpc.ServicerContext, request_id: str, message: str) -> NoReturn:
+        """Refuse a pushed state (nothing of it is kept). A `Generate` already waiting for it
+        fails now rather than at its timeout: its sender's push failed, so no state comes."""
+        with self._cv:
+            req = self._requests.get(request_id)
+            if req is not None and req.registered and not req.has_state:
+                self._fail(req, f"{request_id}: its state was rejected: {message}")
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        raise AssertionError("context.abort returned")
+
     # --- Generate -------------------------------------------------------------------------
 
     def Generate(  # noqa: N802
@@ -177,6 +237,15 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             )
         self._start_engine_thread()
         with self._cv:
+            if self._waiting() >= self.max_waiting:
+                early = self._requests.get(request.request_id)
+                if early is not None and not early.registered:
+                    del self._requests[request.request_id]  # no Generate will claim its state
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{request.request_id}: {self.max_waiting} requests already wait here "
+                    "for a state or a slot, this node's limit",
+                )
             req = self._requests.setdefault(
                 request.request_id, _Request(request.request_id, time.monotonic())
             )
@@ -263,7 +332,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 self._reap()
             taken = []
             while self._ready and len(taken) < free:
-                taken.append(self._ready.popleft())
+                req = self._ready.popleft()
+                req.taken = True
+                taken.append(req)
             return taken
 
     def _reap(self) -> None:

@@ -5,6 +5,8 @@ servicers, the standard `grpc.health.v1.Health` service and server reflection, a
 NOT_SERVING; `set_serving` flips every registered service (and the overall "" entry) to
 SERVING once the process is ready (engines built and warmed). `abort_for` maps the project's
 exceptions to gRPC status codes, so a bad request is INVALID_ARGUMENT and not UNKNOWN.
+Given TLS `credentials` (serving/security.py) the port is TLS; `interceptors` run before
+every servicer (the router's bearer-token check).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from prfaas_jax.errors import UserError
+from prfaas_jax.serving import security
+from prfaas_jax.serving.cluster_config import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2
 
 MAX_MESSAGE_BYTES = 64 * 2**20
@@ -36,10 +40,21 @@ class ServingServer:
         *,
         port: int = 0,
         max_workers: int = 64,
+        credentials: grpc.ServerCredentials | None = None,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
+        max_receive_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
-        """`registrations`: (add_XServicer_to_server, servicer, full service name) triples."""
+        """`registrations`: (add_XServicer_to_server, servicer, full service name) triples;
+        `max_receive_bytes`: the largest message the server parses (gRPC refuses a larger one
+        with RESOURCE_EXHAUSTED before any servicer sees it)."""
+        if max_receive_bytes < 1:
+            raise ValueError(f"max_receive_bytes must be ≥ 1, got {max_receive_bytes}")
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
-        self.server = grpc.server(self._pool, options=CHANNEL_OPTIONS)
+        options = (
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_receive_bytes),
+        )
+        self.server = grpc.server(self._pool, options=options, interceptors=interceptors)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.service_names = [name for _, _, name in registrations]
@@ -47,7 +62,11 @@ class ServingServer:
             add(servicer, self.server)
         names = (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        bind = f"127.0.0.1:{port}"
+        if credentials is None:
+            self.port = self.server.add_insecure_port(bind)
+        else:
+            self.port = self.server.add_secure_port(bind, credentials)
         if self.port == 0:
             raise OSError(f"cannot bind 127.0.0.1:{port}")
         self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -85,9 +104,12 @@ def abort_for(context: grpc.ServicerContext, err: Exception) -> NoReturn:
     raise AssertionError("context.abort returned")
 
 
-def health_status(address: str, timeout_s: float = 1.0) -> str:
-    """The overall health of the server at `address` ("SERVING", "NOT_SERVING", or the error)."""
-    with grpc.insecure_channel(address) as channel:
+def health_status(
+    address: str, timeout_s: float = 1.0, *, security_section: SecuritySection | None = None
+) -> str:
+    """The overall health of the server at `address` ("SERVING", "NOT_SERVING", or the error),
+    asked over TLS with the node certificate when `security_section` has one."""
+    with security.channel(address, security_section) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)

@@ -96,7 +96,10 @@ class ClusterProcesses:
         compile_cache: str | os.PathLike[str] | None = None,
         ready_timeout_s: float = 600.0,
         stop_event: threading.Event | None = None,
+        restart_workers: bool = False,
     ) -> None:
+        """`restart_workers`: replace a worker process that dies (same name and role, a new
+        port) from a supervisor thread, and tell the router through the workers file."""
         self.config = load_cluster_config(config_path)
         self.config_path = str(self.config.path)
         # A temporary log dir is removed after a clean run and kept when something failed.
@@ -112,6 +115,12 @@ class ClusterProcesses:
         self._stop = stop_event or threading.Event()
         self.children: list[_Child] = []
         self.ready: dict | None = None
+        self.restart_workers = restart_workers
+        self.restarts = 0
+        self._children_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._workers_file = self.log_dir / "workers.json"
 
     def __enter__(self) -> ClusterProcesses:
         return self
@@ -121,29 +130,34 @@ class ClusterProcesses:
         if self._temporary_logs and exc_type is None and not self.failed:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    def _spawn(self, name: str, role: str, module: str, extra: list[str]) -> _Child:
+    def _spawn(
+        self, name: str, role: str, module: str, extra: list[str], log_name: str = ""
+    ) -> _Child:
         argv = [sys.executable, "-m", module, "--config", self.config_path]
         argv += ["--parent-pid", str(os.getpid())]
-        log_path = self.log_dir / f"{name}.log"
+        log_path = self.log_dir / f"{log_name or name}.log"
         child = _Child(
             name,
             role,
             [*argv, *extra, "--address-file", str(log_path.with_suffix(".json"))],
             log_path,
         )
-        self.children.append(child)
+        with self._children_lock:
+            self.children.append(child)
         return child
 
-    def _spawn_worker(self, name: str, role: Role) -> _Child:
+    def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> _Child:
         extra = ["--name", name, "--role", role.value]
         if self.compile_cache:
             extra += ["--compile-cache", self.compile_cache]
-        return self._spawn(name, role.value, "prfaas_jax.serving.worker", extra)
+        return self._spawn(name, role.value, "prfaas_jax.serving.worker", extra, log_name)
 
-    def _wait_serving(self, children: list[_Child], deadline: float) -> None:
+    def _wait_serving(
+        self, children: list[_Child], deadline: float, stop: threading.Event | None = None
+    ) -> None:
         waiting = list(children)
         while waiting:
-            if self._stop.is_set():
+            if self._stop.is_set() or (stop is not None and stop.is_set()):
                 raise ClusterError("interrupted while the cluster was starting")
             for child in list(waiting):
                 code = child.popen.poll()
@@ -154,7 +168,12 @@ class ClusterProcesses:
                     )
                 if not child.info and child.address_file.exists():
                     child.info = json.loads(child.address_file.read_text())
-                if child.info and health_status(child.info["address"]) == "SERVING":
+                # With certificates, the probe presents the node's: workers require mTLS.
+                security = self.config.security
+                if (
+                    child.info
+                    and health_status(child.info["address"], security_section=security) == "SERVING"
+                ):
                     waiting.remove(child)
             if time.monotonic() > deadline:
                 names = ", ".join(c.name for c in waiting)
@@ -178,19 +197,19 @@ class ClusterProcesses:
                 pending = [item for item in pending if item not in firsts.values()]
             rest = [self._spawn_worker(n, r) for n, r in pending]
             self._wait_serving(rest, deadline)
-            workers = {
-                c.name: {"address": c.info["address"], "pid": c.info["pid"], "role": c.role}
-                for c in self.children
-            }
-            workers_file = self.log_dir / "workers.json"
-            workers_file.write_text(json.dumps(workers))
+            workers = self._write_workers()
             router = self._spawn(
                 "router",
                 "router",
                 "prfaas_jax.serving.router_control",
-                ["--workers", str(workers_file)],
+                ["--workers", str(self._workers_file)],
             )
             self._wait_serving([router], deadline)
+            if self.restart_workers:
+                self._supervisor = threading.Thread(
+                    target=self._supervise, name="cluster-supervisor", daemon=True
+                )
+                self._supervisor.start()
         except BaseException:
             self.stop()
             raise
@@ -206,15 +225,76 @@ class ClusterProcesses:
         }
         return self.ready
 
+    def _write_workers(self) -> dict:
+        """The workers listing the router reads (and re-reads after a restart), atomically."""
+        with self._children_lock:
+            workers = {
+                c.name: {"address": c.info["address"], "pid": c.info["pid"], "role": c.role}
+                for c in self.children
+                if c.role != "router"
+            }
+        write_json(self._workers_file, workers)
+        return workers
+
+    def worker_pid(self, name: str) -> int | None:
+        """The pid of the process that is instance `name` now (None: none is running)."""
+        with self._children_lock:
+            for child in self.children:
+                if child.name == name and child.popen.poll() is None:
+                    return child.popen.pid
+        return None
+
+    def _supervise(self) -> None:
+        """Replace dead workers until the cluster stops. Runs on its own thread, which then
+        also forks the replacements (their parent-death signal follows this thread, which lives
+        as long as the cluster)."""
+        while not self._stopping.wait(0.1):
+            with self._children_lock:
+                dead = [
+                    c for c in self.children if c.role != "router" and c.popen.poll() is not None
+                ]
+            for child in dead:
+                if self._stopping.is_set():
+                    return
+                self._replace(child)
+
+    def _replace(self, dead: _Child) -> None:
+        code = dead.popen.poll()
+        print(
+            f"prfaas serve: {dead.name} exited with status {code}; restarting it",
+            file=sys.stderr,
+            flush=True,
+        )
+        with self._children_lock:
+            self.children.remove(dead)
+        attempt = self.restarts + 1
+        child = self._spawn_worker(dead.name, Role(dead.role), f"{dead.name}.restart-{attempt}")
+        try:
+            self._wait_serving([child], time.monotonic() + self.ready_timeout_s, self._stopping)
+        except ClusterError as err:
+            # Left in the list dead: the next pass replaces it again.
+            print(f"prfaas serve: restarting {dead.name} failed: {err}", file=sys.stderr)
+            return
+        self.restarts += 1
+        self._write_workers()
+
     def dead_child(self) -> str | None:
-        """The name of a process that exited on its own, if any."""
-        for child in self.children:
+        """The name of a process that exited on its own, if any (with `restart_workers`, only
+        the router counts: a worker is replaced)."""
+        with self._children_lock:
+            children = list(self.children)
+        for child in children:
+            if self.restart_workers and child.role != "router":
+                continue
             if child.popen.poll() is not None:
                 return child.name
         return None
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every process group, wait up to `grace_s`, SIGKILL the rest."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=self.ready_timeout_s)
         for child in reversed(self.children):  # the router first: it stops taking requests
             child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
@@ -252,7 +332,9 @@ def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = Non
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
     }
     try:
-        with ClusterProcesses(config_path, log_dir=log_dir, stop_event=stop) as cluster:
+        with ClusterProcesses(
+            config_path, log_dir=log_dir, stop_event=stop, restart_workers=True
+        ) as cluster:
             try:
                 ready = cluster.start()
             except ClusterError:

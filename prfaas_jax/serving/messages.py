@@ -2,7 +2,9 @@
 
 `role_to_proto` / `role_from_proto` (policy `Role` ↔ `prfaas.v1.Role`), `sampling_from_proto` /
 `sampling_to_proto` (`SamplingParams` ↔ the message; an unset top_p of 0 reads as 1.0, "off"),
-and `check_prompt`, the request checks every entry point shares.
+and the request checks every entry point shares: `check_prompt` (tokens and budget) and
+`check_request_id`. `router_max_request_bytes` bounds a valid `GenerateRequest`, so the router's
+port refuses anything larger (RESOURCE_EXHAUSTED) before parsing it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ _ROLES = {
     Role.PD_DECODE: pb.ROLE_PD_DECODE,
 }
 _FROM_PROTO = {value: role for role, value in _ROLES.items()}
+MAX_REQUEST_ID_LEN = 256
 
 
 def role_to_proto(role: Role) -> int:
@@ -33,14 +36,18 @@ def role_from_proto(value: int) -> Role:
     return _FROM_PROTO[value]
 
 
-def sampling_from_proto(temperature: float, top_p: float, top_k: int, seed: int) -> SamplingParams:
-    """Raises UserError for invalid settings (negative temperature, top_p outside (0, 1])."""
+def sampling_from_proto(
+    temperature: float, top_p: float, top_k: int, seed: int, first_index: int = 0
+) -> SamplingParams:
+    """Raises UserError for invalid settings (NaN or ±inf, negative temperature, top_p outside
+    (0, 1]). A top_k at or above the vocabulary size is accepted: it keeps every token (off)."""
     # proto3 has no "unset": a zero top_p means the field was left out, i.e. nucleus off.
     return SamplingParams(
         temperature=float(temperature),
         top_k=int(top_k),
         top_p=1.0 if top_p == 0 else float(top_p),
         seed=int(seed),
+        first_index=int(first_index),
     )
 
 
@@ -50,6 +57,7 @@ def sampling_to_proto(sampling: SamplingParams) -> pb.SamplingParams:
         top_p=sampling.top_p,
         top_k=sampling.top_k,
         seed=sampling.seed,
+        first_index=sampling.first_index,
     )
 
 
@@ -70,3 +78,32 @@ def check_prompt(
             f"prompt ({len(tokens)}) + max_new_tokens ({max_new_tokens}) − 1 exceed the "
             f"cluster's max_len {max_len}"
         )
+
+
+def check_request_id(request_id: str) -> None:
+    """Raises UserError unless `request_id` is at most MAX_REQUEST_ID_LEN printable characters.
+
+    Empty is fine (the router assigns an id). Ids end up in logs, metrics and error messages,
+    so control characters (newlines, escapes) and other non-printable code points are refused.
+    """
+    if len(request_id) > MAX_REQUEST_ID_LEN:
+        raise UserError(
+            f"request_id has {len(request_id)} characters, more than {MAX_REQUEST_ID_LEN}"
+        )
+    bad = next((ch for ch in request_id if not ch.isprintable()), None)
+    if bad is not None:
+        raise UserError(
+            f"request_id contains the non-printable character U+{ord(bad):04X}; "
+            "use printable characters only"
+        )
+
+
+def router_max_request_bytes(max_len: int) -> int:
+    """An upper bound on the serialized size of any valid `GenerateRequest` for `max_len`.
+
+    A valid prompt has at most `max_len` tokens of ≤ 6 bytes each (a 5-byte int32 varint, plus
+    its tag when a client sends the repeated field unpacked); the request id at most
+    MAX_REQUEST_ID_LEN characters of ≤ 4 UTF-8 bytes; the scalar fields and the lengths fit in
+    the rest. A larger message cannot be valid, so the router's port refuses it unparsed.
+    """
+    return 6 * max_len + 4 * MAX_REQUEST_ID_LEN + 1024

@@ -3,7 +3,12 @@
 `MetricsServer` serves `GET /metrics` (text exposition format 0.0.4) from a daemon thread on
 127.0.0.1; every scrape renders a fresh `RouterSnapshot`. Metric names:
 
-    prfaas_requests_total{route, outcome}        counter  finished requests ("ok" | "error")
+    prfaas_requests_total{route, outcome}        counter  finished requests ("ok" | "error" |
+                                                          "cancelled"; route "none": never routed)
+    prfaas_retries_total                         counter  attempts after a fault
+    prfaas_resumed_total                         counter  streams continued after a lost decode
+    prfaas_rejected_total                        counter  refused at admission (overload, SLO)
+    prfaas_instances_down                        gauge    instances left out of routing now
     prfaas_requests_in_flight                    gauge
     prfaas_threshold_tokens                      gauge    the routing threshold t
     prfaas_threshold_changes_total{reason}       counter  controller updates of t
@@ -74,6 +79,10 @@ class RouterSnapshot:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefix_moves: int = 0
+    retries: int = 0
+    resumed: int = 0
+    rejected: int = 0
+    down: int = 0
     # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
@@ -157,6 +166,12 @@ def render_metrics(s: RouterSnapshot) -> str:
         [(_labels(role=r), n) for r, n in sorted(s.instances.items())],
     )
     metric("prfaas_role_changes_total", "counter", "PD role switches.", [("", s.role_changes)])
+    metric("prfaas_retries_total", "counter", "Attempts after a fault.", [("", s.retries)])
+    metric(
+        "prfaas_resumed_total", "counter", "Streams resumed after a lost decode.", [("", s.resumed)]
+    )
+    metric("prfaas_rejected_total", "counter", "Refused at admission.", [("", s.rejected)])
+    metric("prfaas_instances_down", "gauge", "Instances left out of routing.", [("", s.down)])
     _prefix_metrics(s, metric)
     lines.append("# HELP prfaas_ttft_seconds Time to first token at the router.")
     lines.append("# TYPE prfaas_ttft_seconds histogram")

@@ -19,6 +19,15 @@ Every prefill goes through the node's prefix cache (`prefixes`, serving/prefix_s
 the part of the prompt no cached prefix covers is computed, checkpoints are saved from the same
 `on_chunk` calls, and a prefix the router says sits on another instance (`prefix_source`) is
 fetched before the engine is awaited. The reply's `cached_len` is what was reused.
+
+The queue is bounded: with `max_queue` requests already waiting for or on the engine (a prefix
+fetch counts), the next is refused at once with RESOURCE_EXHAUSTED, before any work.
+
+A failed push fails the RPC with the push's status (the router then retries), and stops the
+prefill at its next chunk, so a lost transfer does not hold the engine: a stream the
+decode worker rejected keeps its code (INVALID_ARGUMENT for bad frames), an unreachable or dead
+decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled push). With `[chaos]` on,
+`faults` (serving/chaos.py) corrupts a frame or cuts the link of some transfers on purpose.
 """
 
 from __future__ import annotations
@@ -36,6 +45,9 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.decode import Handoff, pack_handoff
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
+from prfaas_jax.serving import security as transport
+from prfaas_jax.serving.chaos import FaultInjector, TransferFaults
+from prfaas_jax.serving.cluster_config import SecuritySection
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS, abort_for
 from prfaas_jax.serving.link import LinkShaper
 from prfaas_jax.serving.messages import check_prompt, sampling_from_proto
@@ -45,16 +57,18 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
 
 class DecodeChannels:
-    """One channel per decode address, shared by every request of the process."""
+    """One channel per decode address, shared by every request of the process (mutual TLS when
+    `security` has certificates)."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: SecuritySection | None = None) -> None:
+        self.security = security
         self._stubs: dict[str, pb_grpc.DecodeWorkerStub] = {}
         self._lock = threading.Lock()
 
     def stub(self, address: str) -> pb_grpc.DecodeWorkerStub:
         with self._lock:
             if address not in self._stubs:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = transport.channel(address, self.security, CHANNEL_OPTIONS)
                 self._stubs[address] = pb_grpc.DecodeWorkerStub(channel)
             return self._stubs[address]
 
@@ -71,14 +85,21 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         admit: Callable[[grpc.ServicerContext], None],
         push_timeout_s: float = 120.0,
         prefixes: PrefixService | None = None,
+        security: SecuritySection | None = None,
+        faults: FaultInjector | None = None,
+        max_queue: int = 64,
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
-        every prefill goes through (none: every prompt is computed in full)."""
+        every prefill goes through (none: every prompt is computed in full); `security` is how
+        pushes reach decode workers (None: plaintext); `faults` injects transfer faults
+        (`[chaos]`; None: none); `max_queue` bounds the requests waiting for or on the engine
+        (more are RESOURCE_EXHAUSTED at once)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
-        self._channels = DecodeChannels()
+        self._channels = DecodeChannels(security)
+        self.faults, self.max_queue = faults, max_queue
         self._engine_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self.queued = 0  # waiting for or running on the engine
@@ -94,6 +115,16 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         with self._count_lock:
             return bool(self.queued or self.transferring)
 
+    def _enter_queue(self, context: grpc.ServicerContext) -> None:
+        """Count the request into the queue, or refuse it when the queue is full."""
+        with self._count_lock:
+            full = self.queued >= self.max_queue
+            if not full:
+                self.queued += 1
+        if full:
+            message = f"prefill queue full ({self.max_queue} requests)"
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, message)
+
     def Prefill(  # noqa: N802
         self, request: pb.PrefillRequest, context: grpc.ServicerContext
     ) -> pb.PrefillReply:
@@ -106,50 +137,70 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 raise UserError("decode_address is empty")
             check_prompt(tokens, self.cfg, max_len=self.max_len, max_new_tokens=1)
             s = request.sampling
-            sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed)
+            sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
         except UserError as err:
             abort_for(context, err)
         arrived = time.perf_counter()
-        prefix = None
-        if request.prefix_source and self.prefixes is not None:
-            # Fetched before waiting for the engine, so the transfer overlaps the queue.
-            prefix = self.prefixes.fetch(
-                request.prefix_source, tokens, cross_cluster=request.prefix_cross_cluster
-            )
+        self._enter_queue(context)
         outbox = _Outbox(self.shaper, context)
         push: grpc.Future | None = None
-        self._count("queued", 1)
         try:
+            prefix = None
+            if request.prefix_source and self.prefixes is not None:
+                # Fetched before waiting for the engine, so the transfer overlaps the queue.
+                prefix = self.prefixes.fetch(
+                    request.prefix_source, tokens, cross_cluster=request.prefix_cross_cluster
+                )
             with self._engine_lock:
                 started = time.perf_counter()
                 encoder = codec.StreamEncoder(
                     self.cfg, len(tokens), max_frame_bytes=self.frame_bytes
                 )
+                if self.faults is not None:
+                    outbox.faults = self.faults.plan(
+                        encoder.state_header, 1, f"{request.request_id} → {request.decode_address}"
+                    )
                 push = self._start_push(request, outbox)
                 outbox.put(encoder.header())
+
+                def on_chunk(state: ModelState, done: int) -> None:
+                    if outbox.stopped:  # the push failed or the router gave up: stop computing
+                        raise _AbandonedError
+                    outbox.put_all(encoder.ready_frames(state, done))
+
                 result = self._prefill(
-                    tokens,
-                    prefix,
-                    sampling=sampling,
-                    max_len=self.max_len,
-                    on_chunk=lambda state, done: outbox.put_all(encoder.ready_frames(state, done)),
+                    tokens, prefix, sampling=sampling, max_len=self.max_len, on_chunk=on_chunk
                 )
                 tail = encoder.finish(result.state)  # reads the state; frames built as sent
+        except _AbandonedError:
+            result = None
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang
             outbox.cancel(push)
             abort_for(context, err)
         finally:
             self._count("queued", -1)
         prefilled = time.perf_counter()
-        outbox.put_all(tail)
-        outbox.put(pack_handoff(Handoff(result.first_token, sampling), encoder.header()))
-        outbox.close()
+        if result is None:
+            if not push.done():  # the router cancelled the request
+                outbox.cancel(push)
+                context.abort(grpc.StatusCode.CANCELLED, "the request was cancelled")
+        else:
+            outbox.put_all(tail)
+            outbox.put(pack_handoff(Handoff(result.first_token, sampling), encoder.header()))
+            outbox.close()
         try:
             push.result()
+        except grpc.FutureCancelledError:  # the link was cut under the stream
+            context.abort(
+                grpc.StatusCode.UNAVAILABLE,
+                f"pushing the state to {request.decode_address}: {outbox.cut_reason()}",
+            )
         except grpc.RpcError as err:
             context.abort(
                 err.code(), f"pushing the state to {request.decode_address}: {err.details()}"
             )
+        if result is None:  # stopped although the push went through: cannot happen, but say so
+            context.abort(grpc.StatusCode.INTERNAL, "the prefill stopped before its state was sent")
         self._count("completed", 1)
         return pb.PrefillReply(
             first_token=result.first_token,
@@ -183,6 +234,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         stub = self._channels.stub(request.decode_address)
         self._count("transferring", 1)
         push = stub.PushState.future(chunks(), timeout=self.push_timeout_s)
+        outbox.push = push  # before the first frame is put, so before the sender can need it
 
         def done(_: grpc.Future) -> None:
             outbox.stop()  # a failed push takes no more frames (nor link capacity)
@@ -195,6 +247,10 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
 _CLOSED = None
 
 
+class _AbandonedError(Exception):
+    """The transfer ended before the state was complete: computing the rest would be waste."""
+
+
 class _Outbox:
     """Frames between the engine thread (`put`) and gRPC's request-stream thread
     (`frames_to_send`), shaped by the link when there is one."""
@@ -204,10 +260,14 @@ class _Outbox:
         self._queue: queue.Queue[tuple[bytes, float] | None] = queue.Queue()
         self._stopped = threading.Event()  # the sender gave up: drop what is still made
         self.frames = self.wire_bytes = 0
+        self.push: grpc.Future | None = None
+        self.faults: TransferFaults | None = None  # `[chaos]`: this transfer's planned faults
 
     def put(self, frame: bytes) -> None:
         if self._stopped.is_set():
             return
+        if self.faults is not None:
+            frame = self.faults.corrupt(frame)
         # The frame joins the link's queue when it is made, not when the sender gets to it.
         arrival = self._shaper.admit(len(frame)) if self._shaper is not None else 0.0
         self.frames += 1
@@ -221,6 +281,10 @@ class _Outbox:
     def close(self) -> None:
         self._queue.put(_CLOSED)
 
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
     def stop(self) -> None:
         self._stopped.set()
 
@@ -231,10 +295,25 @@ class _Outbox:
             push.cancel()
         self.close()  # wakes the sending thread if it waits for a frame
 
+    def cut_reason(self) -> str:
+        faults = self.faults
+        if faults is not None and faults.dropped:
+            where = "inter-cluster link" if self._shaper is not None else "link"
+            return f"{where} dropped after {faults.cut_after} of {faults.num_frames} frames"
+        return "the transfer was cancelled"
+
     def frames_to_send(self) -> Iterator[bytes]:
+        sent = 0
         while (item := self._queue.get()) is not _CLOSED:
             if self._stopped.is_set() or not self._context.is_active():
                 self.stop()  # the router gave up on this request: stop using the link
                 return
+            if self.faults is not None and self.faults.cut(sent):
+                # A dead link: the stream is cancelled (the receiver sees no clean end).
+                self.stop()
+                assert self.push is not None
+                self.push.cancel()
+                return
             frame, arrival = item
             yield self._shaper.deliver(frame, arrival) if self._shaper is not None else frame
+            sent += 1

@@ -12,6 +12,10 @@ worker still finishes its last stream), then routes to the node in its new role,
 rebalancer, and has the controller re-solve t for the new shape. `router_stats` and `snapshot`
 render the same counters for `GetStats` and the Prometheus endpoint, the workers' polled prefix
 cache counters included.
+
+Liveness: a worker whose `GetStats` is refused (UNAVAILABLE) is taken out of routing, and put
+back when it answers again. When the launcher restarts a dead worker it rewrites the workers
+file (`--workers`); the loop notices the change and connects to the new address.
 """
 
 from __future__ import annotations
@@ -35,11 +39,18 @@ from prfaas_jax.policy.threshold_controller import LinkObservation, ThresholdCon
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
 from prfaas_jax.serving.launcher import die_with_parent, install_stop_handlers, write_json
-from prfaas_jax.serving.messages import role_to_proto
+from prfaas_jax.serving.messages import role_to_proto, router_max_request_bytes
 from prfaas_jax.serving.metrics import MetricsServer, RouterSnapshot
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.router import RouterCore, RouterService, WorkerHandle, kv_size_profile
+from prfaas_jax.serving.router import RouterCore, RouterService
+from prfaas_jax.serving.security import (
+    TokenAuth,
+    front_door_summary,
+    read_token,
+    server_credentials,
+)
+from prfaas_jax.serving.worker_handle import WorkerHandle, kv_size_profile
 
 log = logging.getLogger("prfaas.router")
 RATE_WINDOW_S = 2.0
@@ -48,8 +59,10 @@ ROUTER_THREADS = 512
 
 
 class RouterControl:
-    def __init__(self, core: RouterCore) -> None:
+    def __init__(self, core: RouterCore, workers_file: str | None = None) -> None:
         self.core = core
+        # The launcher rewrites this listing when it restarts a worker (new address).
+        self._workers_file, self._workers_mtime = workers_file, 0.0
         config = core.config
         profiles = LiveProfiles(
             prfaas_prefill_s=Profile.polynomial(config.profile.prfaas_prefill_s),
@@ -101,16 +114,41 @@ class RouterControl:
                 log.exception("control step failed")
 
     def _poll(self) -> None:
+        """Every worker's stats; one that refuses connections is taken out of routing, one
+        that answers (again) is put back."""
         for worker in list(self.core.workers.values()):
             try:
                 stats = worker.control.GetStats(pb.GetStatsRequest(), timeout=1.0)
             except grpc.RpcError as err:
                 log.warning("stats of %s: %s", worker.name, err.code().name)
+                if err.code() is grpc.StatusCode.UNAVAILABLE:
+                    with self.core.lock:
+                        worker.down = True
                 continue
             with self.core.lock:
                 worker.stats = stats
+                if worker.down:
+                    log.info("%s answers again: routing to it", worker.name)
+                worker.down = False
+
+    def _reload_workers(self) -> None:
+        """Adopt the launcher's new listing when it changed (a restarted worker)."""
+        if self._workers_file is None:
+            return
+        try:
+            mtime = os.stat(self._workers_file).st_mtime
+            if mtime == self._workers_mtime:
+                return
+            listing = read_workers(self._workers_file)
+        except (OSError, ValueError, KeyError) as err:
+            log.warning("cannot read %s: %s", self._workers_file, err)
+            return
+        self._workers_mtime = mtime
+        for name in self.core.update_workers(listing):
+            log.info("%s is at %s now", name, listing[name][0])
 
     def step(self, now: float) -> None:
+        self._reload_workers()
         self._poll()
         core = self.core
         with core.lock:
@@ -256,6 +294,9 @@ class RouterControl:
                 prefix_moves=core.prefix_moves,
                 prompt_tokens=core.prompt_tokens,
                 cached_tokens=core.cached_tokens,
+                retries=core.retries,
+                resumed=core.resumed,
+                rejected=core.rejected,
             )
 
     def snapshot(self) -> RouterSnapshot:
@@ -288,12 +329,23 @@ class RouterControl:
                 prompt_tokens=core.prompt_tokens,
                 cached_tokens=core.cached_tokens,
                 prefix_moves=core.prefix_moves,
+                retries=core.retries,
+                resumed=core.resumed,
+                rejected=core.rejected,
+                down=sum(w.down for w in workers),
                 prefix_cache={
                     w.name: {f.name: getattr(w.stats.prefix_cache, f.name) for f in cache_fields}
                     for w in workers
                     if w.stats is not None and w.stats.HasField("prefix_cache")
                 },
             )
+
+
+def read_workers(path: str) -> dict[str, tuple[str, Role]]:
+    """The launcher's listing {name: {address, role, …}} as {name: (address, role)}."""
+    with open(path) as fh:
+        listing = json.load(fh)
+    return {name: (w["address"], Role(w["role"])) for name, w in listing.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,11 +360,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(message)s")
     stop = install_stop_handlers()
     config = load_cluster_config(args.config)
-    with open(args.workers) as fh:
-        listing = json.load(fh)
-    workers = {name: (w["address"], Role(w["role"])) for name, w in listing.items()}
+    workers = read_workers(args.workers)
     core = RouterCore(config, load_model_config(config.model.preset), workers)
-    control = RouterControl(core)
+    control = RouterControl(core, args.workers)
+    token = read_token(config.security)
     server = ServingServer(
         [
             (
@@ -323,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
         ],
         # Each in-flight request holds a thread for its whole stream.
         max_workers=ROUTER_THREADS,
+        # No valid request is larger: an oversized one is refused before it is parsed.
+        max_receive_bytes=router_max_request_bytes(config.engine.max_len),
+        # The front door (serving/security.py): TLS when certificates are set; a client proves
+        # itself by the bearer token when there is one, else by a CA-signed certificate.
+        credentials=server_credentials(config.security, require_client_auth=token is None),
+        interceptors=[TokenAuth(token, [full_service_name("Router")])] if token else [],
     )
     metrics = MetricsServer(control.snapshot, port=config.router.metrics_port)
     control.start()
@@ -332,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.set_serving()
     log.info("serving on %s, metrics on http://%s/metrics", server.address, metrics.address)
+    log.info("front door: %s", front_door_summary(config.security))
     while not stop.wait(0.5):
         pass
     control.stop()

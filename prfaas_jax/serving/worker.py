@@ -13,7 +13,8 @@ switching back is instant), and returns how long that took.
 
 The process binds 127.0.0.1 on a free port, writes {"address", "pid"} to `--address-file`
 (atomically) as soon as it listens, builds and warms the engine of its first role, then reports
-SERVING on the health service. SIGTERM or SIGINT stops it gracefully.
+SERVING on the health service. SIGTERM or SIGINT stops it gracefully. With `[security]`
+certificates its port and every channel it opens use mutual TLS (serving/security.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import grpc
 
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.chaos import FaultInjector
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
 from prfaas_jax.serving.decode_worker import DecodeService
 from prfaas_jax.serving.engines import EngineFactory, enable_compile_cache
@@ -39,6 +41,7 @@ from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.prefix_service import PrefixService, build_prefix_cache
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.security import server_credentials
 
 log = logging.getLogger("prfaas.worker")
 
@@ -70,6 +73,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             frame_bytes=engine.frame_bytes,
             shaper=self.shaper,
             fetch_timeout_s=config.router.request_timeout_s,
+            security=config.security,
         )
         self.prefill = PrefillService(
             engine=self.factory.prefill_engine,
@@ -80,6 +84,9 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             admit=self._admit_prefill,
             push_timeout_s=config.router.request_timeout_s,
             prefixes=self.prefixes,
+            security=config.security,
+            faults=FaultInjector.build(config.chaos, name),
+            max_queue=engine.max_prefill_queue,
         )
         self.decode = DecodeService(
             engine=self.factory.decode_engine,
@@ -87,7 +94,20 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             max_len=engine.max_len,
             admit=self._admit_decode,
             state_timeout_s=config.router.request_timeout_s,
+            max_pending_states=config.pending_states_limit,
+            # The router admits at most max_in_flight requests; twice that leaves room for
+            # attempts it gave up on whose cancellation has not arrived yet.
+            max_waiting=2 * config.router.max_in_flight,
         )
+
+    @property
+    def rpc_threads(self) -> int:
+        """Server threads for every call the bounded queues admit at once (prefills waiting for
+        or on the engine, decode streams waiting or in a slot, pushes being received), plus room
+        for the short calls (stats, prefix lookups): a full queue never starves the calls that
+        drain it, such as the pushes that waiting `Generate` streams need."""
+        prefill, decode, slots = self.prefill, self.decode, self.config.engine.max_slots
+        return prefill.max_queue + decode.max_waiting + slots + decode.max_pending_states + 16
 
     @property
     def role(self) -> Role:
@@ -215,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                 node.prefixes,
                 full_service_name("PrefixCache"),
             ),
-        ]
+        ],
+        # With certificates configured, only CA-signed peers may call a worker (mutual TLS).
+        credentials=server_credentials(config.security, require_client_auth=True),
+        max_workers=node.rpc_threads,
     )
     write_json(args.address_file, {"address": server.address, "pid": os.getpid()})
     start = time.perf_counter()

@@ -80,3 +80,28 @@ def test_missing_file_and_preset(tmp_path):
     path.write_text("[model]\nseed = 1\n")
     with pytest.raises(ConfigError, match=r"missing key 'model\.preset'"):
         load_cluster_config(path)
+
+
+def test_overload_keys(tmp_path):
+    defaults = load_cluster_config(write(tmp_path, ""))
+    assert (defaults.router.max_in_flight, defaults.router.ttft_slo_s) == (256, 0.0)
+    assert defaults.engine.max_prefill_queue == 64
+    assert defaults.pending_states_limit == 256  # 0: as many as the router admits
+    config = load_cluster_config(
+        write(
+            tmp_path,
+            "[engine]\nmax_prefill_queue = 3\nmax_pending_states = 5\n"
+            "[router]\nmax_in_flight = 7\nttft_slo_s = 1.5\n",
+        )
+    )
+    assert (config.router.max_in_flight, config.router.ttft_slo_s) == (7, 1.5)
+    assert (config.engine.max_prefill_queue, config.pending_states_limit) == (3, 5)
+    for text, message in [
+        ("[router]\nmax_in_flight = 0\n", "'router.max_in_flight' must be ≥ 1"),
+        ("[router]\nttft_slo_s = -1\n", "'router.ttft_slo_s' must be ≥ 0"),
+        ("[engine]\nmax_prefill_queue = 0\n", "'engine.max_prefill_queue' must be ≥ 1"),
+        ("[engine]\nmax_pending_states = -1\n", "'engine.max_pending_states' must be ≥ 0"),
+        ("[engine]\nmax_pending_states = 2.5\n", "'engine.max_pending_states' must be an integer"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_cluster_config(write(tmp_path, text))

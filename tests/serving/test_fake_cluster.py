@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import urllib.error
 import urllib.request
 
@@ -62,8 +63,12 @@ def test_one_token_and_longest_requests(router):
         ({"prompt_token_ids": [1, 256], "max_new_tokens": 4}, "outside the vocabulary"),
         ({"prompt_token_ids": [1] * 510, "max_new_tokens": 4}, "max_len 512"),
         ({"prompt_token_ids": [1], "max_new_tokens": 0}, "max_new_tokens"),
+        ({"prompt_token_ids": [1], "max_new_tokens": -7}, "max_new_tokens"),
+        ({"prompt_token_ids": [1], "max_new_tokens": 2**31 - 1}, "max_len 512"),
         ({"prompt_token_ids": [1], "max_new_tokens": 2, "temperature": -1}, "temperature"),
+        ({"prompt_token_ids": [1], "max_new_tokens": 2, "temperature": math.nan}, "temperature"),
         ({"prompt_token_ids": [1], "max_new_tokens": 2, "top_p": 1.5}, "top_p"),
+        ({"prompt_token_ids": [1], "max_new_tokens": 2, "request_id": "a\nb"}, "request_id"),
     ],
 )
 def test_bad_requests_are_invalid_argument(router, fields, message):
@@ -71,6 +76,17 @@ def test_bad_requests_are_invalid_argument(router, fields, message):
         list(router.Generate(pb.GenerateRequest(**fields), timeout=30))
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
+    # The cluster keeps serving.
+    assert generate(router, [5, 6], 2).tokens == fake_tokens([5, 6], 2, CFG.vocab_size)
+
+
+def test_oversized_request_is_refused_unparsed(router):
+    # Far more than any valid request for max_len 512: gRPC refuses it before the router parses.
+    huge = pb.GenerateRequest(prompt_token_ids=[1] * 100_000, max_new_tokens=1)
+    with pytest.raises(grpc.RpcError) as err:
+        list(router.Generate(huge, timeout=30))
+    assert err.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert generate(router, [5, 6], 2).tokens == fake_tokens([5, 6], 2, CFG.vocab_size)
 
 
 def test_duplicate_request_id_in_flight(router):
@@ -197,6 +213,8 @@ def test_metrics_endpoint(fake_cluster, router):
         'prfaas_queue_depth{instance="prfaas-0",role="prfaas_prefill"}',
         'prfaas_instances{role="pd_decode"} 1',
         "prfaas_role_changes_total 0",
+        "prfaas_retries_total 0",
+        "prfaas_instances_down 0",
         'prfaas_ttft_seconds_bucket{le="+Inf"}',
     ):
         assert line in text, line

@@ -71,5 +71,7 @@ def test_front_door_is_as_specified():
         ("state_bytes", 7, T.TYPE_UINT64),
         ("prefill_instance", 8, T.TYPE_STRING),
         ("decode_instance", 9, T.TYPE_STRING),
+        ("attempts", 10, T.TYPE_UINT32),
+        ("resumed_from", 11, T.TYPE_INT32),
     ]
     assert prfaas_pb2.DESCRIPTOR.package == "prfaas.v1"

@@ -47,7 +47,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., report: _Optional[_Union[RequestReport, _Mapping]] = ...) -> None: ...
 
 class RequestReport(_message.Message):
-    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance")
+    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from")
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,8 @@ class RequestReport(_message.Message):
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_INSTANCE_FIELD_NUMBER: _ClassVar[int]
     DECODE_INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     route: str
     prompt_len: int
     cached_len: int
@@ -66,14 +68,16 @@ class RequestReport(_message.Message):
     state_bytes: int
     prefill_instance: str
     decode_instance: str
-    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ...) -> None: ...
+    attempts: int
+    resumed_from: int
+    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +104,9 @@ class RouterStats(_message.Message):
     PREFIX_MOVES_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RETRIES_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -119,19 +126,24 @@ class RouterStats(_message.Message):
     prefix_moves: int
     prompt_tokens: int
     cached_tokens: int
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    retries: int
+    resumed: int
+    rejected: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "top_k", "seed")
+    __slots__ = ("temperature", "top_p", "top_k", "seed", "first_index")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     top_k: int
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    first_index: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
     __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received", "prefix_cache")

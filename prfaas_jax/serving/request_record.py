@@ -1,0 +1,100 @@
+"""The router's record of one request: `RequestRecord`, and `Failure` (why an attempt failed).
+
+A request may take several attempts — a prefill worker or its link dies mid-transfer, a state
+arrives corrupt, a decode worker dies mid-stream — and the client must still see each token
+exactly once. The record is what makes that possible: the prompt, the budget, the sampling
+settings, and every token already streamed to the client. An attempt after k streamed tokens
+prefills `prompt + streamed` (all of it is context now), asks for the `max_new_tokens − k`
+tokens still owed, and samples from index k of the request's key schedule
+(`SamplingParams.first_index`), so greedy or seeded, the client gets the tokens one
+uninterrupted run would have produced. Tokens an attempt yields beyond what is owed are cut
+off, so no fault can make the stream longer than asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import grpc
+
+from prfaas_jax.engine.sampling import SamplingParams
+
+BACKOFF_BASE_S = 0.05
+BACKOFF_CAP_S = 1.0
+
+
+def backoff_s(failures: int) -> float:
+    """The pause before the next attempt after `failures` failed ones: 50 ms doubling to 1 s."""
+    return min(BACKOFF_BASE_S * 2 ** max(failures - 1, 0), BACKOFF_CAP_S)
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """A failed attempt: the status it ended with and what the worker said."""
+
+    code: grpc.StatusCode
+    details: str
+
+    @classmethod
+    def of(cls, err: grpc.RpcError) -> Failure:
+        return cls(err.code(), err.details() or err.code().name)
+
+    def describe(self) -> str:
+        return f"{self.code.name.lower()}: {self.details}"
+
+
+@dataclasses.dataclass(eq=False)
+class RequestRecord:
+    request_id: str
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams
+    received: float  # perf_counter at receipt
+    streamed: list[int] = dataclasses.field(default_factory=list)
+    attempts: int = 0
+    route: str = "none"  # the route of the latest attempt
+    ttft_s: float | None = None
+    _calls: tuple = ()
+    _cancelled: bool = False
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+
+    @property
+    def context(self) -> list[int]:
+        """What the next attempt prefills: the prompt and every token already streamed."""
+        return self.prompt + self.streamed
+
+    @property
+    def owed(self) -> int:
+        return self.max_new_tokens - len(self.streamed)
+
+    def attempt_sampling(self) -> SamplingParams:
+        return dataclasses.replace(self.sampling, first_index=len(self.streamed))
+
+    def take(self, tokens: list[int]) -> list[int]:
+        """Record the tokens an attempt produced, cut to what is still owed; returns them."""
+        tokens = tokens[: self.owed]
+        self.streamed.extend(tokens)
+        return tokens
+
+    def track(self, *calls: grpc.Future) -> None:
+        """The current attempt's calls, cancelled if the client goes away."""
+        with self._lock:
+            self._calls = calls
+            cancelled = self._cancelled
+        if cancelled:
+            for call in calls:
+                call.cancel()
+
+    def cancel(self) -> None:
+        """The client went away: stop the current attempt (frees its slot and transfer)."""
+        with self._lock:
+            self._cancelled = True
+            calls = self._calls
+        for call in calls:
+            call.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        with self._lock:
+            return self._cancelled
