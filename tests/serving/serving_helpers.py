@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -66,3 +67,16 @@ def generate(stub: pb_grpc.RouterStub, prompt: list[int], n: int, **fields) -> R
             report = message.report
     assert report is not None, "the stream ended without a final report"
     return Reply(tokens, report, messages)
+
+
+def serve_workers(prefill=None, decode=None, **options) -> ServingServer:
+    """An in-process server (loopback, any port) of a `PrefillService` and/or a `DecodeService`;
+    `options` go to `ServingServer`."""
+    registrations = []
+    if prefill is not None:
+        add = pb_grpc.add_PrefillWorkerServicer_to_server
+        registrations.append((add, prefill, full_service_name("PrefillWorker")))
+    if decode is not None:
+        add = pb_grpc.add_DecodeWorkerServicer_to_server
+        registrations.append((add, decode, full_service_name("DecodeWorker")))
+    return ServingServer(registrations, **options)

@@ -21,11 +21,13 @@ from prfaas_jax.serving.chaos import FaultInjector, TransferFaults
 from prfaas_jax.serving.cluster_config import ChaosSection, load_cluster_config
 from prfaas_jax.serving.decode_worker import DecodeService
 from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
+from prfaas_jax.serving.grpc_server import ServingServer
 from prfaas_jax.serving.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+from .serving_helpers import serve_workers
 
 CFG = load_model_config("tiny")
 FRAME_BYTES = 1024  # many data frames per state, so the corrupted one is one of several
@@ -158,20 +160,7 @@ def workers(request):
             max_len=512,
             admit=lambda context: None,
         )
-        server = ServingServer(
-            [
-                (
-                    pb_grpc.add_PrefillWorkerServicer_to_server,
-                    prefill,
-                    full_service_name("PrefillWorker"),
-                ),
-                (
-                    pb_grpc.add_DecodeWorkerServicer_to_server,
-                    decode,
-                    full_service_name("DecodeWorker"),
-                ),
-            ]
-        )
+        server = serve_workers(prefill, decode)
         started.append((server, decode))
         return server.address, decode, injector
 

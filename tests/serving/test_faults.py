@@ -21,7 +21,7 @@ from prfaas_jax.serving.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-from .serving_helpers import fake_config, generate
+from .serving_helpers import fake_config, generate, serve_workers
 
 VOCAB = load_model_config("tiny").vocab_size
 # 100 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over half a second.
@@ -190,7 +190,6 @@ class ChunkedFakeEngine:
 def test_a_failed_push_stops_the_prefill():
     """The decode worker is unreachable: the push fails at once, and the prefill stops at its
     next chunk instead of computing a state nobody will receive."""
-    from prfaas_jax.serving.grpc_server import ServingServer
     from prfaas_jax.serving.prefill_worker import PrefillService
 
     engine = ChunkedFakeEngine(chunks=50, pause_s=0.02)
@@ -202,7 +201,7 @@ def test_a_failed_push_stops_the_prefill():
         shaper=None,
         admit=lambda context: None,
     )
-    server = ServingServer([(pb_grpc.add_PrefillWorkerServicer_to_server, service, "p")])
+    server = serve_workers(service)
     try:
         stub = pb_grpc.PrefillWorkerStub(grpc.insecure_channel(server.address))
         request = pb.PrefillRequest(

@@ -55,6 +55,8 @@ from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
+from .serving_helpers import serve_workers
+
 CFG = load_model_config("tiny")
 VOCAB = CFG.vocab_size
 MAX_LEN = 48
@@ -246,17 +248,7 @@ def workers():
         admit=lambda context: None,
         state_timeout_s=10.0,
     )
-    server = ServingServer(
-        [
-            (
-                pb_grpc.add_PrefillWorkerServicer_to_server,
-                prefill,
-                full_service_name("PrefillWorker"),
-            ),
-            (pb_grpc.add_DecodeWorkerServicer_to_server, decode, full_service_name("DecodeWorker")),
-        ],
-        max_workers=16,
-    )
+    server = serve_workers(prefill, decode, max_workers=16)
     channel = grpc.insecure_channel(server.address)
     yield Workers(
         server.address,
@@ -335,7 +327,9 @@ def forged_header(header: StateHeader, draw: st.DrawFn) -> bytes:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=8) | st.dictionaries(st.text(max_size=8), inner),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=8), st.dictionaries(st.text(max_size=8), inner)
+    ),
     max_leaves=30,
 ).map(json.dumps)
 

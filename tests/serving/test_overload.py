@@ -24,13 +24,12 @@ from prfaas_jax.engine.decode import Handoff, pack_handoff
 from prfaas_jax.engine.prefill import GREEDY
 from prfaas_jax.serving.decode_worker import DecodeService
 from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
 from prfaas_jax.serving.launcher import ClusterProcesses
 from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-from .serving_helpers import fake_config
+from .serving_helpers import fake_config, serve_workers
 
 CFG = load_model_config("tiny")
 EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -83,16 +82,7 @@ def workers():
         max_pending_states=2,
         max_waiting=3,
     )
-    server = ServingServer(
-        [
-            (
-                pb_grpc.add_PrefillWorkerServicer_to_server,
-                prefill,
-                full_service_name("PrefillWorker"),
-            ),
-            (pb_grpc.add_DecodeWorkerServicer_to_server, decode, full_service_name("DecodeWorker")),
-        ]
-    )
+    server = serve_workers(prefill, decode)
     channel = grpc.insecure_channel(server.address)
     yield server.address, channel, gate, prefill, decode
     gate.set()

@@ -25,11 +25,12 @@ from prfaas_jax.model import ModelState
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.serving.decode_worker import DecodeService
 from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
 from prfaas_jax.serving.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+from .serving_helpers import serve_workers
 
 CFG = load_model_config("tiny")
 CHUNK = 16
@@ -133,16 +134,7 @@ def workers(request):
         max_len=512,
         admit=lambda context: None,
     )
-    server = ServingServer(
-        [
-            (
-                pb_grpc.add_PrefillWorkerServicer_to_server,
-                prefill,
-                full_service_name("PrefillWorker"),
-            ),
-            (pb_grpc.add_DecodeWorkerServicer_to_server, decode, full_service_name("DecodeWorker")),
-        ]
-    )
+    server = serve_workers(prefill, decode)
     yield server.address, timeline, engine, decode, shaper
     decode.stop()
     server.stop(grace_s=0.5)
