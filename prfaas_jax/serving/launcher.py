@@ -265,6 +265,7 @@ class ClusterProcesses:
             file=sys.stderr,
             flush=True,
         )
+        self.failed = True  # keep the logs: they hold the dead process's last words
         with self._children_lock:
             self.children.remove(dead)
         attempt = self.restarts + 1
@@ -275,8 +276,10 @@ class ClusterProcesses:
             # Left in the list dead: the next pass replaces it again.
             print(f"prfaas serve: restarting {dead.name} failed: {err}", file=sys.stderr)
             return
-        self.restarts += 1
-        self._write_workers()
+        workers = self._write_workers()
+        if self.ready is not None:
+            self.ready["workers"][dead.name] = workers[dead.name]
+        self.restarts += 1  # last: a reader that sees the count sees the new address too
 
     def dead_child(self) -> str | None:
         """The name of a process that exited on its own, if any (with `restart_workers`, only
@@ -326,7 +329,8 @@ def install_stop_handlers() -> threading.Event:
 
 
 def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = None) -> int:
-    """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if a process died on its own."""
+    """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if the router died on its own
+    (a dead worker is restarted, and its logs are then kept)."""
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
@@ -349,7 +353,11 @@ def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = Non
                 f"logs in {ready['log_dir']}; Ctrl-C stops",
                 flush=True,
             )
+            restarts = 0
             while not stop.wait(0.5):
+                if ready_file and cluster.restarts != restarts:
+                    restarts = cluster.restarts
+                    write_json(ready_file, cluster.ready)  # a restarted worker's new address
                 dead = cluster.dead_child()
                 if dead is not None:
                     cluster.failed = True
@@ -358,6 +366,12 @@ def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = Non
                         file=sys.stderr,
                     )
                     return 1
+            if cluster.restarts:
+                print(
+                    f"prfaas serve: {cluster.restarts} worker restart(s); logs kept in "
+                    f"{cluster.log_dir}",
+                    file=sys.stderr,
+                )
         return 0
     finally:
         if ready_file:

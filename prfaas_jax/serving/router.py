@@ -401,11 +401,14 @@ class RouterCore:
                 worker.control.GetStats(pb.GetStatsRequest(), timeout=PROBE_TIMEOUT_S)
             except grpc.RpcError as err:
                 if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    log.warning(
-                        "%s does not answer (%s): not routing to it", worker.name, err.code().name
-                    )
                     with self.lock:
-                        worker.down = True
+                        was_down, worker.down = worker.down, True
+                    if not was_down:
+                        log.warning(
+                            "%s does not answer (%s): not routing to it",
+                            worker.name,
+                            err.code().name,
+                        )
 
     def _reused(self, prefill_call: grpc.Future, decision: Decision, timeout: float) -> int:
         """Prompt tokens the prefill worker actually reused (the decision's estimate if its

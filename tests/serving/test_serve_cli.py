@@ -4,6 +4,7 @@ every process and remove it; config mistakes are one line and status 2."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -61,6 +62,50 @@ def test_serve_ready_file_and_clean_shutdown(tmp_path, sig):
         time.sleep(0.1)
     assert not [pid for pid in pids if alive(pid)], "orphan processes"
     assert not ready_file.exists()
+
+
+def test_serve_restarts_a_dead_worker(tmp_path):
+    """A worker SIGKILLed under `prfaas serve` is restarted (a new pid and port in the ready
+    file), the router routes to it, and the logs of the crash are kept."""
+    config = fake_config(tmp_path / "cluster.toml")
+    ready_file, logs = tmp_path / "ready.json", tmp_path / "logs"
+    command = [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)]
+    command += ["--ready-file", str(ready_file), "--log-dir", str(logs)]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready_file.exists():
+            assert server.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        before = json.loads(ready_file.read_text())
+        os.kill(before["workers"]["pd-1"]["pid"], signal.SIGKILL)
+        while True:
+            now = json.loads(ready_file.read_text())
+            if now["workers"]["pd-1"]["pid"] != before["workers"]["pd-1"]["pid"]:
+                break
+            assert server.poll() is None and time.monotonic() < deadline, "no restart"
+            time.sleep(0.1)
+        assert now["workers"]["pd-1"]["role"] == "pd_decode"
+        assert health_status(now["workers"]["pd-1"]["address"]) == "SERVING"
+        with grpc.insecure_channel(now["router"]) as channel:
+            stub = pb_grpc.RouterStub(channel)
+            while True:  # new requests fail fast until the router adopts the replacement
+                try:
+                    assert generate(stub, [4, 5], 3).report.decode_instance == "pd-1"
+                    break
+                except grpc.RpcError as err:
+                    assert err.code() is grpc.StatusCode.UNAVAILABLE
+                    assert time.monotonic() < deadline, "the router never adopted the restart"
+                    time.sleep(0.1)
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+        err = server.stderr.read().decode()
+        assert "pd-1 exited with status -9; restarting it" in err
+        assert (logs / "pd-1.log").exists() and (logs / "pd-1.restart-1.log").exists()
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
 
 def test_launcher_death_takes_the_cluster_down(tmp_path):
