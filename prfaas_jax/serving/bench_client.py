@@ -38,7 +38,7 @@ import grpc
 import numpy as np
 
 from prfaas_jax.errors import UserError
-from prfaas_jax.serving.cluster_config import SecuritySection
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.security import router_channel

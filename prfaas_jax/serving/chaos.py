@@ -27,11 +27,11 @@ import threading
 import zlib
 
 from prfaas_jax.engine.codec_format import DATA_MAGIC, DATA_PREFIX_SIZE, StateHeader
-from prfaas_jax.serving.cluster_config import ChaosSection
+from prfaas_jax.serving.cluster_sections import ChaosSection
 
 log = logging.getLogger("prfaas.chaos")
 
-# The log lines the soak harness (serving/chaos_run.py) counts; one per injected fault.
+# The log lines the soak harness (serving/chaos_report.py) counts; one per injected fault.
 CORRUPT_MARK = "chaos: corrupted"
 DROP_MARK = "chaos: dropped"
 

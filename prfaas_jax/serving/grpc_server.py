@@ -21,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving import security
-from prfaas_jax.serving.cluster_config import SecuritySection
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2
 
 MAX_MESSAGE_BYTES = 64 * 2**20

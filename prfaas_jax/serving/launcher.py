@@ -1,7 +1,7 @@
 """Start and stop a toy cluster of real processes on loopback: `ClusterProcesses` and `serve`.
 
-Also the process helpers the children share: `die_with_parent`, `install_stop_handlers` and
-`write_json` (atomic address and ready files).
+The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
+`write_json`) and the launcher's record of a child (`ChildProcess`) are serving/processes.py.
 
 `ClusterProcesses.start` launches one worker process per instance (serving/worker.py), waits
 until each listens and reports SERVING on its health service, then launches the router
@@ -24,7 +24,6 @@ start once it serves, so they load its executables instead of compiling them aga
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import shutil
@@ -41,50 +40,11 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
 from prfaas_jax.serving.engines import default_compile_cache_dir
 from prfaas_jax.serving.grpc_server import health_status
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGTERM this process when its parent (the launcher) dies; exit at once if
-    it already has. Called by each child at startup rather than in a fork hook, so spawning
-    runs no Python between fork and exec (a hazard once JAX has started its threads)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent_pid:
-        raise SystemExit(f"the launcher (pid {parent_pid}) is gone")
+from prfaas_jax.serving.processes import ChildProcess, write_json
 
 
 class ClusterError(UserError):
     """A cluster process failed to start; the message names it and quotes its log."""
-
-
-class _Child:
-    def __init__(self, name: str, role: str, argv: list[str], log_path: Path) -> None:
-        self.name, self.role, self.log_path = name, role, log_path
-        self.address_file = log_path.with_suffix(".json")
-        self.address_file.unlink(missing_ok=True)  # a reused log dir must not feed stale ports
-        with log_path.open("wb") as log:
-            self.popen = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        self.info: dict = {}
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(text[-lines:])
-
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
 
 
 class ClusterProcesses:
@@ -113,7 +73,7 @@ class ClusterProcesses:
         self.compile_cache = str(cache) if cache else None
         self.ready_timeout_s = ready_timeout_s
         self._stop = stop_event or threading.Event()
-        self.children: list[_Child] = []
+        self.children: list[ChildProcess] = []
         self.ready: dict | None = None
         self.restart_workers = restart_workers
         self.restarts = 0
@@ -132,11 +92,11 @@ class ClusterProcesses:
 
     def _spawn(
         self, name: str, role: str, module: str, extra: list[str], log_name: str = ""
-    ) -> _Child:
+    ) -> ChildProcess:
         argv = [sys.executable, "-m", module, "--config", self.config_path]
         argv += ["--parent-pid", str(os.getpid())]
         log_path = self.log_dir / f"{log_name or name}.log"
-        child = _Child(
+        child = ChildProcess(
             name,
             role,
             [*argv, *extra, "--address-file", str(log_path.with_suffix(".json"))],
@@ -146,14 +106,14 @@ class ClusterProcesses:
             self.children.append(child)
         return child
 
-    def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> _Child:
+    def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> ChildProcess:
         extra = ["--name", name, "--role", role.value]
         if self.compile_cache:
             extra += ["--compile-cache", self.compile_cache]
         return self._spawn(name, role.value, "prfaas_jax.serving.worker", extra, log_name)
 
     def _wait_serving(
-        self, children: list[_Child], deadline: float, stop: threading.Event | None = None
+        self, children: list[ChildProcess], deadline: float, stop: threading.Event | None = None
     ) -> None:
         waiting = list(children)
         while waiting:
@@ -258,7 +218,7 @@ class ClusterProcesses:
                     return
                 self._replace(child)
 
-    def _replace(self, dead: _Child) -> None:
+    def _replace(self, dead: ChildProcess) -> None:
         code = dead.popen.poll()
         print(
             f"prfaas serve: {dead.name} exited with status {code}; restarting it",
@@ -310,22 +270,6 @@ class ClusterProcesses:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=5)
         self.children = []
-
-
-def write_json(path: str | os.PathLike[str], payload: dict) -> None:
-    """Write JSON atomically (a rename), so a reader never sees half a file."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(path)
-
-
-def install_stop_handlers() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (the launcher's shutdown, or Ctrl-C)."""
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = None) -> int:

@@ -47,7 +47,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.serving import security as transport
 from prfaas_jax.serving.chaos import FaultInjector, TransferFaults
-from prfaas_jax.serving.cluster_config import SecuritySection
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS, abort_for
 from prfaas_jax.serving.link import LinkShaper
 from prfaas_jax.serving.messages import check_prompt, sampling_from_proto

@@ -41,7 +41,8 @@ from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.serving import security as transport
-from prfaas_jax.serving.cluster_config import ClusterConfig, SecuritySection
+from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS
 from prfaas_jax.serving.link import LinkShaper
 from prfaas_jax.serving.proto import prfaas_pb2 as pb

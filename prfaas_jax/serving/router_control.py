@@ -9,9 +9,9 @@ carried out on its own thread as drain → switch → resume: the node stops rec
 the thread waits until the router has no request on it (up to `drain_timeout_s`, else the
 change is abandoned and the node resumes its old role), sends `SetRole` (retried while the
 worker still finishes its last stream), then routes to the node in its new role, tells the
-rebalancer, and has the controller re-solve t for the new shape. `router_stats` and `snapshot`
-render the same counters for `GetStats` and the Prometheus endpoint, the workers' polled prefix
-cache counters included.
+rebalancer, and has the controller re-solve t for the new shape. The loop keeps its counters
+in a `ControlCounters`; `router_stats` and `snapshot` render them with the core's for `GetStats`
+and the Prometheus endpoint (serving/router_report.py).
 
 Liveness: a worker whose `GetStats` is refused (UNAVAILABLE) is taken out of routing, and put
 back when it answers again. When the launcher restarts a dead worker it rewrites the workers
@@ -38,12 +38,13 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import LinkObservation, ThresholdController
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
-from prfaas_jax.serving.launcher import die_with_parent, install_stop_handlers, write_json
 from prfaas_jax.serving.messages import role_to_proto, router_max_request_bytes
 from prfaas_jax.serving.metrics import MetricsServer, RouterSnapshot
+from prfaas_jax.serving.processes import die_with_parent, install_stop_handlers, write_json
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router import RouterCore, RouterService
+from prfaas_jax.serving.router_report import ControlCounters, router_snapshot, router_stats
 from prfaas_jax.serving.security import (
     TokenAuth,
     front_door_summary,
@@ -80,10 +81,7 @@ class RouterControl:
         if config.rebalancer.enabled:
             self.rebalancer = Rebalancer(config.rebalancer.config, profiles, core.traffic)
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
-        self.egress_bytes, self.egress_rate, self.capacity = 0, 0.0, 0.0
-        self.threshold_changes: dict[str, int] = {}
-        self.last_reason = ""
-        self.role_changes = 0
+        self.counters = ControlCounters()
         self._last_rebalance = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="router-control", daemon=True)
@@ -162,8 +160,8 @@ class RouterControl:
             while now - self._samples[0][0] > RATE_WINDOW_S:
                 self._samples.popleft()
             (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
-            self.egress_bytes, self.capacity = egress, capacity
-            self.egress_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+            self.counters.egress_bytes, self.counters.capacity = egress, capacity
+            self.counters.egress_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
         if self.controller is not None and capacity > 0:
             update = self.controller.observe(LinkObservation(now, egress, capacity, prfaas_queue))
             if update is not None:
@@ -179,8 +177,9 @@ class RouterControl:
         with self.core.lock:
             log.info("threshold %.0f → %.0f (%s)", self.core.threshold, threshold, reason)
             self.core.threshold = threshold
-            self.threshold_changes[reason] = self.threshold_changes.get(reason, 0) + 1
-            self.last_reason = reason
+            changes = self.counters.threshold_changes
+            changes[reason] = changes.get(reason, 0) + 1
+            self.counters.last_reason = reason
 
     def _stage_observation(self, now: float, capacity: float) -> StageObservation:
         core = self.core
@@ -232,7 +231,7 @@ class RouterControl:
             with core.lock:
                 if switched:
                     node.role = change.to_role
-                    self.role_changes += 1
+                    self.counters.role_changes += 1
                 node.draining_to = None
             now = time.monotonic()
             self.rebalancer.finish(now)
@@ -255,90 +254,13 @@ class RouterControl:
             time.sleep(0.05)
             return False
 
-    # --- reporting ------------------------------------------------------------------------
+    # --- reporting (serving/router_report.py) ---------------------------------------------
 
     def router_stats(self) -> pb.RouterStats:
-        core = self.core
-        with core.lock:
-            workers = []
-            for w in core.workers.values():
-                stats = pb.WorkerStats(name=w.name)
-                if w.stats is not None:
-                    stats.CopyFrom(w.stats)
-                # The router's record is current; a polled role may predate a switch.
-                stats.role = role_to_proto(w.role)
-                workers.append(stats)
-            return pb.RouterStats(
-                threshold=core.threshold,
-                requests_prfaas=sum(
-                    n for (r, o), n in core.finished.items() if r == "prfaas" and o == "ok"
-                ),
-                requests_pd=sum(
-                    n for (r, o), n in core.finished.items() if r == "pd" and o == "ok"
-                ),
-                requests_failed=sum(n for (_, o), n in core.finished.items() if o != "ok"),
-                requests_in_flight=len(core.in_flight),
-                egress_bytes=self.egress_bytes,
-                egress_bytes_per_s=self.egress_rate,
-                link_capacity_bytes_per_s=self.capacity,
-                threshold_changes=sum(self.threshold_changes.values()),
-                role_changes=self.role_changes,
-                last_threshold_reason=self.last_reason,
-                workers=workers,
-                draining={
-                    w.name: w.draining_to.value for w in core.workers.values() if w.draining_to
-                },
-                model=core.config.model.preset,
-                vocab_size=core.cfg.vocab_size,
-                max_len=core.config.engine.max_len,
-                prefix_moves=core.prefix_moves,
-                prompt_tokens=core.prompt_tokens,
-                cached_tokens=core.cached_tokens,
-                retries=core.retries,
-                resumed=core.resumed,
-                rejected=core.rejected,
-            )
+        return router_stats(self.core, self.counters)
 
     def snapshot(self) -> RouterSnapshot:
-        core = self.core
-        cache_fields = pb.PrefixCacheStats.DESCRIPTOR.fields
-        with core.lock:
-            workers = list(core.workers.values())
-            instances: dict[str, int] = {}
-            for w in workers:
-                instances[w.role.value] = instances.get(w.role.value, 0) + 1
-            return RouterSnapshot(
-                requests=dict(core.finished),
-                in_flight=len(core.in_flight),
-                threshold=core.threshold,
-                threshold_changes=dict(self.threshold_changes),
-                egress_bytes=self.egress_bytes,
-                egress_bytes_per_s=self.egress_rate,
-                link_capacity_bytes_per_s=self.capacity,
-                queue_depth={
-                    (w.name, w.role.value): w.outstanding_prefills
-                    for w in workers
-                    if w.role.is_prefill
-                },
-                decode_assigned={
-                    w.name: w.assigned_decodes for w in workers if w.role is Role.PD_DECODE
-                },
-                instances=instances,
-                role_changes=self.role_changes,
-                ttft=core.ttft,
-                prompt_tokens=core.prompt_tokens,
-                cached_tokens=core.cached_tokens,
-                prefix_moves=core.prefix_moves,
-                retries=core.retries,
-                resumed=core.resumed,
-                rejected=core.rejected,
-                down=sum(w.down for w in workers),
-                prefix_cache={
-                    w.name: {f.name: getattr(w.stats.prefix_cache, f.name) for f in cache_fields}
-                    for w in workers
-                    if w.stats is not None and w.stats.HasField("prefix_cache")
-                },
-            )
+        return router_snapshot(self.core, self.counters)
 
 
 def read_workers(path: str) -> dict[str, tuple[str, Role]]:

@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.serving.cluster_config import SecuritySection
+from prfaas_jax.serving.cluster_sections import SecuritySection
 
 AUTHORIZATION = "authorization"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"

@@ -34,11 +34,11 @@ from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
 from prfaas_jax.serving.decode_worker import DecodeService
 from prfaas_jax.serving.engines import EngineFactory, enable_compile_cache
 from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
-from prfaas_jax.serving.launcher import die_with_parent, install_stop_handlers, write_json
 from prfaas_jax.serving.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.messages import role_from_proto, role_to_proto
 from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.prefix_service import PrefixService, build_prefix_cache
+from prfaas_jax.serving.processes import die_with_parent, install_stop_handlers, write_json
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.security import server_credentials

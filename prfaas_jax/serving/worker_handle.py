@@ -19,7 +19,8 @@ from prfaas_jax.policy.live_model import TrafficWindow
 from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.routing import ClusterKind, Decision, Role
 from prfaas_jax.serving import security as transport
-from prfaas_jax.serving.cluster_config import ClusterConfig, SecuritySection
+from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.grpc_server import CHANNEL_OPTIONS
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_jax.serving.chaos_run import SoakOptions, check_stream, run_soak
+from prfaas_jax.serving.chaos_report import check_stream
+from prfaas_jax.serving.chaos_run import SoakOptions, run_soak
 from prfaas_jax.serving.cluster_config import load_cluster_config
 
 

@@ -18,7 +18,8 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec_format import DATA_MAGIC
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.serving.chaos import FaultInjector, TransferFaults
-from prfaas_jax.serving.cluster_config import ChaosSection, load_cluster_config
+from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.cluster_sections import ChaosSection
 from prfaas_jax.serving.decode_worker import DecodeService
 from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.serving.grpc_server import ServingServer

@@ -24,7 +24,8 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.serving import security
 from prfaas_jax.serving.certs import make_ca, make_node_cert
-from prfaas_jax.serving.cluster_config import SecuritySection, load_cluster_config
+from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.fake_engine import fake_tokens
 from prfaas_jax.serving.grpc_server import health_status
 from prfaas_jax.serving.launcher import ClusterProcesses
