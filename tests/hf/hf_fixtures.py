@@ -1,9 +1,13 @@
-"""Tiny random Hugging Face checkpoints for parity tests against ``transformers`` (CPU, fp32).
+"""Tiny random Hugging Face checkpoints and ``transformers``' side of the parity tests (CPU, fp32).
 
-Each ``make_tiny_<family>`` builds a small randomly initialised ``transformers`` model from a
-config, perturbs every parameter whose default init is a constant (norm weights, score-correction
-biases, ``dt_bias``, sinks, ...) so parity tests exercise those paths, scales ``lm_head`` so
-greedy choices are not near-ties, and writes ``config.json`` + ``model.safetensors`` with
+``make_tiny(family, dir, **knobs)`` (or ``make_tiny_<family>(dir, **knobs)``) builds a small
+randomly initialised ``transformers`` model. Each family's function only maps its own knobs onto
+its config class and names the parameters whose default init is a constant (norm weights,
+score-correction biases, ``dt_bias``, sinks, ...); ``_save_tiny`` does the rest for every family:
+it takes the knobs all five share (``seed``, ``hidden_size``, ``intermediate_size``,
+``rms_norm_eps``, ``vocab_size``, ``init_std``, ``lm_head_scale``, ``save_original_format``; a
+family's ``**shared``), perturbs those parameters so parity tests exercise them, scales ``lm_head``
+so greedy choices are not near-ties, and writes ``config.json`` + ``model.safetensors`` with
 ``save_pretrained``.
 
 Important: by default ``save_pretrained`` in transformers 5 *reverts* its load-time weight
@@ -22,9 +26,12 @@ That is what a real checkpoint looks like, so it is the right input for an impor
 Layer indices taken by these helpers are 0-based. Every checkpoint directory also gets a
 ``fixture_perturbed.txt`` listing the (in-memory) parameter names that were perturbed.
 
-``hf_greedy`` / ``hf_prefill_logits`` / ``hf_greedy_with_logits`` reload the directory with
-``AutoModelForCausalLM.from_pretrained`` on CPU in float32 (eager attention) and run it.
-torch/transformers are imported lazily so importing this module does not require them.
+``hf_prefill_logits`` / ``hf_greedy_with_logits`` / ``hf_greedy_without_cache`` reload the
+directory with ``AutoModelForCausalLM.from_pretrained`` on CPU in float32 (eager attention) and run
+it. torch/transformers are imported lazily so importing this module does not require them.
+
+The module is over 500 lines because it holds the five families' config mappings side by side:
+their knobs differ, and keeping them together keeps the shared saving path in one place.
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ from typing import Any
 import numpy as np
 
 FAMILIES = ("kimi_linear", "minimax", "qwen3_next", "mimo_v2_flash", "bailing_hybrid")
+
+Rule = tuple[str, str, float]  # (parameter name substring, "add" | "set", scale)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -60,7 +69,15 @@ def _layer_types(
     return [special_name if i in special else other for i in range(num_layers)]
 
 
-def _perturb_(model, seed: int, rules: Sequence[tuple[str, str, float]]) -> list[str]:
+def _first_dense(num_layers: int, first_k_dense: int) -> list[str]:
+    return ["dense" if i < first_k_dense else "sparse" for i in range(num_layers)]
+
+
+def _rope(theta: float, **extra: float) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": theta, **extra}
+
+
+def _perturb_(model, seed: int, rules: Sequence[Rule]) -> list[str]:
     """Apply perturbation rules in place. Each rule is (name substring, mode, scale).
 
     mode "add": p += scale * N(0, 1)   (for ones-/zeros-initialised norms, biases, dt_bias ...)
@@ -90,24 +107,46 @@ def _perturb_(model, seed: int, rules: Sequence[tuple[str, str, float]]) -> list
     return touched
 
 
-def _finish(
-    model,
+def _save_tiny(
+    config_cls_name: str,
+    config: dict[str, Any],
+    rules: Sequence[Rule],
     tmp_dir: str | Path,
     *,
-    seed: int,
-    lm_head_scale: float,
-    rules: Sequence[tuple[str, str, float]],
-    save_original_format: bool,
+    seed: int = 0,
+    hidden_size: int = 64,
+    intermediate_size: int = 96,
+    rms_norm_eps: float = 1e-5,
+    vocab_size: int = 160,
+    init_std: float = 0.2,
+    lm_head_scale: float = 4.0,
+    save_original_format: bool = True,
 ) -> Path:
+    """Build ``transformers.<config_cls_name>(**config)``, plus the keys all five configs share,
+    from ``seed``; perturb it by ``rules``, scale ``lm_head`` and save it to ``tmp_dir``."""
     torch = _torch()
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    config_cls = getattr(transformers, config_cls_name)
+    cfg = config_cls(
+        **config,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        rms_norm_eps=rms_norm_eps,
+        vocab_size=vocab_size,
+        initializer_range=init_std,
+        pad_token_id=None,  # Kimi's default 163839 is out of range (and zeroes its embedding row)
+        bos_token_id=None,
+        eos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     touched = _perturb_(model, seed, rules)
     with torch.no_grad():
         if lm_head_scale != 1.0:
-            if model.config.tie_word_embeddings:
-                raise ValueError(
-                    "lm_head_scale with tied embeddings would also scale the embeddings"
-                )
             model.lm_head.weight.mul_(lm_head_scale)
     # make generation deterministic & never stop early
     gc = model.generation_config
@@ -120,17 +159,6 @@ def _finish(
     return out
 
 
-def _build(config_cls_name: str, seed: int, **cfg_kwargs):
-    torch = _torch()
-    import transformers
-    from transformers import AutoModelForCausalLM
-
-    cfg = getattr(transformers, config_cls_name)(**cfg_kwargs)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager")
-    return model
-
-
 # Rules shared by all families (names as in the in-memory HF model).
 _NORM_ONES = [
     ("layernorm.weight", "add", 0.2),  # input_/post_attention_/kv_a_/q_a_layernorm (init ones)
@@ -139,28 +167,23 @@ _NORM_ONES = [
 
 
 # --------------------------------------------------------------------------------------------------
-# Kimi Linear (KDA + NoPE MLA + DeepSeek-V3-style sigmoid MoE)
+# KDA + MLA + DeepSeek-V3-style sigmoid MoE: what Kimi Linear and Bailing hybrid share
 # --------------------------------------------------------------------------------------------------
 
 
-def make_tiny_kimi_linear(
+def _save_kda_mla(
+    config_cls_name: str,
+    config: dict[str, Any],
     tmp_dir: str | Path,
     *,
-    seed: int = 0,
     num_layers: int = 4,
     full_attn_layers: Sequence[int] = (1, 3),
-    first_k_dense: int = 1,
-    hidden_size: int = 64,
-    intermediate_size: int = 96,
-    num_heads: int = 4,  # MLA heads
+    num_heads: int = 4,  # MLA heads (Bailing's KDA heads too)
     kv_lora_rank: int = 16,
     q_lora_rank: int | None = None,
     qk_nope_head_dim: int = 16,
     qk_rope_head_dim: int = 8,
     v_head_dim: int = 16,
-    linear_num_heads: int = 4,
-    linear_head_dim: int = 16,
-    conv_kernel: int = 4,
     num_experts: int = 8,
     top_k: int = 2,
     num_shared_experts: int = 1,
@@ -168,20 +191,15 @@ def make_tiny_kimi_linear(
     n_group: int = 1,
     topk_group: int = 1,
     routed_scaling_factor: float = 2.446,
-    vocab_size: int = 160,
-    rms_norm_eps: float = 1e-5,
-    init_std: float = 0.2,
-    lm_head_scale: float = 4.0,
-    save_original_format: bool = True,
+    **shared: Any,
 ) -> Path:
-    model = _build(
-        "KimiLinearConfig",
-        seed,
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        moe_intermediate_size=moe_intermediate_size,
+    """``_save_tiny`` of a KDA/MLA family: ``config`` plus the layer pattern, MLA and MoE keys."""
+    config = dict(
+        config,
         num_hidden_layers=num_layers,
+        layer_types=_layer_types(
+            num_layers, full_attn_layers, "full_attention", "linear_attention"
+        ),
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
         kv_lora_rank=kv_lora_rank,
@@ -189,39 +207,40 @@ def make_tiny_kimi_linear(
         qk_nope_head_dim=qk_nope_head_dim,
         qk_rope_head_dim=qk_rope_head_dim,
         v_head_dim=v_head_dim,
-        linear_num_heads=linear_num_heads,
-        linear_head_dim=linear_head_dim,
-        linear_conv_kernel_dim=conv_kernel,
         num_local_experts=num_experts,
         num_experts_per_tok=top_k,
         n_shared_experts=num_shared_experts,
+        moe_intermediate_size=moe_intermediate_size,
         n_group=n_group,
         topk_group=topk_group,
         routed_scaling_factor=routed_scaling_factor,
-        layer_types=_layer_types(
-            num_layers, full_attn_layers, "full_attention", "linear_attention"
-        ),
-        mlp_layer_types=["dense" if i < first_k_dense else "sparse" for i in range(num_layers)],
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=init_std,
-        pad_token_id=None,  # default 163839 would be out of range (and zero its embedding row)
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
     )
     rules = [
         *_NORM_ONES,
         ("o_norm.weight", "add", 0.2),
         ("e_score_correction_bias", "add", 0.1),  # zeros by default: selection-only bias
     ]
-    return _finish(
-        model,
-        tmp_dir,
-        seed=seed,
-        lm_head_scale=lm_head_scale,
-        rules=rules,
-        save_original_format=save_original_format,
+    return _save_tiny(config_cls_name, config, rules, tmp_dir, **shared)
+
+
+def make_tiny_kimi_linear(
+    tmp_dir: str | Path,
+    *,
+    num_layers: int = 4,
+    first_k_dense: int = 1,
+    linear_num_heads: int = 4,
+    linear_head_dim: int = 16,
+    conv_kernel: int = 4,
+    **knobs: Any,
+) -> Path:
+    """Kimi Linear (KDA + NoPE MLA). ``knobs``: ``_save_kda_mla``'s and ``_save_tiny``'s."""
+    config = dict(
+        linear_num_heads=linear_num_heads,
+        linear_head_dim=linear_head_dim,
+        linear_conv_kernel_dim=conv_kernel,
+        mlp_layer_types=_first_dense(num_layers, first_k_dense),
     )
+    return _save_kda_mla("KimiLinearConfig", config, tmp_dir, num_layers=num_layers, **knobs)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -235,39 +254,29 @@ _MINIMAX_RESIDUAL_FACTORS = (1.3, 0.9, 1.1, 0.8, 1.2, 0.7)
 def make_tiny_minimax(
     tmp_dir: str | Path,
     *,
-    seed: int = 0,
     num_layers: int = 4,
     full_attn_layers: Sequence[int] = (0, 2),
-    hidden_size: int = 64,
     num_heads: int = 4,
     num_kv_heads: int = 2,
     head_dim: int = 16,
     num_experts: int = 4,
     top_k: int = 2,
-    intermediate_size: int = 32,  # per-expert FFN size (no separate moe_intermediate_size)
     block_size: int = 16,  # lightning prefill block; < prompt length exercises inter-block
     sliding_window: int | None = None,
     rope_theta: float = 10_000.0,
     residual_factors: tuple[float, ...] = _MINIMAX_RESIDUAL_FACTORS,
-    vocab_size: int = 160,
-    rms_norm_eps: float = 1e-5,
-    init_std: float = 0.2,
-    lm_head_scale: float = 4.0,
-    save_original_format: bool = True,
+    **shared: Any,
 ) -> Path:
     """residual_factors = (full_alpha, full_beta, linear_alpha, linear_beta, mlp_alpha, mlp_beta).
 
     They default to 1 in MiniMaxConfig (the released MiniMax-Text-01 reportedly uses alpha ~3.5566,
     beta 1). The fixture uses distinct non-unit values so a reimplementation must place them right:
     h = residual * alpha + sublayer_out * beta, where residual is the *normed* sublayer input.
+    MiniMax's ``intermediate_size`` (a ``shared`` keyword) is the per-expert FFN size: it has no
+    ``moe_intermediate_size``.
     """
     fa, fb, la, lb, ma, mb = residual_factors
-    model = _build(
-        "MiniMaxConfig",
-        seed,
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
+    config = dict(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
@@ -276,7 +285,7 @@ def make_tiny_minimax(
         num_experts_per_tok=top_k,
         block_size=block_size,
         sliding_window=sliding_window,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+        rope_parameters=_rope(rope_theta),
         layer_types=_layer_types(
             num_layers, full_attn_layers, "full_attention", "linear_attention"
         ),
@@ -286,21 +295,10 @@ def make_tiny_minimax(
         linear_attn_beta_factor=lb,
         mlp_alpha_factor=ma,
         mlp_beta_factor=mb,
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=init_std,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
     )
     rules = [*_NORM_ONES, ("self_attn.norm.weight", "add", 0.2)]  # lightning output RMSNorm
-    return _finish(
-        model,
-        tmp_dir,
-        seed=seed,
-        lm_head_scale=lm_head_scale,
-        rules=rules,
-        save_original_format=save_original_format,
+    return _save_tiny(
+        "MiniMaxConfig", config, rules, tmp_dir, **{"intermediate_size": 32, **shared}
     )
 
 
@@ -312,12 +310,9 @@ def make_tiny_minimax(
 def make_tiny_qwen3_next(
     tmp_dir: str | Path,
     *,
-    seed: int = 0,
     num_layers: int = 4,
     full_attn_layers: Sequence[int] = (3,),
     mlp_only_layers: Sequence[int] = (0,),
-    hidden_size: int = 64,
-    intermediate_size: int = 96,
     num_heads: int = 4,
     num_kv_heads: int = 2,
     head_dim: int = 32,
@@ -333,27 +328,15 @@ def make_tiny_qwen3_next(
     moe_intermediate_size: int = 32,
     shared_expert_intermediate_size: int = 48,
     norm_topk_prob: bool = True,
-    vocab_size: int = 160,
-    rms_norm_eps: float = 1e-6,
-    init_std: float = 0.2,
-    lm_head_scale: float = 4.0,
-    save_original_format: bool = True,
+    **shared: Any,
 ) -> Path:
-    model = _build(
-        "Qwen3NextConfig",
-        seed,
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
+    """``shared``: ``_save_tiny``'s knobs; ``rms_norm_eps`` is 1e-6 unless given."""
+    config = dict(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
         head_dim=head_dim,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": rope_theta,
-            "partial_rotary_factor": partial_rotary_factor,
-        },
+        rope_parameters=_rope(rope_theta, partial_rotary_factor=partial_rotary_factor),
         linear_num_key_heads=linear_num_key_heads,
         linear_num_value_heads=linear_num_value_heads,
         linear_key_head_dim=linear_key_head_dim,
@@ -369,12 +352,6 @@ def make_tiny_qwen3_next(
         layer_types=_layer_types(
             num_layers, full_attn_layers, "full_attention", "linear_attention"
         ),
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=init_std,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
     )
     rules = [
         # zero-centred (1 + w) RMSNorms: input/post_attention layernorm, final norm, q_norm, k_norm
@@ -385,14 +362,7 @@ def make_tiny_qwen3_next(
         ("linear_attn.norm.weight", "add", 0.2),  # gated RMSNorm, plain w (init ones)
         ("dt_bias", "add", 1.0),  # init ones
     ]
-    return _finish(
-        model,
-        tmp_dir,
-        seed=seed,
-        lm_head_scale=lm_head_scale,
-        rules=rules,
-        save_original_format=save_original_format,
-    )
+    return _save_tiny("Qwen3NextConfig", config, rules, tmp_dir, **{"rms_norm_eps": 1e-6, **shared})
 
 
 # --------------------------------------------------------------------------------------------------
@@ -403,14 +373,11 @@ def make_tiny_qwen3_next(
 def make_tiny_mimo_v2_flash(
     tmp_dir: str | Path,
     *,
-    seed: int = 0,
     num_layers: int = 4,
     full_attn_layers: Sequence[int] = (0, 3),
     first_k_dense: int = 1,
-    hidden_size: int = 64,
-    intermediate_size: int = 96,
     num_heads: int = 4,
-    num_kv_heads: int = 1,  # full-attention layers; SWA layers get 2x this many
+    num_kv_heads: int = 1,
     head_dim: int = 24,  # int(24 * 0.334) = 8 rotary dims
     v_head_dim: int = 16,
     sliding_window: int = 8,  # HF semantics: query i sees keys i-W+1 .. i (W keys incl. itself)
@@ -424,21 +391,14 @@ def make_tiny_mimo_v2_flash(
     n_group: int = 1,
     topk_group: int = 1,
     routed_scaling_factor: float = 1.0,
-    vocab_size: int = 160,
-    rms_norm_eps: float = 1e-5,
-    init_std: float = 0.2,
-    lm_head_scale: float = 4.0,
-    save_original_format: bool = True,
+    **shared: Any,
 ) -> Path:
+    """``shared``: ``_save_tiny``'s knobs. ``num_kv_heads`` is the full-attention layers' count;
+    sliding-window layers get twice as many."""
     # HF: rd = int(head_dim * partial_rotary_factor); inv_freq = theta ** (-arange(0, rd, 2) / rd);
     # the rotated width is 2 * len(inv_freq) (= rd + 1 when rd is odd, e.g. head_dim 16 -> rd 5,
     # 6 dims rotated). Keep rd even (default head_dim 24 -> 8) unless testing that corner.
-    model = _build(
-        "MiMoV2FlashConfig",
-        seed,
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
+    config = dict(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_kv_heads,
@@ -448,18 +408,10 @@ def make_tiny_mimo_v2_flash(
         layer_types=_layer_types(
             num_layers, full_attn_layers, "full_attention", "sliding_attention"
         ),
-        mlp_layer_types=["dense" if i < first_k_dense else "sparse" for i in range(num_layers)],
+        mlp_layer_types=_first_dense(num_layers, first_k_dense),
         rope_parameters={
-            "full_attention": {
-                "rope_type": "default",
-                "rope_theta": full_rope_theta,
-                "partial_rotary_factor": partial_rotary_factor,
-            },
-            "sliding_attention": {
-                "rope_type": "default",
-                "rope_theta": swa_rope_theta,
-                "partial_rotary_factor": partial_rotary_factor,
-            },
+            "full_attention": _rope(full_rope_theta, partial_rotary_factor=partial_rotary_factor),
+            "sliding_attention": _rope(swa_rope_theta, partial_rotary_factor=partial_rotary_factor),
         },
         attention_value_scale=attention_value_scale,
         n_routed_experts=num_experts,
@@ -468,118 +420,41 @@ def make_tiny_mimo_v2_flash(
         n_group=n_group,
         topk_group=topk_group,
         routed_scaling_factor=routed_scaling_factor,
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=init_std,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
     )
     rules = [
         *_NORM_ONES,
         ("e_score_correction_bias", "add", 0.1),
         ("self_attn.sinks", "set", 1.0),  # init N(0, init_std): make the sink matter
     ]
-    return _finish(
-        model,
-        tmp_dir,
-        seed=seed,
-        lm_head_scale=lm_head_scale,
-        rules=rules,
-        save_original_format=save_original_format,
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Bailing hybrid / Ling 3 (KDA with safe gate, gated MLA with interleaved RoPE, grouped MoE)
-# --------------------------------------------------------------------------------------------------
+    return _save_tiny("MiMoV2FlashConfig", config, rules, tmp_dir, **shared)
 
 
 def make_tiny_bailing_hybrid(
     tmp_dir: str | Path,
     *,
-    seed: int = 0,
-    num_layers: int = 4,
-    full_attn_layers: Sequence[int] = (1, 3),
     first_k_dense: int = 1,
-    hidden_size: int = 64,
-    intermediate_size: int = 96,
-    num_heads: int = 4,  # shared by MLA *and* KDA (linear_num_heads = num_attention_heads)
     linear_head_dim: int = 16,  # passed as config head_dim; HF then overwrites config.head_dim
-    kv_lora_rank: int = 16,
-    q_lora_rank: int | None = None,
-    qk_nope_head_dim: int = 16,
-    qk_rope_head_dim: int = 8,
-    v_head_dim: int = 16,
     conv_kernel: int = 4,
     kda_safe_gate: bool = True,
     kda_lower_bound: float = -5.0,
     rope_theta: float = 10_000.0,
-    num_experts: int = 8,
-    top_k: int = 2,
-    num_shared_experts: int = 1,
-    moe_intermediate_size: int = 32,
-    n_group: int = 2,
-    topk_group: int = 1,
-    routed_scaling_factor: float = 2.5,
-    vocab_size: int = 160,
-    rms_norm_eps: float = 1e-6,
-    init_std: float = 0.2,
-    lm_head_scale: float = 4.0,
-    save_original_format: bool = True,
+    **knobs: Any,
 ) -> Path:
-    model = _build(
-        "BailingHybridConfig",
-        seed,
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        moe_intermediate_size=moe_intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+    """Bailing hybrid / Ling 3 (KDA with the safe gate, gated MLA with interleaved RoPE, grouped
+    MoE); ``num_heads`` is shared by MLA *and* KDA. ``knobs``: ``_save_kda_mla``'s (with two
+    expert groups and a routed scale of 2.5 by default) and ``_save_tiny``'s."""
+    config = dict(
         head_dim=linear_head_dim,
-        kv_lora_rank=kv_lora_rank,
-        q_lora_rank=q_lora_rank,
-        qk_nope_head_dim=qk_nope_head_dim,
-        qk_rope_head_dim=qk_rope_head_dim,
-        v_head_dim=v_head_dim,
         short_conv_kernel_size=conv_kernel,
         kda_safe_gate=kda_safe_gate,
         kda_lower_bound=kda_lower_bound,
         rope_theta=rope_theta,
-        rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
-        num_local_experts=num_experts,
-        num_experts_per_tok=top_k,
-        n_shared_experts=num_shared_experts,
-        n_group=n_group,
-        topk_group=topk_group,
-        routed_scaling_factor=routed_scaling_factor,
+        rope_parameters=_rope(rope_theta),
         first_k_dense_replace=first_k_dense,
-        layer_types=_layer_types(
-            num_layers, full_attn_layers, "full_attention", "linear_attention"
-        ),
         num_mtp_layers=0,
-        rms_norm_eps=rms_norm_eps,
-        initializer_range=init_std,
-        pad_token_id=None,
-        bos_token_id=None,
-        eos_token_id=None,
-        tie_word_embeddings=False,
     )
-    rules = [
-        *_NORM_ONES,
-        ("o_norm.weight", "add", 0.2),
-        ("e_score_correction_bias", "add", 0.1),
-    ]
-    return _finish(
-        model,
-        tmp_dir,
-        seed=seed,
-        lm_head_scale=lm_head_scale,
-        rules=rules,
-        save_original_format=save_original_format,
-    )
+    defaults = dict(n_group=2, routed_scaling_factor=2.5, rms_norm_eps=1e-6)
+    return _save_kda_mla("BailingHybridConfig", config, tmp_dir, **{**defaults, **knobs})
 
 
 MAKERS: dict[str, Callable[..., Path]] = {
@@ -671,17 +546,18 @@ def hf_greedy_with_logits(
     return new, logits
 
 
-def hf_greedy(
-    path: str | Path,
-    prompt_ids: Sequence[int],
-    max_new_tokens: int,
-    *,
-    attn_implementation: str = "eager",
-) -> list[int]:
-    """Greedy (do_sample=False, use_cache=True) continuation: the max_new_tokens NEW token ids."""
-    return hf_greedy_with_logits(
-        path, prompt_ids, max_new_tokens, attn_implementation=attn_implementation
-    )[0]
+def hf_greedy_without_cache(
+    path: str | Path, prompt_ids: Sequence[int], max_new_tokens: int
+) -> tuple[list[int], np.ndarray]:
+    """``hf_greedy_with_logits`` by one full no-cache forward per token, for configurations whose
+    cached generation disagrees with transformers' own forward pass."""
+    tokens: list[int] = []
+    step_logits = []
+    for _ in range(max_new_tokens):
+        last = hf_prefill_logits(path, [*prompt_ids, *tokens])[-1]
+        step_logits.append(last)
+        tokens.append(int(np.argmax(last)))
+    return tokens, np.stack(step_logits)
 
 
 def greedy_margins(logits: np.ndarray) -> np.ndarray:
