@@ -25,11 +25,8 @@ from prfaas_jax.config import (
     KdaGate,
     LayerKind,
     LinearAttentionConfig,
-    MlaConfig,
     MlpKind,
     ModelConfig,
-    MoeConfig,
-    MoeScoring,
     RopeKind,
 )
 from prfaas_jax.model import hf_layers as hl
@@ -37,7 +34,6 @@ from prfaas_jax.model.hf_checkpoint import HfConfig, TensorReader
 
 FAMILY = "bailing_hybrid"
 IGNORED = (r"model\.mtp\..*",)
-_LATENT_NORM_EPS = 1e-6  # BailingHybridRMSNorm's default: the MLA latent norms get no config eps
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
@@ -66,29 +62,11 @@ def config_from_hf(hf: HfConfig, name: str) -> ModelConfig:
         gate_lower_bound=hf.get_float("kda_lower_bound", default=-5.0),
     )
     theta, _ = hl.rope_parameters(hf, default_theta=6e6)
-    mla = MlaConfig(
-        num_heads=heads,
-        kv_lora_rank=hf.get_int("kv_lora_rank", default=512),
-        qk_nope_head_dim=hf.get_int("qk_nope_head_dim", default=128),
-        qk_rope_head_dim=hf.get_int("qk_rope_head_dim", default=64),
-        v_head_dim=hf.get_int("v_head_dim", default=128),
-        q_lora_rank=hf.get_int("q_lora_rank", default=0),
-        rope=RopeKind.INTERLEAVED,
-        rope_theta=theta,
-        latent_norm_eps=_LATENT_NORM_EPS,
-        use_output_gate=True,
+    mla = hl.mla_config(
+        hf, num_heads=heads, rope=RopeKind.INTERLEAVED, rope_theta=theta, use_output_gate=True
     )
-    moe = MoeConfig(
-        num_experts=hf.get_int("num_experts", "num_local_experts", default=512),
-        top_k=hf.get_int("num_experts_per_token", "num_experts_per_tok", default=8),
-        expert_dim=hf.get_int("moe_intermediate_size", default=768),
-        num_shared_experts=hf.get_int("num_shared_experts", "n_shared_experts", default=1),
-        scoring=MoeScoring.SIGMOID,
-        use_score_bias=True,
-        renormalize=hf.get_bool("moe_renormalize", "norm_topk_prob", default=True),
-        routed_scale=hf.get_float("routed_scaling_factor", default=2.5),
-        num_groups=hf.get_int("num_expert_group", "n_group", default=8),
-        topk_groups=hf.get_int("topk_group", default=4),
+    moe = hl.deepseek_moe_config(
+        hf, num_experts=512, expert_dim=768, routed_scale=2.5, num_groups=8, topk_groups=4
     )
     return ModelConfig(
         name=name,
@@ -110,41 +88,20 @@ def config_from_hf(hf: HfConfig, name: str) -> ModelConfig:
 def _mlp(r: TensorReader, prefix: str, cfg: ModelConfig, kind: MlpKind) -> hl.Arrays:
     if kind is MlpKind.DENSE:
         return hl.swiglu(r, prefix, cfg.hidden_dim, cfg.mlp_dim)
-    return hl.deepseek_moe(
-        r,
-        prefix,
-        cfg,
-        bias="expert_bias",
-        expert_names=("gate_proj", "up_proj", "down_proj"),
-        shared="shared_experts",
-    )
+    return hl.deepseek_moe(r, prefix, cfg, bias="expert_bias")
 
 
 def convert(r: TensorReader, cfg: ModelConfig, hf: HfConfig) -> dict:
-    dim = cfg.hidden_dim
-    layers = []
-    for index, (kind, mlp_kind) in enumerate(zip(cfg.layers, cfg.mlps, strict=True)):
-        prefix = f"model.layers.{index}."
+    def mixer(prefix: str, index: int, kind: LayerKind) -> hl.Arrays:
         attn = f"{prefix}attention."
         if kind is LayerKind.KDA:
-            mixer = hl.kda(r, attn, cfg, a_log_shape=(cfg.linear.num_v_heads,), o_proj="dense")
-        else:
-            mixer = hl.mla(r, attn, cfg, o_proj="dense")
-        layers.append(
-            hl.block(
-                hl.norm(r, f"{prefix}input_layernorm.weight", dim),
-                mixer,
-                hl.norm(r, f"{prefix}post_attention_layernorm.weight", dim),
-                _mlp(r, f"{prefix}mlp.", cfg, mlp_kind),
-            )
-        )
+            return hl.kda(r, attn, cfg, a_log_shape=(cfg.linear.num_v_heads,), o_proj="dense")
+        return hl.mla(r, attn, cfg, o_proj="dense")
+
+    def mlp(prefix: str, kind: MlpKind) -> hl.Arrays:
+        return _mlp(r, f"{prefix}mlp.", cfg, kind)
+
+    layers = hl.decoder_layers(r, cfg, mixer, mlp)
     mtp = [n for n in r.names() if (m := _LAYER.match(n)) and int(m.group(1)) >= cfg.num_layers]
     r.skip(mtp)
-    params = {
-        "embed": r.take("model.word_embeddings.weight", (cfg.vocab_size, dim)),
-        "layers": tuple(layers),
-        "final_norm": hl.norm(r, "model.norm.weight", dim),
-    }
-    if not cfg.tie_embeddings:
-        params["lm_head"] = r.linear("lm_head.weight", dim, cfg.vocab_size)
-    return params
+    return hl.causal_lm(r, cfg, layers, embed="model.word_embeddings.weight")

@@ -21,11 +21,8 @@ from __future__ import annotations
 from prfaas_jax.config import (
     LayerKind,
     LinearAttentionConfig,
-    MlaConfig,
     MlpKind,
     ModelConfig,
-    MoeConfig,
-    MoeScoring,
     RopeKind,
 )
 from prfaas_jax.model import hf_layers as hl
@@ -33,7 +30,6 @@ from prfaas_jax.model.hf_checkpoint import HfConfig, TensorReader
 
 FAMILY = "kimi_linear"
 IGNORED: tuple[str, ...] = ()
-_LATENT_NORM_EPS = 1e-6  # KimiLinearRMSNorm's default: the MLA latent norms get no config eps
 
 
 def _layers(hf: HfConfig, num_layers: int) -> tuple[LayerKind, ...]:
@@ -79,27 +75,11 @@ def config_from_hf(hf: HfConfig, name: str) -> ModelConfig:
         conv_kernel=hub.get_int("short_conv_kernel_size", default=kernel),
         gate_rank=head_dim,
     )
-    mla = MlaConfig(
-        num_heads=hf.get_int("num_attention_heads", default=32),
-        kv_lora_rank=hf.get_int("kv_lora_rank", default=512),
-        qk_nope_head_dim=hf.get_int("qk_nope_head_dim", default=128),
-        qk_rope_head_dim=hf.get_int("qk_rope_head_dim", default=64),
-        v_head_dim=hf.get_int("v_head_dim", default=128),
-        q_lora_rank=hf.get_int("q_lora_rank", default=0),
-        rope=RopeKind.NONE,
-        latent_norm_eps=_LATENT_NORM_EPS,
+    mla = hl.mla_config(
+        hf, num_heads=hf.get_int("num_attention_heads", default=32), rope=RopeKind.NONE
     )
-    moe = MoeConfig(
-        num_experts=hf.get_int("num_experts", "num_local_experts", default=256),
-        top_k=hf.get_int("num_experts_per_token", "num_experts_per_tok", default=8),
-        expert_dim=hf.get_int("moe_intermediate_size", default=1024),
-        num_shared_experts=hf.get_int("num_shared_experts", "n_shared_experts", default=1),
-        scoring=MoeScoring.SIGMOID,
-        use_score_bias=True,
-        renormalize=hf.get_bool("moe_renormalize", "norm_topk_prob", default=True),
-        routed_scale=hf.get_float("routed_scaling_factor", default=2.446),
-        num_groups=hf.get_int("num_expert_group", "n_group", default=1),
-        topk_groups=hf.get_int("topk_group", default=1),
+    moe = hl.deepseek_moe_config(
+        hf, num_experts=256, expert_dim=1024, routed_scale=2.446, num_groups=1, topk_groups=1
     )
     kinds = set(layers)
     return ModelConfig(
@@ -125,38 +105,19 @@ def _mlp(r: TensorReader, prefix: str, cfg: ModelConfig, kind: MlpKind) -> hl.Ar
         if not r.has(f"{moe_prefix}gate_proj.weight") and r.has(f"{prefix}mlp.gate_proj.weight"):
             dense_prefix = f"{prefix}mlp."
         return hl.swiglu(r, dense_prefix, cfg.hidden_dim, cfg.mlp_dim)
-    return hl.deepseek_moe(
-        r,
-        moe_prefix,
-        cfg,
-        bias="e_score_correction_bias",
-        expert_names=("w1", "w3", "w2"),
-        shared="shared_experts",
-    )
+    return hl.deepseek_moe(r, moe_prefix, cfg, expert_names=("w1", "w3", "w2"))
 
 
 def convert(r: TensorReader, cfg: ModelConfig, hf: HfConfig) -> dict:
-    dim = cfg.hidden_dim
-    layers = []
-    for index, (kind, mlp_kind) in enumerate(zip(cfg.layers, cfg.mlps, strict=True)):
-        prefix = f"model.layers.{index}."
+    def mixer(prefix: str, index: int, kind: LayerKind) -> hl.Arrays:
         attn = f"{prefix}self_attn."
         if kind is LayerKind.KDA:
             heads = cfg.linear.num_v_heads
-            mixer = hl.kda(r, attn, cfg, a_log_shape=(1, 1, heads, 1), o_proj="o_proj")
-        else:
-            mixer = hl.mla(r, attn, cfg, o_proj="o_proj")
-        layers.append(
-            hl.block(
-                hl.norm(r, f"{prefix}input_layernorm.weight", dim),
-                mixer,
-                hl.norm(r, f"{prefix}post_attention_layernorm.weight", dim),
-                _mlp(r, prefix, cfg, mlp_kind),
-            )
-        )
-    return {
-        "embed": r.take("model.embed_tokens.weight", (cfg.vocab_size, dim)),
-        "layers": tuple(layers),
-        "final_norm": hl.norm(r, "model.norm.weight", dim),
-        "lm_head": r.linear("lm_head.weight", dim, cfg.vocab_size),
-    }
+            return hl.kda(r, attn, cfg, a_log_shape=(1, 1, heads, 1), o_proj="o_proj")
+        return hl.mla(r, attn, cfg, o_proj="o_proj")
+
+    def mlp(prefix: str, kind: MlpKind) -> hl.Arrays:
+        return _mlp(r, prefix, cfg, kind)
+
+    # lm_head is never tied: config_from_hf leaves tie_embeddings False.
+    return hl.causal_lm(r, cfg, hl.decoder_layers(r, cfg, mixer, mlp))

@@ -1,21 +1,38 @@
-"""Converters shared by several Hugging Face families: layer patterns, norms, SwiGLU, routed
-experts, KDA (Kimi Linear, Bailing) and MLA (Kimi Linear, Bailing) blocks.
+"""Converters shared by the Hugging Face families (``hf_<family>.py``).
 
-Each converter takes tensors from a ``TensorReader`` under a layer prefix and returns them in this
-package's parameter layout (``[in, out]`` matrices, ``[kernel, channels]`` convolutions, stacked
-``[E, in, out]`` experts), as float32 numpy arrays; ``hf.py`` casts them to the model dtype.
+Config readers: ``layer_kinds``, ``mlp_kinds``, ``rope_parameters``, ``mla_config`` and
+``deepseek_moe_config``. Tensor converters, one per layer: ``causal_lm`` (embeddings, final norm,
+head) around ``decoder_layers`` (the pre-norm blocks ``model.layers.{i}.``), ``norm``, ``swiglu``,
+``router``, ``routed_experts``, ``deepseek_moe``, ``kda`` and ``mla``.
+
+Each tensor converter takes tensors from a ``TensorReader`` under a prefix and returns them in
+this package's parameter layout as float32 numpy arrays (``hf.py`` casts them to the model dtype):
+an ``nn.Linear`` weight ``[out, in]`` becomes ``[in, out]`` (``TensorReader.linear``), a depthwise
+conv ``[channels, 1, kernel]`` becomes ``[kernel, channels]``, per-expert matrices are stacked
+``[E, in, out]``; everything else keeps its shape unless the docstring says otherwise.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from prfaas_jax.config import LayerKind, MlpKind, ModelConfig, MoeConfig
+from prfaas_jax.config import (
+    LayerKind,
+    MlaConfig,
+    MlpKind,
+    ModelConfig,
+    MoeConfig,
+    MoeScoring,
+    RopeKind,
+)
 from prfaas_jax.model.hf_checkpoint import HfConfig, TensorReader
 
 Arrays = dict
+# transformers builds the MLA latent norms (``kv_a_layernorm``, ``q_a_layernorm``) of Kimi Linear
+# and Bailing without the config's eps, so they keep their RMSNorm class default.
+MLA_LATENT_NORM_EPS = 1e-6
 
 
 def layer_kinds(
@@ -73,12 +90,120 @@ def rope_parameters(
     return float(theta), float(fraction)
 
 
-def block(mixer_norm: np.ndarray, mixer: Arrays, mlp_norm: np.ndarray, mlp: Arrays) -> Arrays:
-    return {"mixer_norm": mixer_norm, "mixer": mixer, "mlp_norm": mlp_norm, "mlp": mlp}
+def mla_config(
+    hf: HfConfig,
+    *,
+    num_heads: int,
+    rope: RopeKind,
+    rope_theta: float = MlaConfig.rope_theta,
+    use_output_gate: bool = False,
+) -> MlaConfig:
+    """DeepSeek-V3 MLA sizes (``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``,
+    ``v_head_dim``, ``q_lora_rank``; DeepSeek's defaults) with latent norm eps 1e-6."""
+    return MlaConfig(
+        num_heads=num_heads,
+        kv_lora_rank=hf.get_int("kv_lora_rank", default=512),
+        qk_nope_head_dim=hf.get_int("qk_nope_head_dim", default=128),
+        qk_rope_head_dim=hf.get_int("qk_rope_head_dim", default=64),
+        v_head_dim=hf.get_int("v_head_dim", default=128),
+        q_lora_rank=hf.get_int("q_lora_rank", default=0),
+        rope=rope,
+        rope_theta=rope_theta,
+        latent_norm_eps=MLA_LATENT_NORM_EPS,
+        use_output_gate=use_output_gate,
+    )
+
+
+def deepseek_moe_config(
+    hf: HfConfig,
+    *,
+    num_experts: int,
+    expert_dim: int,
+    routed_scale: float,
+    num_groups: int,
+    topk_groups: int,
+) -> MoeConfig:
+    """DeepSeek-V3 routing as Kimi Linear and Bailing configure it: sigmoid scores, a
+    selection-only bias, group-limited top-k (8 by default), renormalised unless
+    ``moe_renormalize`` / ``norm_topk_prob`` is false, times ``routed_scaling_factor``, plus
+    shared experts (1 by default). The keywords are the family's defaults for absent keys.
+    """
+    return MoeConfig(
+        num_experts=hf.get_int("num_experts", "num_local_experts", default=num_experts),
+        top_k=hf.get_int("num_experts_per_token", "num_experts_per_tok", default=8),
+        expert_dim=hf.get_int("moe_intermediate_size", default=expert_dim),
+        num_shared_experts=hf.get_int("num_shared_experts", "n_shared_experts", default=1),
+        scoring=MoeScoring.SIGMOID,
+        use_score_bias=True,
+        renormalize=hf.get_bool("moe_renormalize", "norm_topk_prob", default=True),
+        routed_scale=hf.get_float("routed_scaling_factor", default=routed_scale),
+        num_groups=hf.get_int("num_expert_group", "n_group", default=num_groups),
+        topk_groups=hf.get_int("topk_group", default=topk_groups),
+    )
+
+
+def causal_lm(
+    r: TensorReader,
+    cfg: ModelConfig,
+    layers: tuple[Arrays, ...],
+    *,
+    embed: str = "model.embed_tokens.weight",
+    zero_centred: bool = False,
+) -> Arrays:
+    """The whole parameter tree around converted ``layers``.
+
+    ``{embed}`` ``[vocab, dim]`` → ``embed`` (as stored), ``model.norm.weight`` → ``final_norm``
+    and, unless ``cfg.tie_embeddings``, ``lm_head.weight`` ``[vocab, dim]`` → ``lm_head``
+    ``[dim, vocab]``.
+    """
+    dim = cfg.hidden_dim
+    params = {
+        "embed": r.take(embed, (cfg.vocab_size, dim)),
+        "layers": layers,
+        "final_norm": norm(r, "model.norm.weight", dim, zero_centred=zero_centred),
+    }
+    if not cfg.tie_embeddings:
+        params["lm_head"] = r.linear("lm_head.weight", dim, cfg.vocab_size)
+    return params
+
+
+def decoder_layers(
+    r: TensorReader,
+    cfg: ModelConfig,
+    mixer: Callable[[str, int, LayerKind], Arrays],
+    mlp: Callable[[str, MlpKind], Arrays],
+    *,
+    zero_centred: bool = False,
+) -> tuple[Arrays, ...]:
+    """Every pre-norm decoder block, in ``init_params``' layout.
+
+    Under ``prefix = model.layers.{i}.``, in this order: ``input_layernorm.weight`` →
+    ``mixer_norm``, ``mixer(prefix, i, kind)`` → ``mixer``, ``post_attention_layernorm.weight`` →
+    ``mlp_norm``, ``mlp(prefix, mlp_kind)`` → ``mlp``.
+    """
+
+    def block_norm(name: str) -> np.ndarray:
+        return norm(r, name, cfg.hidden_dim, zero_centred=zero_centred)
+
+    layers = []
+    for index, (kind, mlp_kind) in enumerate(zip(cfg.layers, cfg.mlps, strict=True)):
+        prefix = f"model.layers.{index}."
+        mixer_norm = block_norm(f"{prefix}input_layernorm.weight")
+        mixer_params = mixer(prefix, index, kind)
+        mlp_norm = block_norm(f"{prefix}post_attention_layernorm.weight")
+        layers.append(
+            {
+                "mixer_norm": mixer_norm,
+                "mixer": mixer_params,
+                "mlp_norm": mlp_norm,
+                "mlp": mlp(prefix, mlp_kind),
+            }
+        )
+    return tuple(layers)
 
 
 def norm(r: TensorReader, name: str, dim: int, *, zero_centred: bool = False) -> np.ndarray:
-    """An RMSNorm weight; zero-centred norms (``x̂ · (1 + w)``) are folded into ``1 + w``."""
+    """An RMSNorm weight ``[dim]``; a zero-centred norm (``x̂ · (1 + w)``) is folded to ``1 + w``."""
     weight = r.take(name, (dim,))
     return 1.0 + weight if zero_centred else weight
 
@@ -90,6 +215,8 @@ def swiglu(
     width: int,
     names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
 ) -> Arrays:
+    """A SwiGLU MLP: ``{prefix}{names}.weight`` → ``gate``, ``up`` ``[dim, width]`` and ``down``
+    ``[width, dim]``, each transposed."""
     gate, up, down = names
     return {
         "gate": r.linear(f"{prefix}{gate}.weight", dim, width),
@@ -116,6 +243,7 @@ def routed_experts(
 
 
 def router(r: TensorReader, name: str, dim: int, moe: MoeConfig) -> np.ndarray:
+    """The router ``{name}`` ``[E, dim]``, transposed to ``[dim, E]``."""
     return r.linear(name, dim, moe.num_experts)
 
 
@@ -127,7 +255,15 @@ def kda(
     a_log_shape: tuple[int, ...],
     o_proj: str,
 ) -> Arrays:
-    """A KDA layer: separate q/k/v projections and convs, gates low-rank or full-rank."""
+    """A KDA layer under ``prefix`` (Kimi Linear, Bailing); linear weights are transposed.
+
+    ``{q,k,v}_proj`` → ``q_proj``, ``k_proj``, ``v_proj``; the three depthwise convs
+    ``{q,k,v}_conv1d.weight`` ``[channels, 1, kernel]`` → one ``conv`` ``[kernel, q|k|v]``;
+    ``b_proj`` (beta) → ``b_proj``; ``A_log`` (stored as ``a_log_shape``) → ``A_log`` ``[HV]``;
+    ``dt_bias`` ``[HV·K]``; ``o_norm.weight`` → ``o_norm``; ``{o_proj}`` → ``o_proj``. Gates: full
+    rank ``f_proj``, ``g_proj``, or low rank ``f_a_proj``, ``f_b_proj``, ``g_a_proj``,
+    ``g_b_proj`` → ``f_a``, ``f_b``, ``g_a``, ``g_b``.
+    """
     lin, dim = cfg.linear, cfg.hidden_dim
     heads, key_dim, value_dim = lin.num_v_heads, lin.head_dim, lin.v_head_dim
     qk_out, v_out = lin.num_heads * key_dim, heads * value_dim
@@ -162,7 +298,14 @@ def kda(
 
 
 def mla(r: TensorReader, prefix: str, cfg: ModelConfig, *, o_proj: str) -> Arrays:
-    """An MLA layer (DeepSeek-V3 names), with the optional per-head output gate ``g_proj``."""
+    """An MLA layer under ``prefix`` (DeepSeek-V3 names); linear weights are transposed.
+
+    ``q_proj`` → ``q_proj``, or with a ``q_lora_rank`` ``q_a_proj``, ``q_a_layernorm``,
+    ``q_b_proj`` → ``q_a``, ``q_a_norm``, ``q_b``; ``kv_a_proj_with_mqa`` → ``kv_a`` (columns
+    ``[c_kv | k_rope]``), ``kv_a_layernorm`` → ``kv_a_norm``, ``kv_b_proj`` → ``kv_b``,
+    ``{o_proj}`` → ``o_proj``; with ``use_output_gate`` the per-head gate ``g_proj`` →
+    ``gate_proj`` ``[dim, H]``.
+    """
     m, dim = cfg.mla, cfg.hidden_dim
     q_out = m.num_heads * m.qk_head_dim
     p: Arrays = {}
@@ -192,11 +335,17 @@ def deepseek_moe(
     prefix: str,
     cfg: ModelConfig,
     *,
-    bias: str,
-    expert_names: tuple[str, str, str],
-    shared: str | None,
+    bias: str = "e_score_correction_bias",
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    shared: str = "shared_experts",
 ) -> Arrays:
-    """Sigmoid-routed experts with a selection bias and optional always-on shared experts."""
+    """Sigmoid-routed experts with a selection bias and optional always-on shared experts.
+
+    ``gate.weight`` → ``router`` ``[dim, E]``, ``gate.{bias}`` → ``score_bias`` ``[E]``,
+    ``experts.{e}.{expert_names}`` → ``experts_{gate,up,down}`` (``routed_experts``) and, if the
+    config has shared experts, the SwiGLU ``{shared}.{gate,up,down}_proj`` → ``shared``. The
+    defaults are DeepSeek-V3's names.
+    """
     moe, dim = cfg.moe, cfg.hidden_dim
     p: Arrays = {
         "router": router(r, f"{prefix}gate.weight", dim, moe),

@@ -126,36 +126,14 @@ def _attention_params(
 
 
 def convert(r: TensorReader, cfg: ModelConfig, hf: HfConfig) -> dict:
-    dim = cfg.hidden_dim
     value_scale = hf.get_float("attention_value_scale", default=0.707)
-    layers = []
-    for index, (kind, mlp_kind) in enumerate(zip(cfg.layers, cfg.mlps, strict=True)):
-        prefix = f"model.layers.{index}."
-        mlp_prefix = f"{prefix}mlp."
-        if mlp_kind is MlpKind.DENSE:
-            mlp = hl.swiglu(r, mlp_prefix, dim, cfg.mlp_dim)
-        else:
-            mlp = hl.deepseek_moe(
-                r,
-                mlp_prefix,
-                cfg,
-                bias="e_score_correction_bias",
-                expert_names=("gate_proj", "up_proj", "down_proj"),
-                shared=None,
-            )
-        layers.append(
-            hl.block(
-                hl.norm(r, f"{prefix}input_layernorm.weight", dim),
-                _attention_params(r, f"{prefix}self_attn.", cfg, kind, value_scale),
-                hl.norm(r, f"{prefix}post_attention_layernorm.weight", dim),
-                mlp,
-            )
-        )
-    params = {
-        "embed": r.take("model.embed_tokens.weight", (cfg.vocab_size, dim)),
-        "layers": tuple(layers),
-        "final_norm": hl.norm(r, "model.norm.weight", dim),
-    }
-    if not cfg.tie_embeddings:
-        params["lm_head"] = r.linear("lm_head.weight", dim, cfg.vocab_size)
-    return params
+
+    def mixer(prefix: str, index: int, kind: LayerKind) -> hl.Arrays:
+        return _attention_params(r, f"{prefix}self_attn.", cfg, kind, value_scale)
+
+    def mlp(prefix: str, kind: MlpKind) -> hl.Arrays:
+        if kind is MlpKind.DENSE:
+            return hl.swiglu(r, f"{prefix}mlp.", cfg.hidden_dim, cfg.mlp_dim)
+        return hl.deepseek_moe(r, f"{prefix}mlp.", cfg)  # no shared experts
+
+    return hl.causal_lm(r, cfg, hl.decoder_layers(r, cfg, mixer, mlp))

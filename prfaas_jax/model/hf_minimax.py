@@ -145,32 +145,18 @@ def _attention(r: TensorReader, prefix: str, cfg: ModelConfig, kind: LayerKind) 
 
 def convert(r: TensorReader, cfg: ModelConfig, hf: HfConfig) -> dict:
     dim = cfg.hidden_dim
-    layers = []
-    for index, kind in enumerate(cfg.layers):
-        prefix = f"model.layers.{index}."
+
+    def mixer(prefix: str, index: int, kind: LayerKind) -> hl.Arrays:
         attn = f"{prefix}self_attn."
         if kind is LayerKind.LIGHTNING:
-            mixer = _lightning(r, attn, cfg, index)
-        else:
-            mixer = _attention(r, attn, cfg, kind)
+            return _lightning(r, attn, cfg, index)
+        return _attention(r, attn, cfg, kind)
+
+    def mlp(prefix: str, kind: MlpKind) -> hl.Arrays:  # every block is MoE
         moe = f"{prefix}block_sparse_moe."
-        mlp = {
+        return {
             "router": hl.router(r, f"{moe}gate.weight", dim, cfg.moe),
             **hl.routed_experts(r, f"{moe}experts.", dim, cfg.moe, ("w1", "w3", "w2")),
         }
-        layers.append(
-            hl.block(
-                hl.norm(r, f"{prefix}input_layernorm.weight", dim),
-                mixer,
-                hl.norm(r, f"{prefix}post_attention_layernorm.weight", dim),
-                mlp,
-            )
-        )
-    params = {
-        "embed": r.take("model.embed_tokens.weight", (cfg.vocab_size, dim)),
-        "layers": tuple(layers),
-        "final_norm": hl.norm(r, "model.norm.weight", dim),
-    }
-    if not cfg.tie_embeddings:
-        params["lm_head"] = r.linear("lm_head.weight", dim, cfg.vocab_size)
-    return params
+
+    return hl.causal_lm(r, cfg, hl.decoder_layers(r, cfg, mixer, mlp))

@@ -171,27 +171,13 @@ def _mlp(r: TensorReader, prefix: str, cfg: ModelConfig, kind: MlpKind) -> hl.Ar
 
 
 def convert(r: TensorReader, cfg: ModelConfig, hf: HfConfig) -> dict:
-    dim = cfg.hidden_dim
-    layers = []
-    for index, (kind, mlp_kind) in enumerate(zip(cfg.layers, cfg.mlps, strict=True)):
-        prefix = f"model.layers.{index}."
+    def mixer(prefix: str, index: int, kind: LayerKind) -> hl.Arrays:
         if kind is LayerKind.GDN:
-            mixer = _gdn(r, f"{prefix}linear_attn.", cfg)
-        else:
-            mixer = _attention(r, f"{prefix}self_attn.", cfg)
-        layers.append(
-            hl.block(
-                hl.norm(r, f"{prefix}input_layernorm.weight", dim, zero_centred=True),
-                mixer,
-                hl.norm(r, f"{prefix}post_attention_layernorm.weight", dim, zero_centred=True),
-                _mlp(r, f"{prefix}mlp.", cfg, mlp_kind),
-            )
-        )
-    params = {
-        "embed": r.take("model.embed_tokens.weight", (cfg.vocab_size, dim)),
-        "layers": tuple(layers),
-        "final_norm": hl.norm(r, "model.norm.weight", dim, zero_centred=True),
-    }
-    if not cfg.tie_embeddings:
-        params["lm_head"] = r.linear("lm_head.weight", dim, cfg.vocab_size)
-    return params
+            return _gdn(r, f"{prefix}linear_attn.", cfg)
+        return _attention(r, f"{prefix}self_attn.", cfg)
+
+    def mlp(prefix: str, kind: MlpKind) -> hl.Arrays:
+        return _mlp(r, f"{prefix}mlp.", cfg, kind)
+
+    layers = hl.decoder_layers(r, cfg, mixer, mlp, zero_centred=True)
+    return hl.causal_lm(r, cfg, layers, zero_centred=True)

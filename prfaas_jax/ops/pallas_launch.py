@@ -1,5 +1,7 @@
 """What every Pallas kernel in ``ops`` shares: ``resolve_interpret``, ``pow2_dim``, ``check_block``,
-``pad_axis``, ``heads_first``, ``dot_f32`` and ``compiler_params``.
+``pad_axis``, ``heads_first``, ``dot_f32`` and ``compiler_params``; and what the recurrent kernels
+(KDA/GDN delta rule, Lightning) share: ``STATE_KERNEL_STATICS``, ``state_tiles``,
+``padded_state``, ``state_block_spec`` and ``unpadded_outputs``.
 
 Kernels are written once against ``jax.experimental.pallas`` and lowered by whichever backend runs
 them: Triton on GPUs, Mosaic on TPUs, and the interpreter (the kernel body evaluated as ordinary
@@ -16,6 +18,8 @@ from jax.experimental import pallas as pl
 
 MIN_TILE = 16  # smallest M, N and K that Triton's tl.dot accepts
 _HIGHEST = jax.lax.Precision.HIGHEST
+# The jit-static keywords of the recurrent kernels' entry points (kda/gdn/lightning_pallas).
+STATE_KERNEL_STATICS = ("scale", "output_final_state", "chunk_size", "block_v", "interpret")
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
@@ -69,3 +73,44 @@ def compiler_params(*, num_warps: int, num_stages: int):
     from jax.experimental.pallas import triton as plgpu
 
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def state_tiles(
+    T: int, K: int, V: int, *, chunk_size: int, block_v: int
+) -> tuple[int, int, int, int]:
+    """``(T_pad, K_pad, bv, V_pad)`` of a recurrent kernel carrying a [K, V] state per head.
+
+    T is padded to whole chunks, K to one tile, V to whole blocks of ``bv`` value columns: each
+    program owns one such block of its head's state (the recurrences never mix value columns).
+    """
+    T_pad = -(-T // chunk_size) * chunk_size
+    K_pad, bv = pow2_dim(K), min(block_v, pow2_dim(V))
+    V_pad = -(-V // bv) * bv
+    return T_pad, K_pad, bv, V_pad
+
+
+def padded_state(
+    initial_state: jax.Array | None, shape: tuple[int, int, int, int], K_pad: int, V_pad: int
+) -> jax.Array:
+    """``initial_state`` [B, H, K, V] (= ``shape``) as fp32 [B, H, K_pad, V_pad], zero-padded.
+
+    ``None`` means a fresh (zero) state; any other shape is a ``ValueError``.
+    """
+    if initial_state is None:
+        return jnp.zeros((*shape[:2], K_pad, V_pad), jnp.float32)
+    if initial_state.shape != shape:
+        raise ValueError(f"initial_state has shape {initial_state.shape}, expected {shape}")
+    return pad_axis(pad_axis(initial_state.astype(jnp.float32), 2, K_pad), 3, V_pad)
+
+
+def state_block_spec(K_pad: int, bv: int) -> pl.BlockSpec:
+    """Program (b, h, j) of a grid (B, H, V_pad / bv) owns state columns j·bv … of head h."""
+    return pl.BlockSpec((None, None, K_pad, bv), lambda b, h, j: (b, h, 0, j))
+
+
+def unpadded_outputs(
+    o_BHTV: jax.Array, S_BHKV: jax.Array, T: int, K: int, V: int, *, output_final_state: bool
+) -> tuple[jax.Array, jax.Array | None]:
+    """The padded kernel outputs back in the op contract: o [B, T, H, V] and S [B, H, K, V]."""
+    o_BTHV = o_BHTV.transpose(0, 2, 1, 3)[:, :T, :, :V]
+    return o_BTHV, (S_BHKV[:, :, :K, :V] if output_final_state else None)

@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from linear_oracles import lightning_inputs, lightning_oracle, random_state, rel_rms
 
 from prfaas_jax.ops.lightning import lightning_chunk, lightning_reference
+
+from .linear_oracles import lightning_inputs, lightning_oracle, random_state, rel_rms
 
 C = 16
 LENGTHS = (1, C - 1, C, C + 1, 3 * C + 5)

@@ -17,13 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from linear_oracles import (
-    delta_rule_inputs,
-    delta_rule_oracle,
-    lightning_inputs,
-    random_state,
-    rel_rms,
-)
 
 from prfaas_jax.ops.attention import attention, mla_decode_absorbed
 from prfaas_jax.ops.attention.pallas import flash_attention, mla_decode_pallas
@@ -34,6 +27,14 @@ from prfaas_jax.ops.kda import kda_chunk
 from prfaas_jax.ops.kda.pallas import kda_pallas
 from prfaas_jax.ops.lightning import lightning_chunk
 from prfaas_jax.ops.lightning.pallas import lightning_pallas
+
+from .linear_oracles import (
+    delta_rule_inputs,
+    delta_rule_oracle,
+    lightning_inputs,
+    random_state,
+    rel_rms,
+)
 
 C = 16
 TOL = 1e-4

@@ -13,12 +13,10 @@ import jax
 
 from prfaas_jax.ops.kda.pallas import delta_rule_pallas
 from prfaas_jax.ops.kda.reference import check_gate_shapes
+from prfaas_jax.ops.pallas_launch import STATE_KERNEL_STATICS
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("scale", "output_final_state", "chunk_size", "block_v", "interpret"),
-)
+@functools.partial(jax.jit, static_argnames=STATE_KERNEL_STATICS)
 def gdn_pallas(
     q: jax.Array,
     k: jax.Array,

@@ -36,13 +36,16 @@ from jax.experimental import pallas as pl
 
 from prfaas_jax.ops.kda.reference import check_gate_shapes
 from prfaas_jax.ops.pallas_launch import (
+    STATE_KERNEL_STATICS,
     check_block,
     compiler_params,
     dot_f32,
     heads_first,
-    pad_axis,
-    pow2_dim,
+    padded_state,
     resolve_interpret,
+    state_block_spec,
+    state_tiles,
+    unpadded_outputs,
 )
 
 
@@ -130,9 +133,7 @@ def delta_rule_pallas(
     check_block("block_v", block_v)
     group = HV // H
     scale = K**-0.5 if scale is None else scale
-    T_pad = -(-T // chunk_size) * chunk_size
-    K_pad, bv = pow2_dim(K), min(block_v, pow2_dim(V))
-    V_pad = -(-V // bv) * bv
+    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, chunk_size=chunk_size, block_v=block_v)
     Dg = 1 if g_BTHD.shape[-1] == 1 else K_pad
     # Zero padding is neutral: g = 0 keeps the state, beta = 0 and k = 0 add nothing to it.
     q = heads_first(q_BTHK.astype(jnp.float32) * scale, T_pad, K_pad)
@@ -140,12 +141,7 @@ def delta_rule_pallas(
     v = heads_first(v_BTHV, T_pad, V_pad)
     g = heads_first(g_BTHD, T_pad, Dg)
     beta = heads_first(beta_BTH[..., None], T_pad, 1)
-    if initial_state is None:
-        S0 = jnp.zeros((B, HV, K_pad, V_pad), jnp.float32)
-    elif initial_state.shape != (B, HV, K, V):
-        raise ValueError(f"initial_state has shape {initial_state.shape}, expected {(B, HV, K, V)}")
-    else:
-        S0 = pad_axis(pad_axis(initial_state.astype(jnp.float32), 2, K_pad), 3, V_pad)
+    S0 = padded_state(initial_state, (B, HV, K, V), K_pad, V_pad)
 
     def tile(width: int, per_value_head: bool, split_v: bool) -> pl.BlockSpec:
         def index(b, h, j):
@@ -153,7 +149,7 @@ def delta_rule_pallas(
 
         return pl.BlockSpec((None, None, T_pad, width), index)
 
-    state_spec = pl.BlockSpec((None, None, K_pad, bv), lambda b, h, j: (b, h, 0, j))
+    state_spec = state_block_spec(K_pad, bv)
     o, S = pl.pallas_call(
         functools.partial(_delta_rule_kernel, chunk_size=chunk_size),
         grid=(B, HV, V_pad // bv),
@@ -174,14 +170,10 @@ def delta_rule_pallas(
         compiler_params=compiler_params(num_warps=4, num_stages=1),
         name="delta_rule_chunk",
     )(q, k, v, g, beta, S0)
-    o_BTHV = o.transpose(0, 2, 1, 3)[:, :T, :, :V]
-    return o_BTHV, (S[:, :, :K, :V] if output_final_state else None)
+    return unpadded_outputs(o, S, T, K, V, output_final_state=output_final_state)
 
 
-_STATIC = ("scale", "output_final_state", "chunk_size", "block_v", "interpret")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC)
+@functools.partial(jax.jit, static_argnames=STATE_KERNEL_STATICS)
 def kda_pallas(
     q: jax.Array,
     k: jax.Array,

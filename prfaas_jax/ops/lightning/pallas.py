@@ -28,13 +28,16 @@ from jax.experimental import pallas as pl
 
 from prfaas_jax.ops.lightning.reference import prepare_lightning
 from prfaas_jax.ops.pallas_launch import (
+    STATE_KERNEL_STATICS,
     check_block,
     compiler_params,
     dot_f32,
     heads_first,
-    pad_axis,
-    pow2_dim,
+    padded_state,
     resolve_interpret,
+    state_block_spec,
+    state_tiles,
+    unpadded_outputs,
 )
 
 
@@ -80,10 +83,7 @@ def _lightning_kernel(
     s_ref[...] = S_KV.astype(s_ref.dtype)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=("scale", "output_final_state", "chunk_size", "block_v", "interpret"),
-)
+@functools.partial(jax.jit, static_argnames=STATE_KERNEL_STATICS)
 def lightning_pallas(
     q: jax.Array,
     k: jax.Array,
@@ -108,25 +108,18 @@ def lightning_pallas(
     q_BTHK, k_BTHK, v_BTHV, decay_H, _ = prepare_lightning(q, k, v, decay, scale, valid_len)
     B, T, H, K = q_BTHK.shape
     V = v.shape[-1]
-    T_pad = -(-T // chunk_size) * chunk_size
-    K_pad, bv = pow2_dim(K), min(block_v, pow2_dim(V))
-    V_pad = -(-V // bv) * bv
+    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, chunk_size=chunk_size, block_v=block_v)
     lengths_B = jnp.full((B,), T, jnp.int32)
     if valid_len is not None:
         lengths_B = jnp.minimum(jnp.asarray(valid_len, jnp.int32).reshape(B), T)
-    if initial_state is None:
-        S0 = jnp.zeros((B, H, K_pad, V_pad), jnp.float32)
-    elif initial_state.shape != (B, H, K, V):
-        raise ValueError(f"initial_state has shape {initial_state.shape}, expected {(B, H, K, V)}")
-    else:
-        S0 = pad_axis(pad_axis(initial_state.astype(jnp.float32), 2, K_pad), 3, V_pad)
+    S0 = padded_state(initial_state, (B, H, K, V), K_pad, V_pad)
 
     def seq_tile(width: int, split_v: bool) -> pl.BlockSpec:
         return pl.BlockSpec(
             (None, None, T_pad, width), lambda b, h, j: (b, h, 0, j if split_v else 0)
         )
 
-    state_spec = pl.BlockSpec((None, None, K_pad, bv), lambda b, h, j: (b, h, 0, j))
+    state_spec = state_block_spec(K_pad, bv)
     o, S = pl.pallas_call(
         functools.partial(_lightning_kernel, chunk_size=chunk_size),
         grid=(B, H, V_pad // bv),
@@ -154,5 +147,4 @@ def lightning_pallas(
         heads_first(v_BTHV, T_pad, V_pad),
         S0,
     )
-    o_BTHV = o.transpose(0, 2, 1, 3)[:, :T, :, :V]
-    return o_BTHV, (S[:, :, :K, :V] if output_final_state else None)
+    return unpadded_outputs(o, S, T, K, V, output_final_state=output_final_state)
