@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -27,20 +28,28 @@ def alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_serve_ready_file_and_clean_shutdown(tmp_path, sig):
+def start_serve(tmp_path, out=subprocess.PIPE) -> tuple[subprocess.Popen, pathlib.Path, dict]:
+    """`prfaas serve` on a fake-engine cluster, logs in tmp_path/logs: the process, its ready
+    file and the ready info once the file appears."""
     config = fake_config(tmp_path / "cluster.toml")
     ready_file = tmp_path / "ready.json"
     command = [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)]
     command += ["--ready-file", str(ready_file), "--log-dir", str(tmp_path / "logs")]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server = subprocess.Popen(command, stdout=out, stderr=out)
+    deadline = time.monotonic() + 120
+    while not ready_file.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            stderr = server.communicate()[1]
+            pytest.fail(f"no ready file: {stderr.decode()[-2000:] if stderr else ''}")
+        time.sleep(0.1)
+    return server, ready_file, json.loads(ready_file.read_text())
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_ready_file_and_clean_shutdown(tmp_path, sig):
+    server, ready_file, ready = start_serve(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not ready_file.exists():
-            assert server.poll() is None, server.stderr.read().decode()
-            assert time.monotonic() < deadline, "no ready file after 120 s"
-            time.sleep(0.1)
-        ready = json.loads(ready_file.read_text())
         assert (ready["model"], ready["seed"]) == ("tiny", 0)
         roles = {name: w["role"] for name, w in ready["workers"].items()}
         assert roles == {"prfaas-0": "prfaas_prefill", "pd-0": "pd_prefill", "pd-1": "pd_decode"}
@@ -67,17 +76,10 @@ def test_serve_ready_file_and_clean_shutdown(tmp_path, sig):
 def test_serve_restarts_a_dead_worker(tmp_path):
     """A worker SIGKILLed under `prfaas serve` is restarted (a new pid and port in the ready
     file), the router routes to it, and the logs of the crash are kept."""
-    config = fake_config(tmp_path / "cluster.toml")
-    ready_file, logs = tmp_path / "ready.json", tmp_path / "logs"
-    command = [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)]
-    command += ["--ready-file", str(ready_file), "--log-dir", str(logs)]
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    server, ready_file, before = start_serve(tmp_path)
+    logs = tmp_path / "logs"
     try:
         deadline = time.monotonic() + 120
-        while not ready_file.exists():
-            assert server.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        before = json.loads(ready_file.read_text())
         os.kill(before["workers"]["pd-1"]["pid"], signal.SIGKILL)
         while True:
             now = json.loads(ready_file.read_text())
@@ -110,17 +112,8 @@ def test_serve_restarts_a_dead_worker(tmp_path):
 
 def test_launcher_death_takes_the_cluster_down(tmp_path):
     """If the launcher itself is killed (SIGKILL: no cleanup runs), its children still exit."""
-    config = fake_config(tmp_path / "cluster.toml")
-    ready_file = tmp_path / "ready.json"
-    command = [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)]
-    command += ["--ready-file", str(ready_file), "--log-dir", str(tmp_path / "logs")]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, _, ready = start_serve(tmp_path, out=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not ready_file.exists():
-            assert server.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
-        ready = json.loads(ready_file.read_text())
         pids = [ready["router_pid"], *(w["pid"] for w in ready["workers"].values())]
     finally:
         server.kill()
