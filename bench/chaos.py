@@ -6,7 +6,7 @@ cost of the faults.
 Starts the cluster of --config (default configs/clusters/chaos.toml: 1 PrfaaS prefill, 2 PD
 prefill, 2 PD decode, 3 % of transfers corrupted and 3 % dropped) with worker restarts on, sends
 Poisson arrivals at --rate for --duration seconds while SIGKILLing a worker every --kill-every
-seconds, waits for every request, and prints a table, then JSON (serving/chaos_report.py defines
+seconds, waits for every request, and prints a table, then JSON (serving/loadgen/soak_report.py defines
 every count). Exit status 1 when a request was lost, duplicated or wrong.
 
     python bench/chaos.py [--duration 180] [--rate 2] [--kill-every 20] [--seed 0] [--json]
@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from prfaas_jax.serving.chaos_run import SoakOptions, run_soak
+from prfaas_jax.serving.loadgen.soak import SoakOptions, run_soak
 
 CHAOS = Path(__file__).resolve().parents[1] / "configs" / "clusters" / "chaos.toml"
 

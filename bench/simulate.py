@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from prfaas_jax.planning.sim_config import load_sim_config, with_overrides
-from prfaas_jax.planning.simulator import Simulator
+from prfaas_jax.sim.config import load_sim_config, with_overrides
+from prfaas_jax.sim.simulator import Simulator
 
 CASE_STUDY = Path(__file__).resolve().parents[1] / "configs" / "sim" / "case-study-1t.toml"
 

@@ -371,9 +371,9 @@ def _add_simulate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from prfaas_jax.planning.sim_config import load_sim_config, with_overrides
-    from prfaas_jax.planning.sim_report import format_run, run_to_json
-    from prfaas_jax.planning.sim_run import simulate
+    from prfaas_jax.sim.config import load_sim_config, with_overrides
+    from prfaas_jax.sim.report import format_run, run_to_json
+    from prfaas_jax.sim.run import simulate
 
     config = with_overrides(
         load_sim_config(args.config), seed=args.seed, requests=args.requests, rate=args.rate
@@ -384,7 +384,7 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
     run = simulate(config, saturation=not args.no_saturation, progress=progress)
     if args.plot:
-        from prfaas_jax.planning.sim_plot import draw_run
+        from prfaas_jax.sim.plot import draw_run
 
         draw_run(run, args.plot)
     if args.json:
@@ -447,14 +447,14 @@ def _add_kv(sub: argparse._SubParsersAction) -> None:
 def _run_kv(args: argparse.Namespace) -> int:
     from prfaas_jax.config import load_model_config
     from prfaas_jax.engine.kvsize import state_sizes
-    from prfaas_jax.planning import kv_paper, kv_report
+    from prfaas_jax.planning import kv_report, kv_vs_paper
     from prfaas_jax.planning.hardware import load_hardware
 
     if args.paper and args.lengths is not None:
         raise UserError("--paper uses the paper's lengths 1K,8K,32K,128K; drop --lengths")
     lengths = kv_report.parse_lengths("1K,8K,32K,128K" if args.lengths is None else args.lengths)
     if args.paper:
-        names = list(kv_paper.PAPER_MODELS)
+        names = list(kv_vs_paper.PAPER_MODELS)
     elif args.compare is not None:
         names = [name.strip() for name in args.compare.split(",") if name.strip()]
         if len(names) < 2:
@@ -483,7 +483,7 @@ def _run_kv(args: argparse.Namespace) -> int:
     ]
     if args.paper:
         by_name = {report.cfg.name: report for report in reports}
-        payload, text = kv_paper.paper_json(by_name), kv_paper.format_paper(by_name)
+        payload, text = kv_vs_paper.paper_json(by_name), kv_vs_paper.format_paper(by_name)
     elif args.compare is not None:
         payload, text = kv_report.compare_json(reports), kv_report.format_compare(reports)
     else:
@@ -519,7 +519,7 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.demo import run_demo
+    from prfaas_jax.serving.loadgen.demo import run_demo
 
     return run_demo(args.config, as_json=args.json, log_dir=args.log_dir)
 
@@ -544,7 +544,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.launcher import serve
+    from prfaas_jax.serving.cluster.launcher import serve
 
     return serve(args.config, args.ready_file, log_dir=args.log_dir)
 
@@ -630,13 +630,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.bench_client import (
+    from prfaas_jax.serving.loadgen.bench import (
         BenchOptions,
         format_summary,
         run_bench,
         summarize,
     )
-    from prfaas_jax.serving.security import client_section
+    from prfaas_jax.serving.transport.security import client_section
 
     opts = BenchOptions(
         router=args.router,
@@ -685,7 +685,7 @@ def _add_certs(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_certs(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.certs import write_cluster_credentials
+    from prfaas_jax.serving.transport.certs import write_cluster_credentials
 
     if args.days < 1:
         raise UserError("--days must be ≥ 1")

@@ -16,3 +16,7 @@ class ConfigError(UserError, ValueError):
 
 class CheckpointError(UserError):
     """A checkpoint is unreadable, incomplete, of an unsupported kind or does not fit its config."""
+
+
+class EngineError(UserError, ValueError):
+    """A request or state an engine cannot take (wrong model, too long, out of range)."""

@@ -1,4 +1,11 @@
-"""The package layering of DESIGN.md §2, enforced by walking every module's imports."""
+"""The package layering of docs/design.md §2, enforced by walking every module's imports.
+
+Two levels: the top-level packages of ``prfaas_jax`` (``RANK``), and inside ``serving`` its
+sub-layers by process role (``SERVING_RANK``). A module may import its own layer and the layers
+below it; the worker and the router, two processes that meet only on the wire, may not import
+each other.
+Relative imports are resolved against the importing module's package.
+"""
 
 from __future__ import annotations
 
@@ -13,61 +20,133 @@ PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "prfaas_jax"
 RANK = {
     "errors": 0,
     "config": 0,
+    "toml_config": 0,
+    "tables": 0,
     "ops": 1,
     "model": 2,
+    "train": 3,
     "engine": 3,
     "policy": 4,
-    "serving": 5,
-    "planning": 6,
-    "cli": 7,
+    "planning": 5,
+    "sim": 6,
+    "serving": 7,
+    "cli": 8,
 }
+# Inside serving: what every process reads (the cluster config, the generated stubs), then the
+# wire, then the two process kinds side by side, then the launcher, then load generators.
+SERVING_RANK = {
+    "cluster_config": 0,
+    "cluster_sections": 0,
+    "proto": 0,
+    "transport": 1,
+    "worker": 2,
+    "router": 2,
+    "cluster": 3,
+    "loadgen": 4,
+}
+# Processes that talk only over the wire: neither imports the other.
+SEPARATE_PROCESSES = {"worker", "router"}
 # Third-party packages some layers must never import.
 FORBIDDEN = {
+    "errors": {"jax", "grpc"},
     "config": {"jax", "grpc"},
+    "toml_config": {"jax", "grpc"},
+    "tables": {"jax", "grpc"},
     "ops": {"grpc"},
     "model": {"grpc"},
+    "train": {"grpc"},
     "engine": {"grpc"},
     "policy": {"jax", "jaxlib", "flax", "grpc"},
     "planning": {"jax", "jaxlib", "flax", "grpc"},
+    "sim": {"jax", "jaxlib", "flax", "grpc"},
 }
 # Pure layers may not reach JAX through the project either.
-PURE_LAYERS = {"policy", "planning"}
-JAX_LAYERS = {"ops", "model", "engine", "serving"}
+PURE_LAYERS = {"policy", "planning", "sim"}
+JAX_LAYERS = {"ops", "model", "train", "engine", "serving"}
 
 
-def _layer(module_path: pathlib.Path) -> str:
-    rel = module_path.relative_to(PACKAGE)
-    return rel.parts[0].removesuffix(".py")
+def _module_parts(path: pathlib.Path) -> list[str]:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
 
 
 def _imports(path: pathlib.Path) -> list[str]:
+    """Every project-absolute module name ``path`` imports (relative imports resolved)."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = ["prfaas_jax", *_module_parts(path)]
+    if path.name != "__init__.py":
+        package = package[:-1]
     names = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.append(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                base = node.module or ""
+            else:
+                anchor = package[: len(package) - (node.level - 1)]
+                base = ".".join([*anchor, node.module] if node.module else anchor)
+            names.append(base)
+            # `from pkg import module` imports a module too.
+            names.extend(f"{base}.{alias.name}" for alias in node.names)
     return names
+
+
+def _layer(parts: list[str]) -> str:
+    return parts[0]
+
+
+def _serving_layer(parts: list[str]) -> str | None:
+    return parts[1] if parts[0] == "serving" and len(parts) > 1 else None
 
 
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" or p.parent != PACKAGE)
 
 
+def _project_targets(name: str) -> list[str] | None:
+    top, _, rest = name.partition(".")
+    if top != "prfaas_jax" or not rest:
+        return None
+    return rest.split(".")
+
+
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_imports_go_down_the_layers(path):
-    layer = _layer(path)
+    parts = _module_parts(path)
+    layer = _layer(parts)
     if layer not in RANK:
-        pytest.fail(f"{path.relative_to(PACKAGE)} is not in a known layer: add it to DESIGN.md §2")
+        pytest.fail(f"{path.relative_to(PACKAGE)} is not in a known layer: add it to §2")
+    sub = _serving_layer(parts)
+    if layer == "serving" and sub is not None and sub not in SERVING_RANK:
+        pytest.fail(f"{path.relative_to(PACKAGE)} is not in a known serving layer")
     for name in _imports(path):
-        top, _, rest = name.partition(".")
-        if top == "prfaas_jax" and rest:
-            target = rest.split(".")[0]
-            assert RANK[target] <= RANK[layer], f"{layer} must not import {name}"
-            if layer in PURE_LAYERS:
-                assert target not in JAX_LAYERS, f"pure layer {layer} imports {name}"
-        assert top not in FORBIDDEN.get(layer, set()), f"{layer} must not import {top}"
+        target = _project_targets(name)
+        if target is None:
+            top = name.partition(".")[0]
+            assert top not in FORBIDDEN.get(layer, set()), f"{layer} must not import {top}"
+            continue
+        if target[0] not in RANK:  # `from prfaas_jax import x` names a module x, checked above
+            continue
+        assert RANK[target[0]] <= RANK[layer], f"{layer} must not import {name}"
+        if layer in PURE_LAYERS:
+            assert target[0] not in JAX_LAYERS, f"pure layer {layer} imports {name}"
+        if layer == "serving" and target[0] == "serving" and sub and len(target) > 1:
+            there = target[1]
+            if there not in SERVING_RANK:
+                continue  # a name imported from the serving package itself
+            assert SERVING_RANK[there] <= SERVING_RANK[sub], f"serving.{sub} imports {name}"
+            if {there, sub} == SEPARATE_PROCESSES:
+                pytest.fail(f"serving.{sub} imports its peer {name}")
 
 
 def test_the_walk_sees_the_package():
     assert len(MODULES) > 20
+    names = {".".join(_module_parts(p)) for p in MODULES}
+    assert {"serving.router.core", "serving.worker.decode", "sim.simulator"} <= names
+
+
+def test_relative_imports_are_resolved():
+    """A relative import is checked like an absolute one (a hole a layering guard must not have)."""
+    probe = PACKAGE / "serving" / "router" / "core.py"
+    tree_names = _imports(probe)
+    assert all(not n.startswith(".") for n in tree_names)

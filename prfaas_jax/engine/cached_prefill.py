@@ -34,9 +34,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.prefill import GREEDY, EngineError
 from prfaas_jax.engine.prefix_cache import PrefixCache
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import ModelState
 
 OnChunk = Callable[[ModelState, int], None]

@@ -1,53 +1,36 @@
 """``DecodeEngine``: fixed slots, continuous batching, one compiled step for the whole batch.
 
-Also exposes ``NoFreeSlotError`` and the handoff that travels after a state's frames (``Handoff``,
-``pack_handoff``, ``split_handoff``): the first token and sampling settings a decode worker
-needs besides the state itself.
+Also exposes ``NoFreeSlotError``.
 
 A request lives in a slot from ``insert`` to ``free``. ``insert`` copies a batch-1 state into its
 slot (one compiled function, the slot index a traced argument); each ``step`` runs one compiled
 ``decode_step`` over all ``max_slots`` rows, masking empty and finished slots with ``active``
 (their state is untouched), then samples every row with its own settings and key
-(``prefill.draw_tokens``: token ``i`` of a request uses ``fold_in(request_key(seed), i)``). So a
+(``sampling.draw_tokens``: token ``i`` of a request uses ``fold_in(request_key(seed), i)``). So a
 request yields the same tokens alone or interleaved with others, in any slot, inserted at any
 step. A slot finishes on its EOS token or when its ``max_new_tokens`` are out; it keeps its slot
 until ``free``. Per-slot controls (last token, token index, key, knobs) live on the host and
 travel with each step; only the state stays on the device, donated from step to step.
-
-Handoff frame, sent after the state's trailer (integers unsigned little-endian)::
-
-    0     4  magic b"PRFH"
-    4     8  stream id: the state header's (engine/codec.py), binding the handoff to that state
-    12    4  N: byte length of the JSON
-    16    N  UTF-8 JSON {"first_token": int, "sampling": {temperature, top_k, top_p, seed}}
-    16+N  4  CRC32 of bytes [0, 16+N)
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import struct
-import zlib
-from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import StateDecodeError
-from prfaas_jax.engine.prefill import (
+from prfaas_jax.engine.capacity import with_capacity
+from prfaas_jax.engine.sampling import (
     GREEDY,
-    EngineError,
+    SamplingParams,
     draw_tokens,
     request_key,
     sampling_knobs,
-    with_capacity,
 )
-from prfaas_jax.engine.sampling import SamplingParams
-from prfaas_jax.errors import UserError
+from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState, decode_step, init_state
 from prfaas_jax.model.sharding import shard_params, shard_state
 from prfaas_jax.ops.dispatch import Impl
@@ -226,65 +209,3 @@ class DecodeEngine:
         """Release ``slot`` (finished or not); its state is overwritten by the next insert."""
         self._request(slot)
         self._requests[slot] = None
-
-
-# --- handoff ---------------------------------------------------------------------------------
-
-HANDOFF_MAGIC = b"PRFH"
-_HANDOFF_HEAD = struct.Struct("<4sQI")
-_CRC = struct.Struct("<I")
-
-
-@dataclasses.dataclass(frozen=True)
-class Handoff:
-    """What decoding a prefilled state needs besides the state: token 0 and how to sample."""
-
-    first_token: int
-    sampling: SamplingParams
-
-
-def pack_handoff(handoff: Handoff, header_frame: bytes) -> bytes:
-    """The handoff frame for the state whose header frame is ``header_frame``."""
-    stream_id = codec.inspect([header_frame]).stream_id
-    blob = json.dumps(
-        {"first_token": handoff.first_token, "sampling": dataclasses.asdict(handoff.sampling)},
-        separators=(",", ":"),
-    ).encode()
-    body = _HANDOFF_HEAD.pack(HANDOFF_MAGIC, stream_id, len(blob)) + blob
-    return body + _CRC.pack(zlib.crc32(body))
-
-
-def _parse_handoff(frame: bytes, stream_id: int) -> Handoff:
-    size = _HANDOFF_HEAD.size + _CRC.size
-    if len(frame) < size or frame[:4] != HANDOFF_MAGIC:
-        raise StateDecodeError("the stream does not end with a handoff frame (first token)")
-    _, frame_stream, blob_len = _HANDOFF_HEAD.unpack_from(frame)
-    if len(frame) != size + blob_len:
-        raise StateDecodeError(
-            f"handoff frame is {len(frame)} bytes, its length says {size + blob_len}"
-        )
-    (stored,) = _CRC.unpack_from(frame, len(frame) - _CRC.size)
-    if zlib.crc32(frame[: -_CRC.size]) != stored:
-        raise StateDecodeError("handoff frame checksum mismatch: the frame is corrupt")
-    if frame_stream != stream_id:
-        raise StateDecodeError("the handoff frame belongs to another state stream")
-    try:
-        data = json.loads(frame[_HANDOFF_HEAD.size : -_CRC.size].decode("utf-8"))
-        first_token, sampling = data["first_token"], SamplingParams(**data["sampling"])
-    except (ValueError, TypeError, KeyError, RecursionError, UserError) as err:
-        raise StateDecodeError(f"handoff frame JSON is malformed: {err}") from None
-    integers = (first_token, sampling.top_k, sampling.seed, sampling.first_index)
-    if not all(type(v) is int for v in integers):
-        raise StateDecodeError("handoff first_token, top_k, seed and first_index must be integers")
-    return Handoff(first_token, sampling)
-
-
-def split_handoff(frames: Sequence[bytes]) -> tuple[list[bytes], Handoff]:
-    """``(state frames, handoff)`` of a stream whose last frame is a handoff frame.
-
-    Only the header of the state is checked here (``codec.decode`` checks the rest).
-    """
-    header = codec.inspect(frames)
-    if len(frames) < 2:
-        raise StateDecodeError("the stream has no handoff frame (first token) after its header")
-    return list(frames[:-1]), _parse_handoff(bytes(frames[-1]), header.stream_id)

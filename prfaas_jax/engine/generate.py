@@ -26,19 +26,9 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.decode import (
-    HANDOFF_MAGIC,
-    DecodeEngine,
-    Handoff,
-    pack_handoff,
-    split_handoff,
-)
-from prfaas_jax.engine.prefill import (
-    DEFAULT_CHUNK_LEN,
-    PrefillEngine,
-    default_buckets,
-    pick_bucket,
-)
+from prfaas_jax.engine.codec.handoff import HANDOFF_MAGIC, Handoff, pack_handoff, split_handoff
+from prfaas_jax.engine.decode import DecodeEngine
+from prfaas_jax.engine.prefill import DEFAULT_CHUNK_LEN, PrefillEngine, default_buckets, pick_bucket
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer, check_byte_vocab
 from prfaas_jax.errors import UserError

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from prfaas_jax.config import LayerKind, ModelConfig
-from prfaas_jax.engine.codec_layout import canonical_tensors
+from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.model.hybrid import Params, init_params, prefill
 from prfaas_jax.model.state import ModelState, init_state, layer_nbytes, state_nbytes
 

@@ -1,8 +1,8 @@
 """``PrefillEngine``: a prompt in, a ``ModelState`` and the first sampled token out.
 
-Also exposes ``PrefillResult``, ``PrefillPlan``, ``EngineError``, and what the decode engine
-shares with it: the sampling-key schedule (``request_key``, ``draw_tokens``) and
-``with_capacity`` (the same sequences in caches of another capacity).
+Also exposes ``PrefillResult`` and ``PrefillPlan``. The sampling-key schedule it shares with the
+decode engine is in ``engine/sampling.py``; moving a state between capacities in
+``engine/capacity.py``.
 
 Bounded recompiles. One compiled function absorbs a block of ``block_len`` tokens into a batch-1
 state of ``capacity`` positions, ``valid_len`` marking the block's padding. For a prompt of ``T``
@@ -18,150 +18,32 @@ distinct prompt lengths costs at most one compile per bucket (``compile_count``)
 completes that chunk, so every ``on_chunk`` state ends on a chunk boundary or at the prompt's
 end — where a block-granular prefix cache can checkpoint it.
 
-Sampling keys. Token ``i`` of a request (``i = 0`` is prefill's first token, ``i ≥ 1`` the decode
-steps) is drawn with ``fold_in(request_key(seed), i)``: a request's tokens depend on its own
-seed and logits only, never on the batch it shares or the step it was inserted at.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.sampling import SamplingParams, sample
-from prfaas_jax.errors import UserError
-from prfaas_jax.model import MlaState, ModelState, init_state, prefill
+from prfaas_jax.engine.capacity import fresh_state, with_capacity
+from prfaas_jax.engine.sampling import (
+    GREEDY,
+    SamplingParams,
+    draw_tokens,
+    request_key,
+    sampling_knobs,
+)
+from prfaas_jax.errors import EngineError
+from prfaas_jax.model import ModelState, prefill
 from prfaas_jax.model.sharding import shard_params, shard_state, to_host
-from prfaas_jax.model.state import KvState, WindowKvState
 from prfaas_jax.ops.dispatch import Impl
 
-GREEDY = SamplingParams()
 DEFAULT_CHUNK_LEN = 512
-_TOKEN_AXIS_LAYERS = (MlaState, KvState, WindowKvState)  # axis 1 counts positions
-
-
-class EngineError(UserError, ValueError):
-    """A request or state an engine cannot take (wrong model, too long, out of range)."""
-
-
-# --- sampling keys --------------------------------------------------------------------------
-
-
-def request_key(seed: int) -> np.ndarray:
-    """uint32[2] threefry key of a request's seed: ``PRNGKey(seed)`` for seeds < 2**32, and
-    distinct keys for the 64-bit seeds that ``PRNGKey`` would truncate without x64."""
-    if not 0 <= seed < 2**64:
-        raise EngineError(f"sampling seed must be in [0, 2**64), got {seed}")
-    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
-
-
-def draw_tokens(
-    logits_BV: jax.Array,
-    keys_B2: jax.Array,
-    index_B: jax.Array,
-    temperature_B: jax.Array,
-    top_k_B: jax.Array,
-    top_p_B: jax.Array,
-) -> jax.Array:
-    """Token ``index_B`` of each row's request ``[B]`` int32, with the module's key schedule.
-
-    An all-greedy batch skips the sampler (same tokens): its sort over the vocabulary costs far
-    more than the argmax (~280 ms for 32 rows of 32K logits on 2 CPU cores, bench/engine.py).
-    """
-
-    def draw(logits):
-        keys = jax.vmap(jax.random.fold_in)(keys_B2, index_B)
-        return sample(logits, keys, temperature_B, top_k_B, top_p_B)
-
-    def greedy(logits):
-        return jnp.argmax(logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
-
-    return jax.lax.cond(jnp.any(temperature_B > 0), draw, greedy, logits_BV)
-
-
-def sampling_knobs(sampling: SamplingParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(temperature, top_k, top_p)`` of one request as the length-1 arrays ``sample`` takes."""
-    return (
-        np.array([sampling.temperature], np.float32),
-        np.array([sampling.top_k], np.int32),
-        np.array([sampling.top_p], np.float32),
-    )
-
-
-# --- moving a state between capacities -------------------------------------------------------
-
-
-def _check_fits(state: ModelState, want: ModelState, cfg: ModelConfig) -> None:
-    def fail(what: str) -> None:
-        raise EngineError(f"the state does not fit model {cfg.name!r}: {what}")
-
-    if len(state.layers) != len(want.layers) or np.ndim(state.lengths) != 1:
-        fail(f"it has {len(state.layers)} layers, the model {len(want.layers)}")
-    for index, (have, need) in enumerate(zip(state.layers, want.layers, strict=True)):
-        if type(have) is not type(need):
-            fail(f"layer {index} is a {type(have).__name__}, the model has a {type(need).__name__}")
-        for field in dataclasses.fields(need):
-            a, b = getattr(have, field.name), getattr(need, field.name)
-            # Axis 1 of an attention cache is its capacity; every other axis is fixed by cfg.
-            free = isinstance(need, _TOKEN_AXIS_LAYERS)
-            shapes = [list(a.shape), list(b.shape)]
-            if free and a.ndim == b.ndim:
-                shapes = [shape[:1] + shape[2:] for shape in shapes]
-            if a.dtype != b.dtype or shapes[0] != shapes[1]:
-                fail(
-                    f"layer {index} {field.name} is {a.dtype}{list(a.shape)}, the model needs "
-                    f"{b.dtype}{list(b.shape)}" + (" (any size on axis 1)" if free else "")
-                )
-
-
-def with_capacity(
-    state: ModelState, cfg: ModelConfig, capacity: int, *, copy: bool = False
-) -> ModelState:
-    """``state``'s sequences in caches of ``capacity`` positions.
-
-    Growing caches keep their first positions; SWA rings keep position ``p`` in slot
-    ``p mod W'``, where it already is whenever both rings hold every live position or both are
-    whole windows. Arrays of the right shape are reused unless ``copy``; the others are rebuilt
-    in host memory and put back with ``device_put``, which compiles nothing (an on-device slice
-    or pad, or ``jnp.asarray``, would compile once per distinct shape).
-    Raises ``EngineError`` when the state does not fit ``cfg`` or ``capacity``.
-    """
-    want = jax.eval_shape(functools.partial(init_state, cfg, state.batch_size, capacity))
-    _check_fits(state, want, cfg)
-    longest = int(np.max(np.asarray(state.lengths), initial=0))
-    if longest > capacity:
-        raise EngineError(f"the state holds {longest} tokens, more than capacity {capacity}")
-
-    def resize(have: jax.Array, need: jax.ShapeDtypeStruct) -> jax.Array:
-        if have.shape == need.shape:
-            return jax.device_put(have, may_alias=False) if copy else have
-        keep = min(have.shape[1], need.shape[1])
-        if longest > keep:
-            raise EngineError(
-                f"a {have.shape[1]}-slot cache cannot hold the {longest} positions the state's "
-                "lengths claim: the state is inconsistent"
-            )
-        out = np.zeros(need.shape, need.dtype)
-        out[:, :keep] = np.asarray(have)[:, :keep]
-        return jax.device_put(out)
-
-    return jax.tree.map(resize, state, want)
-
-
-def _fresh_state(cfg: ModelConfig, capacity: int, prefix: ModelState | None) -> ModelState:
-    """A batch-1 working state of new buffers (so donating it never frees a caller's arrays),
-    holding ``prefix`` if given; zeros come from the host, where they cost no compile."""
-    if prefix is not None:
-        return with_capacity(prefix, cfg, capacity, copy=True)
-    want = jax.eval_shape(functools.partial(init_state, cfg, 1, capacity))
-    return jax.tree.map(lambda w: jax.device_put(np.zeros(w.shape, w.dtype)), want)
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -217,7 +99,7 @@ def _prefill_block(
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache. The working state
-# is always ours (built by _fresh_state), so every call donates it.
+# is always ours (built by fresh_state), so every call donates it.
 _PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl"), donate_argnums=(3,))
 _DRAW_TOKENS = jax.jit(draw_tokens)
 
@@ -328,7 +210,7 @@ class PrefillEngine:
             raise EngineError(f"a prefix must be one sequence, got a batch of {prefix.batch_size}")
         prefix_len = 0 if prefix is None else int(np.asarray(prefix.lengths)[0])
         plan = self.plan(ids.size, prefix_len=prefix_len, max_len=max_len)
-        state = _fresh_state(self.cfg, plan.capacity, prefix)
+        state = fresh_state(self.cfg, plan.capacity, prefix)
         if self.mesh is not None:
             state = shard_state(state, self.cfg, self.mesh)
         compile_s, logits = 0.0, None

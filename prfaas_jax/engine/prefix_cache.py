@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from prfaas_jax.config import LayerKind, ModelConfig
-from prfaas_jax.engine.codec_layout import (
+from prfaas_jax.engine.codec.layout import (
     TensorSpec,
     canonical_arrays,
     canonical_tensors,

@@ -2,6 +2,11 @@
 
 ``SamplingParams`` is per request; ``sample`` takes per-row arrays so one compiled function
 serves a batch of slots with different settings. Temperature 0 means greedy (argmax).
+
+Sampling keys. Token ``i`` of a request (``i = 0`` is prefill's first token, ``i ≥ 1`` the decode
+steps) is drawn with ``fold_in(request_key(seed), i)`` (``draw_tokens``): a request's tokens
+depend on its own seed and logits only, never on the batch it shares or the step it was
+inserted at.
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import struct
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from prfaas_jax.errors import UserError
+from prfaas_jax.errors import EngineError, UserError
 
 INT32_MAX = 2**31 - 1  # the integer knobs travel to the device as int32
 
@@ -92,3 +98,47 @@ def sample(
     picked = jax.vmap(jax.random.categorical)(keys_B, scaled)
     sampled = jnp.take_along_axis(order, picked[:, None], axis=-1)[:, 0].astype(jnp.int32)
     return jnp.where(temperature_B > 0, sampled, greedy)
+
+
+GREEDY = SamplingParams()
+
+
+def request_key(seed: int) -> np.ndarray:
+    """uint32[2] threefry key of a request's seed: ``PRNGKey(seed)`` for seeds < 2**32, and
+    distinct keys for the 64-bit seeds that ``PRNGKey`` would truncate without x64."""
+    if not 0 <= seed < 2**64:
+        raise EngineError(f"sampling seed must be in [0, 2**64), got {seed}")
+    return np.array([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
+
+
+def draw_tokens(
+    logits_BV: jax.Array,
+    keys_B2: jax.Array,
+    index_B: jax.Array,
+    temperature_B: jax.Array,
+    top_k_B: jax.Array,
+    top_p_B: jax.Array,
+) -> jax.Array:
+    """Token ``index_B`` of each row's request ``[B]`` int32, with the module's key schedule.
+
+    An all-greedy batch skips the sampler (same tokens): its sort over the vocabulary costs far
+    more than the argmax (~280 ms for 32 rows of 32K logits on 2 CPU cores, bench/engine.py).
+    """
+
+    def draw(logits):
+        keys = jax.vmap(jax.random.fold_in)(keys_B2, index_B)
+        return sample(logits, keys, temperature_B, top_k_B, top_p_B)
+
+    def greedy(logits):
+        return jnp.argmax(logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
+
+    return jax.lax.cond(jnp.any(temperature_B > 0), draw, greedy, logits_BV)
+
+
+def sampling_knobs(sampling: SamplingParams) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(temperature, top_k, top_p)`` of one request as the length-1 arrays ``sample`` takes."""
+    return (
+        np.array([sampling.temperature], np.float32),
+        np.array([sampling.top_k], np.int32),
+        np.array([sampling.top_p], np.float32),
+    )

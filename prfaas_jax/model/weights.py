@@ -1,7 +1,7 @@
 """Where a model's weights come from: ``load_model`` resolves a preset, an HF checkpoint or an
 orbax checkpoint to ``(ModelConfig, Params)``.
 
-* ``hf_dir``: a Hugging Face checkpoint directory, imported (model/hf.py);
+* ``hf_dir``: a Hugging Face checkpoint directory, imported (model/hf/importer.py);
 * ``checkpoint``, or ``model`` naming a directory that holds ``config.toml`` + ``params/``: an
   orbax checkpoint (model/checkpoint.py);
 * otherwise ``model`` is a preset name or TOML path and the weights are drawn from ``seed``.

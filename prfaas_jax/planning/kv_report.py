@@ -23,7 +23,7 @@ from typing import Protocol
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
 from prfaas_jax.planning.hardware import Hardware, PrefillTime
-from prfaas_jax.planning.paper_kv import MIB, kv_gbps
+from prfaas_jax.planning.paper_tables import MIB, kv_gbps
 
 MISMATCH = "MISMATCH: the real prefill or the codec disagrees with the formula (a bug)"
 _LENGTH = re.compile(r"(\d+)([kKmM]?)")

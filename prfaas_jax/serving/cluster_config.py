@@ -25,9 +25,9 @@ except `[model] preset` (docs/serving.md explains each):
     [security]    ca_cert, cert, key (PEM paths, all three or none: mutual TLS between all
                   processes; the router's port then uses TLS too), token_file (the router's
                   bearer token); relative paths are resolved against the config's directory
-                  (serving/security.py)
+                  (serving/transport/security.py)
     [chaos]       corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
-                  fault injection in the prefill workers (serving/chaos.py); all zero = none
+                  fault injection in the prefill workers (serving/worker/faults.py); all zero = none
 
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type.
 """

@@ -133,7 +133,7 @@ class SecuritySection:
 
 @dataclass(frozen=True)
 class ChaosSection:
-    """Faults the prefill workers inject into their own state transfers (serving/chaos.py)."""
+    """Faults the prefill workers inject into their own state transfers (serving/worker/faults.py)."""
 
     corrupt_frame_prob: float = 0.0  # flip one byte of one data frame: the receiver's CRC fails
     drop_transfer_prob: float = 0.0  # cancel the push midway, as a dead link would

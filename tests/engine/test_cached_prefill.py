@@ -17,8 +17,9 @@ from conftest import PRESETS, preset
 
 from prfaas_jax.engine.cached_prefill import CachedPrefill
 from prfaas_jax.engine.decode import DecodeEngine
-from prfaas_jax.engine.prefill import EngineError, PrefillEngine
+from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.engine.prefix_cache import PrefixCache
+from prfaas_jax.errors import EngineError
 
 CHUNK, MAX_LEN, NEW = 16, 64, 6
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from prfaas_jax.config import LayerKind, ModelConfig, load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import (
+from prfaas_jax.engine.codec.format import (
     DATA_MAGIC,
     DATA_PREFIX_SIZE,
     HEADER_FIXED_SIZE,
@@ -34,7 +34,7 @@ from prfaas_jax.engine.codec_format import (
     pack_header,
     pack_trailer,
 )
-from prfaas_jax.engine.codec_layout import canonical_tensors
+from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.model.state import ModelState, init_state, state_nbytes, window_capacity
 
 PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")

@@ -20,7 +20,7 @@ from test_codec import assert_same_state, model, random_state
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import DATA_MAGIC, parse_data
+from prfaas_jax.engine.codec.format import DATA_MAGIC, parse_data
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.model.state import ModelState, state_nbytes
 

@@ -28,16 +28,12 @@ import pytest
 from conftest import PRESETS, jit_decode, jit_prefill, preset
 
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import StateDecodeError
-from prfaas_jax.engine.decode import (
-    DecodeEngine,
-    Handoff,
-    NoFreeSlotError,
-    pack_handoff,
-    split_handoff,
-)
-from prfaas_jax.engine.prefill import GREEDY, EngineError, PrefillEngine, default_buckets
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.codec.format import StateDecodeError
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff, split_handoff
+from prfaas_jax.engine.decode import DecodeEngine, NoFreeSlotError
+from prfaas_jax.engine.prefill import PrefillEngine, default_buckets
+from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.errors import EngineError
 from prfaas_jax.model import init_state, state_nbytes
 
 CHUNK = 16
@@ -148,8 +144,9 @@ import json, socket, struct, sys
 import jax
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.decode import Handoff, pack_handoff
-from prfaas_jax.engine.prefill import GREEDY, PrefillEngine
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
+from prfaas_jax.engine.sampling import GREEDY
+from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.model import init_params
 
 server = socket.create_server(("127.0.0.1", 0))

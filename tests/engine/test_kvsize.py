@@ -29,7 +29,7 @@ from prfaas_jax.engine.kvsize import (
 )
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.planning.hardware import load_hardware
-from prfaas_jax.planning.paper_kv import (
+from prfaas_jax.planning.paper_tables import (
     EGRESS_FIGURES,
     MIB,
     PAPER_LENGTHS,

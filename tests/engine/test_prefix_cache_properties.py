@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 
 from prfaas_jax.config import LayerKind, load_model_config
-from prfaas_jax.engine.codec_layout import canonical_arrays, canonical_tensors, state_from_arrays
+from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, state_from_arrays
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.model.state import state_nbytes
 

@@ -29,7 +29,8 @@ from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.generate import generate
-from prfaas_jax.engine.prefill import GREEDY, PrefillEngine
+from prfaas_jax.engine.prefill import PrefillEngine
+from prfaas_jax.engine.sampling import GREEDY
 from prfaas_jax.model import init_params
 from prfaas_jax.model.sharding import make_mesh
 

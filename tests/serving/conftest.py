@@ -6,7 +6,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from prfaas_jax.serving.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
 from .serving_helpers import fake_config

@@ -1,7 +1,7 @@
 """Helpers for serving tests: cluster configs written as TOML, and a client for the router.
 
-Clusters are real processes on loopback (serving/launcher.py). The fake engines
-(serving/fake_engine.py) make outputs computable by hand and start in seconds; the real-model
+Clusters are real processes on loopback (serving/cluster/launcher.py). The fake engines
+(engine/fake.py) make outputs computable by hand and start in seconds; the real-model
 tests use the JAX engines and JAX's persistent compilation cache in its default place (the
 directory `prfaas demo` uses), so a warm cache makes them fast.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
-from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.server import ServingServer, full_service_name
 
 
 def toml(sections: dict[str, dict]) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from prfaas_jax.errors import UserError
-from prfaas_jax.serving.bench_client import (
+from prfaas_jax.serving.loadgen.bench import (
     BenchOptions,
     RequestRecord,
     arrival_times,

@@ -1,4 +1,4 @@
-"""The bounded soak under faults (serving/chaos_run.py, the harness of bench/chaos.py): a
+"""The bounded soak under faults (serving/loadgen/soak.py, the harness of bench/chaos.py): a
 fake-engine cluster of real processes (configs/clusters/chaos.toml) takes ~175 requests over
 50 s while a worker is SIGKILLed every 10 s (a PD decode worker with requests mid-stream, the
 PrfaaS prefill worker, a PD prefill worker, a PD decode worker again) and 3 % of state transfers
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from prfaas_jax.serving.chaos_report import check_stream
-from prfaas_jax.serving.chaos_run import SoakOptions, run_soak
 from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.loadgen.soak import SoakOptions, run_soak
+from prfaas_jax.serving.loadgen.soak_report import check_stream
 
 
 def test_check_stream():

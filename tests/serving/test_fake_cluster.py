@@ -16,10 +16,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.decode import Handoff, pack_handoff
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
+from prfaas_jax.engine.fake import FakePrefillEngine, fake_tokens
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.fake_engine import FakePrefillEngine, fake_tokens
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.prefill import EngineError
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 
 CFG = load_model_config("tiny")
 

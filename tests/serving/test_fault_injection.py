@@ -1,4 +1,4 @@
-"""Fault injection (`[chaos]`, serving/chaos.py): seeded per worker, a corrupted stream is
+"""Fault injection (`[chaos]`, serving/worker/faults.py): seeded per worker, a corrupted stream is
 rejected by the codec, and a prefill whose push is corrupted or cut fails at once with the
 status the router retries on.
 
@@ -15,18 +15,18 @@ import pytest
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import DATA_MAGIC
+from prfaas_jax.engine.codec.format import DATA_MAGIC
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.serving.chaos import FaultInjector, TransferFaults
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import ChaosSection
-from prfaas_jax.serving.decode_worker import DecodeService
-from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.grpc_server import ServingServer
-from prfaas_jax.serving.link import LinkProfile, LinkShaper
-from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
+from prfaas_jax.serving.transport.server import ServingServer
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.faults import FaultInjector, TransferFaults
+from prfaas_jax.serving.worker.prefill import PrefillService
 
 from .serving_helpers import serve_workers
 

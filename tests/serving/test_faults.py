@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.serving.fake_engine import fake_tokens
-from prfaas_jax.serving.launcher import ClusterProcesses
+from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -172,7 +172,7 @@ class ChunkedFakeEngine:
     engine reports its chunks); counts the chunks it got to."""
 
     def __init__(self, chunks: int, pause_s: float) -> None:
-        from prfaas_jax.serving.fake_engine import FakePrefillEngine
+        from prfaas_jax.engine.fake import FakePrefillEngine
 
         self.inner = FakePrefillEngine(load_model_config("tiny"))
         self.chunks, self.pause_s, self.done = chunks, pause_s, 0
@@ -190,7 +190,7 @@ class ChunkedFakeEngine:
 def test_a_failed_push_stops_the_prefill():
     """The decode worker is unreachable: the push fails at once, and the prefill stops at its
     next chunk instead of computing a state nobody will receive."""
-    from prfaas_jax.serving.prefill_worker import PrefillService
+    from prfaas_jax.serving.worker.prefill import PrefillService
 
     engine = ChunkedFakeEngine(chunks=50, pause_s=0.02)
     service = PrefillService(

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.serving.demo import reference_tokens
-from prfaas_jax.serving.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.loadgen.demo import reference_tokens
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -42,7 +42,7 @@ def setup(tmp_path_factory):
     import jax
 
     from prfaas_jax.model import init_params
-    from prfaas_jax.serving.engines import default_compile_cache_dir, enable_compile_cache
+    from prfaas_jax.serving.worker.engines import default_compile_cache_dir, enable_compile_cache
 
     root = tmp_path_factory.mktemp("faults-real")
     path = root / "cluster.toml"

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec_format import (
+from prfaas_jax.engine.codec.format import (
     FORMAT_VERSION,
     HEADER_MAGIC,
     StateHeader,
@@ -37,23 +37,22 @@ from prfaas_jax.engine.codec_format import (
     pack_trailer,
     parse_header,
 )
-from prfaas_jax.engine.decode import Handoff, pack_handoff
-from prfaas_jax.engine.prefill import request_key, sampling_knobs
-from prfaas_jax.engine.sampling import INT32_MAX, SamplingParams
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.sampling import INT32_MAX, SamplingParams, request_key, sampling_knobs
 from prfaas_jax.errors import UserError
-from prfaas_jax.serving.decode_worker import DecodeService
-from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.grpc_server import ServingServer, full_service_name
-from prfaas_jax.serving.messages import (
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.messages import (
     MAX_REQUEST_ID_LEN,
     check_prompt,
     check_request_id,
     router_max_request_bytes,
     sampling_from_proto,
 )
-from prfaas_jax.serving.prefill_worker import PrefillService
-from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.server import ServingServer, full_service_name
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.prefill import PrefillService
 
 from .serving_helpers import serve_workers
 

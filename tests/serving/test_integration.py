@@ -18,7 +18,7 @@ import pytest
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.demo import DEMO_LENGTHS, DEMO_NEW_TOKENS
+from prfaas_jax.serving.loadgen.demo import DEMO_LENGTHS, DEMO_NEW_TOKENS
 
 
 def processes_mentioning(text: str) -> list[int]:

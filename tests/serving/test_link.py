@@ -15,7 +15,7 @@ from prfaas_jax.policy.threshold_controller import (
     ThresholdController,
     threshold_candidates,
 )
-from prfaas_jax.serving.link import LinkProfile, LinkShaper
+from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 
 
 class FakeClock:

@@ -10,7 +10,7 @@ import time
 
 import grpc
 
-from prfaas_jax.serving.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 

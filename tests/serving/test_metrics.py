@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from prfaas_jax.serving.metrics import Histogram, RouterSnapshot, render_metrics
+from prfaas_jax.serving.router.metrics import Histogram, RouterSnapshot, render_metrics
 
 
 def test_render():

@@ -20,14 +20,14 @@ import pytest
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.decode import Handoff, pack_handoff
-from prfaas_jax.engine.prefill import GREEDY
-from prfaas_jax.serving.decode_worker import DecodeService
-from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.launcher import ClusterProcesses
-from prfaas_jax.serving.prefill_worker import PrefillService
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.sampling import GREEDY
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.prefill import PrefillService
 
 from .serving_helpers import fake_config, serve_workers
 

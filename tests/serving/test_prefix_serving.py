@@ -21,9 +21,9 @@ from collections.abc import Iterator
 import grpc
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.fake_engine import fake_tokens
-from prfaas_jax.serving.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 

@@ -8,8 +8,8 @@ import time
 
 import grpc
 
-from prfaas_jax.serving.fake_engine import fake_tokens
-from prfaas_jax.serving.launcher import ClusterProcesses
+from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 

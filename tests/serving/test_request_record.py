@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 
 from prfaas_jax.engine.sampling import SamplingParams
-from prfaas_jax.serving.request_record import RequestRecord, backoff_s
-from prfaas_jax.serving.watchdog import Watchdog
+from prfaas_jax.serving.router.record import RequestRecord, backoff_s
+from prfaas_jax.serving.transport.watchdog import Watchdog
 
 
 class FakeCall:

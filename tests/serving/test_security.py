@@ -21,16 +21,16 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from prfaas_jax.cli import main as prfaas
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.serving import security
-from prfaas_jax.serving.certs import make_ca, make_node_cert
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
-from prfaas_jax.serving.fake_engine import fake_tokens
-from prfaas_jax.serving.grpc_server import health_status
-from prfaas_jax.serving.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport import security
+from prfaas_jax.serving.transport.certs import make_ca, make_node_cert
+from prfaas_jax.serving.transport.server import health_status
 
 from .serving_helpers import fake_config, generate
 

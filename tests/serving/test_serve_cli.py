@@ -14,8 +14,8 @@ import time
 import grpc
 import pytest
 
-from prfaas_jax.serving.grpc_server import health_status
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.server import health_status
 
 from .serving_helpers import fake_config, generate
 

@@ -18,17 +18,17 @@ import jax.numpy as jnp
 import pytest
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.engine.codec_format import DATA_MAGIC, HEADER_MAGIC, TRAILER_MAGIC
-from prfaas_jax.engine.decode import HANDOFF_MAGIC
+from prfaas_jax.engine.codec.format import DATA_MAGIC, HEADER_MAGIC, TRAILER_MAGIC
+from prfaas_jax.engine.codec.handoff import HANDOFF_MAGIC
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.model import ModelState
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.decode_worker import DecodeService
-from prfaas_jax.serving.fake_engine import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.serving.link import LinkProfile, LinkShaper
-from prfaas_jax.serving.prefill_worker import PrefillService
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.prefill import PrefillService
 
 from .serving_helpers import serve_workers
 

@@ -1,0 +1,87 @@
+"""``with_capacity``: the same sequences of a ``ModelState`` in caches of another capacity.
+
+Attention caches (MLA, GQA, SWA) have a capacity axis (axis 1); recurrent states do not. Engines
+resize states when a prefix is continued, when a state moves from a prefill engine's bucket to a
+decode slot, and when a cached prefix is reused; this module is the one place that does it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.errors import EngineError
+from prfaas_jax.model import MlaState, ModelState, init_state
+from prfaas_jax.model.state import KvState, WindowKvState
+
+_TOKEN_AXIS_LAYERS = (MlaState, KvState, WindowKvState)  # axis 1 counts positions
+
+
+def _check_fits(state: ModelState, want: ModelState, cfg: ModelConfig) -> None:
+    def fail(what: str) -> None:
+        raise EngineError(f"the state does not fit model {cfg.name!r}: {what}")
+
+    if len(state.layers) != len(want.layers) or np.ndim(state.lengths) != 1:
+        fail(f"it has {len(state.layers)} layers, the model {len(want.layers)}")
+    for index, (have, need) in enumerate(zip(state.layers, want.layers, strict=True)):
+        if type(have) is not type(need):
+            fail(f"layer {index} is a {type(have).__name__}, the model has a {type(need).__name__}")
+        for field in dataclasses.fields(need):
+            a, b = getattr(have, field.name), getattr(need, field.name)
+            # Axis 1 of an attention cache is its capacity; every other axis is fixed by cfg.
+            free = isinstance(need, _TOKEN_AXIS_LAYERS)
+            shapes = [list(a.shape), list(b.shape)]
+            if free and a.ndim == b.ndim:
+                shapes = [shape[:1] + shape[2:] for shape in shapes]
+            if a.dtype != b.dtype or shapes[0] != shapes[1]:
+                fail(
+                    f"layer {index} {field.name} is {a.dtype}{list(a.shape)}, the model needs "
+                    f"{b.dtype}{list(b.shape)}" + (" (any size on axis 1)" if free else "")
+                )
+
+
+def with_capacity(
+    state: ModelState, cfg: ModelConfig, capacity: int, *, copy: bool = False
+) -> ModelState:
+    """``state``'s sequences in caches of ``capacity`` positions.
+
+    Growing caches keep their first positions; SWA rings keep position ``p`` in slot
+    ``p mod W'``, where it already is whenever both rings hold every live position or both are
+    whole windows. Arrays of the right shape are reused unless ``copy``; the others are rebuilt
+    in host memory and put back with ``device_put``, which compiles nothing (an on-device slice
+    or pad, or ``jnp.asarray``, would compile once per distinct shape).
+    Raises ``EngineError`` when the state does not fit ``cfg`` or ``capacity``.
+    """
+    want = jax.eval_shape(functools.partial(init_state, cfg, state.batch_size, capacity))
+    _check_fits(state, want, cfg)
+    longest = int(np.max(np.asarray(state.lengths), initial=0))
+    if longest > capacity:
+        raise EngineError(f"the state holds {longest} tokens, more than capacity {capacity}")
+
+    def resize(have: jax.Array, need: jax.ShapeDtypeStruct) -> jax.Array:
+        if have.shape == need.shape:
+            return jax.device_put(have, may_alias=False) if copy else have
+        keep = min(have.shape[1], need.shape[1])
+        if longest > keep:
+            raise EngineError(
+                f"a {have.shape[1]}-slot cache cannot hold the {longest} positions the state's "
+                "lengths claim: the state is inconsistent"
+            )
+        out = np.zeros(need.shape, need.dtype)
+        out[:, :keep] = np.asarray(have)[:, :keep]
+        return jax.device_put(out)
+
+    return jax.tree.map(resize, state, want)
+
+
+def fresh_state(cfg: ModelConfig, capacity: int, prefix: ModelState | None) -> ModelState:
+    """A batch-1 working state of new buffers (so donating it never frees a caller's arrays),
+    holding ``prefix`` if given; zeros come from the host, where they cost no compile."""
+    if prefix is not None:
+        return with_capacity(prefix, cfg, capacity, copy=True)
+    want = jax.eval_shape(functools.partial(init_state, cfg, 1, capacity))
+    return jax.tree.map(lambda w: jax.device_put(np.zeros(w.shape, w.dtype)), want)

@@ -1,0 +1,175 @@
+"""``StreamEncoder``: a state's frames (wire format: ``engine/codec/wire.py``) written as it is built.
+
+The header needs only the model and the token count ``L``, so it goes out before prefill starts.
+During a chunked prefill, ``ready_frames(state, tokens_done)`` emits the data frames of the
+growing caches (MLA, GQA) whose positions are all below ``tokens_done``; ``finish(state)`` emits
+every frame not yet sent (recurrent states, conv tails, SWA windows, the last cache rows) and
+the trailer. Frames of a token-axis tensor are cut on one fixed grid of ``frame_rows`` positions
+(header ``chunk_bytes``), so early and late frames tile each tensor exactly and the stream's
+frames are the same bytes in whatever chunks the state was produced — a one-shot ``encode``
+with the same stream id yields the same set of frames.
+
+Within a tensor, frames are emitted by increasing offset, so the whole-tensor CRC32 that the
+trailer carries is computed incrementally (``zlib.crc32(chunk, crc_so_far)``) and no tensor is
+held after its frames are built.
+"""
+
+from __future__ import annotations
+
+import secrets
+import zlib
+from collections.abc import Iterator
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec.format import (
+    DATA_PREFIX_SIZE,
+    FORMAT_VERSION,
+    MAX_CHUNK_BYTES,
+    MAX_STREAM_ID,
+    StateHeader,
+    StateTrailer,
+    TensorEntry,
+    pack_data,
+    pack_header,
+    pack_trailer,
+    trailer_nbytes,
+)
+from prfaas_jax.engine.codec.layout import (
+    canonical_arrays,
+    canonical_tensors,
+    growing_rows,
+    row_length,
+    wire_bytes,
+)
+from prfaas_jax.model.state import ModelState
+
+DEFAULT_MAX_FRAME_BYTES = 4 * 2**20  # gRPC's default message limit
+
+
+class StreamEncoder:
+    """Frames of one sequence of ``length`` tokens: ``header``, ``ready_frames``\\*, ``finish``.
+
+    Every frame is at most ``max_frame_bytes`` long. ``stream_id`` defaults to a fresh random
+    u64 (tests and reproducible files pass one). ValueError when the frame limit cannot hold
+    the header, the trailer or one row/element of some tensor after the data-frame prefix.
+    """
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        length: int,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        stream_id: int | None = None,
+    ) -> None:
+        if length < 0:
+            raise ValueError(f"a state holds ≥ 0 tokens, got L={length}")
+        stream_id = secrets.randbits(64) if stream_id is None else stream_id
+        if not 0 <= stream_id <= MAX_STREAM_ID:
+            raise ValueError(f"stream_id must be a u64, got {stream_id}")
+        room = min(max_frame_bytes - DATA_PREFIX_SIZE, MAX_CHUNK_BYTES)
+        entries = []
+        for spec in canonical_tensors(cfg, length):
+            chunk = room // spec.unit_bytes * spec.unit_bytes
+            if chunk < 1:
+                raise ValueError(
+                    f"max_frame_bytes={max_frame_bytes} cannot fit one {spec.unit_bytes}-byte "
+                    f"unit of layer {spec.layer} {spec.name} after the {DATA_PREFIX_SIZE}-byte "
+                    "frame prefix"
+                )
+            entries.append(TensorEntry(spec, chunk))
+        self.cfg, self.length, self.stream_id = cfg, length, stream_id
+        self.state_header = StateHeader(
+            FORMAT_VERSION, cfg.fingerprint(), stream_id, length, tuple(entries)
+        )
+        self._header = pack_header(self.state_header)
+        longest = max(len(self._header), trailer_nbytes(len(entries)))
+        if longest > max_frame_bytes:
+            raise ValueError(
+                f"max_frame_bytes={max_frame_bytes} is smaller than the {longest}-byte header "
+                "or trailer"
+            )
+        self._sent = [0] * len(entries)  # data frames emitted per tensor: always a prefix
+        self._crcs = [0] * len(entries)  # CRC32 of each tensor's bytes emitted so far
+        self._finished = False
+
+    @property
+    def entries(self) -> tuple[TensorEntry, ...]:
+        return self.state_header.tensors
+
+    def header(self) -> bytes:
+        """Frame 0; it depends on nothing but the model, L and the stream id."""
+        return self._header
+
+    def _emit(self, tid: int, data: bytes) -> list[bytes]:
+        """Data frames of tensor ``tid`` carrying ``data``, which starts at its next unsent
+        frame; ``data`` must end on the frame grid or at the tensor's end."""
+        entry, first = self.entries[tid], self._sent[tid]
+        chunk, view = entry.chunk_bytes, memoryview(data)
+        frames = [
+            pack_data(self.stream_id, tid, (first * chunk) + at, view[at : at + chunk])
+            for at in range(0, len(data), chunk)
+        ]
+        self._sent[tid] += len(frames)
+        self._crcs[tid] = zlib.crc32(data, self._crcs[tid])
+        return frames
+
+    def ready_frames(self, state: ModelState, tokens_done: int, *, row: int = 0) -> Iterator[bytes]:
+        """Not-yet-sent data frames of the growing caches whose positions are all < ``tokens_done``.
+
+        ``state`` (row ``row``) must hold at least ``tokens_done`` final positions. It is read
+        before this returns — the frames are host bytes — so a prefill callback may pass its
+        working state, whose buffers are donated to the next chunk.
+        """
+        if self._finished:
+            raise ValueError("finish() already ran: the stream is complete")
+        if not 0 <= tokens_done <= self.length:
+            raise ValueError(f"tokens_done={tokens_done} is outside [0, L={self.length}]")
+        _, held = row_length(state, row)
+        if held < tokens_done:
+            raise ValueError(f"the state holds {held} positions, fewer than {tokens_done}")
+        frames: list[bytes] = []
+        for tid, entry in enumerate(self.entries):
+            if not entry.spec.kind.has_growing_state:
+                continue
+            rows = entry.frame_rows
+            # Frame k holds positions [k·rows, min((k+1)·rows, L)): ready once they are final.
+            ready = entry.num_frames if tokens_done == self.length else tokens_done // rows
+            if ready <= self._sent[tid]:
+                continue
+            start, stop = self._sent[tid] * rows, min(ready * rows, self.length)
+            host = growing_rows(state, self.cfg, entry.spec, row, start, stop)
+            frames += self._emit(tid, wire_bytes(host))
+        return iter(frames)
+
+    def finish(self, state: ModelState, *, row: int = 0) -> Iterator[bytes]:
+        """Every data frame not yet sent, then the trailer, from the final ``state``.
+
+        The state is checked (ValueError if it does not fit the model or holds another L) and
+        read before this returns; frames are built as iterated.
+        """
+        if self._finished:
+            raise ValueError("finish() already ran: the stream is complete")
+        length, arrays = canonical_arrays(state, self.cfg, row)
+        if length != self.length:
+            raise ValueError(f"the state holds L={length} tokens, the header says {self.length}")
+        rest: list[tuple[int, bytes]] = []
+        for tid, (entry, (_, array)) in enumerate(zip(self.entries, arrays, strict=True)):
+            sent = self._sent[tid]
+            if sent == entry.num_frames:
+                continue
+            # Only token-axis tensors can be partly sent; the rest start at frame 0.
+            data = wire_bytes(array[sent * entry.frame_rows :] if entry.spec.token_axis else array)
+            self._crcs[tid] = zlib.crc32(data, self._crcs[tid])
+            rest.append((tid, data))
+        self._finished = True
+        trailer = pack_trailer(StateTrailer(self.stream_id, tuple(self._crcs)))
+        return self._rest_frames(rest, trailer)
+
+    def _rest_frames(self, rest: list[tuple[int, bytes]], trailer: bytes) -> Iterator[bytes]:
+        for tid, data in rest:
+            entry, view = self.entries[tid], memoryview(data)
+            first = self._sent[tid] * entry.chunk_bytes
+            for at in range(0, len(data), entry.chunk_bytes):
+                yield pack_data(self.stream_id, tid, first + at, view[at : at + entry.chunk_bytes])
+        yield trailer

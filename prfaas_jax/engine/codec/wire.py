@@ -1,0 +1,309 @@
+"""The state wire codec: ``encode`` one sequence of a ``ModelState`` into frames, ``decode`` them.
+
+Also ``StreamEncoder`` (the same frames written during a chunked prefill: header first, cache
+rows as chunks finish), ``inspect`` (the header, without a model config), ``inspect_trailer``,
+``payload_nbytes`` and a file container (``write_file`` / ``read_frames``). What travels is the
+canonical state of model/state.py, so the payload (the tensor bytes, prefixes excluded) is
+exactly ``state_nbytes(cfg, L)``. No pickle. Byte layouts live in ``codec_format``, the state ↔
+tensor mapping in ``codec_layout``, the encoder in ``codec_stream``, the file container in
+``codec_file``.
+
+Wire format, version 2 (integers unsigned little-endian; CRC32 = ``zlib.crc32``)
+------------------------------------------------------------------------------
+
+A state is a sequence of frames (gRPC messages, or records of a file): one header, data frames,
+one trailer. The header depends only on the model and the token count, so it can be sent before
+the state exists. Frame 0 is the header::
+
+    offset  size  field
+    0       8     magic b"PRFSTATE"
+    8       2     format version (2)
+    10      2     reserved, 0
+    12      8     stream id: random, chosen by the sender; every later frame repeats it
+    20      8     L: tokens of state
+    28      4     T: number of tensors
+    32      32    model fingerprint: the raw SHA-256 that ModelConfig.fingerprint() writes in hex
+    64      4     N: byte length of the tensor table
+    68      N     tensor table, UTF-8 JSON: {"tensors": [row_0, ..., row_{T-1}]}
+    68+N    4     CRC32 of bytes [0, 68+N)
+
+    row_i = [layer, kind, name, dtype, shape, token_axis, chunk_bytes]
+        layer        block index            kind   "mla" "gqa" "swa" "kda" "gdn" "lightning"
+        name         state field            dtype  "float32" "bfloat16" "float16"
+        shape        canonical shape, a list of sizes (C order)
+        token_axis   true when axis 0 counts positions (MLA, GQA, SWA)
+        chunk_bytes  c: payload bytes per data frame; a multiple of one token row (token_axis)
+                     or of the element size; the tensor's last frame may be shorter
+
+Data frames::
+
+    0       4     magic b"PRFD"
+    4       8     stream id
+    12      4     tensor id i (row index in the table)
+    16      8     byte offset o in tensor i's canonical buffer; o = k·c for some k ≥ 0
+    24      4     n = min(c, nbytes_i − o), payload length
+    28      4     CRC32 of bytes [0, 28) followed by the payload
+    32      n     payload: bytes [o, o+n) of the canonical buffer, raw little-endian elements
+
+The last frame is the trailer::
+
+    0       4     magic b"PRFT"
+    4       8     stream id
+    12      4     T: number of tensors
+    16      4·T   CRC32 of each tensor's whole canonical buffer, in table order (0 when empty)
+    16+4T   4     CRC32 of bytes [0, 16+4T)
+
+Tensors, in table order (layer by layer, fields in this order):
+
+    MLA        c_kv [L, kv_lora_rank], k_rope [L, qk_rope_head_dim]    model dtype
+    GQA        k [L, Hkv, Dk], v [L, Hkv, Dv]                          model dtype
+    SWA        k, v [min(L, W), Hkv, D]: positions L−min(L,W) … L−1     model dtype
+    KDA, GDN   recurrent [Hv, K, V] state dtype, conv [k−1, C] model dtype
+    Lightning  recurrent [H, K, V]                                     state dtype
+
+A tensor of b bytes has exactly ceil(b / c) data frames (none when b = 0). Every data frame
+names its tensor and offset, so a receiver places any frame the moment it arrives: data frames
+may come in any order between the header and the trailer, and decoding gives the identical
+state. Token-axis tensors are cut on a fixed grid of c / row_bytes positions, so a chunked
+prefill ships the frames of positions [k·rows, (k+1)·rows) of an MLA or GQA cache as soon as
+they are final (``StreamEncoder.ready_frames``) and the rest at the end (``finish``); ``encode``
+sends header, each tensor's frames by increasing offset, trailer. Each (tensor, offset) slot
+arrives exactly once. The stream id ties frames to their header (a fresh random u64 per stream,
+so frames of two streams of the same state do not mix), each frame's own CRC lets a receiver
+verify it on arrival, and the whole-tensor CRCs that can only be known at the end travel last.
+Every frame is ≤ ``max_frame_bytes``.
+
+File container: b"PRFSFILE", a u32 container version (1), then per frame a u32 length and the
+frame's bytes, until end of file.
+
+``decode`` trusts nothing: it checks magic, version, checksums, the fingerprint against the
+config, L against ``max_len``, every table row against the tensors the config implies for L,
+every frame's stream id, tensor id, offset, length and slot, that the trailer comes last (no
+frame after it) with this stream's id and one CRC per tensor, then that every tensor is
+complete and matches its CRC32. Any failure raises ``StateDecodeError`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import itertools
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec.file import read_frames, write_file
+from prfaas_jax.engine.codec.format import (
+    StateDecodeError,
+    StateHeader,
+    StateTrailer,
+    TensorEntry,
+    is_trailer,
+    parse_data,
+    parse_header,
+    parse_trailer,
+)
+from prfaas_jax.engine.codec.layout import (
+    TensorSpec,
+    build_state,
+    canonical_tensors,
+    row_length,
+)
+from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, StreamEncoder
+from prfaas_jax.model.state import ModelState
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_BYTES",
+    "StateDecodeError",
+    "StateHeader",
+    "StateTrailer",
+    "StreamEncoder",
+    "TensorEntry",
+    "TensorSpec",
+    "decode",
+    "encode",
+    "inspect",
+    "inspect_trailer",
+    "payload_nbytes",
+    "read_frames",
+    "write_file",
+]
+
+_NO_FRAME = object()
+
+
+def encode(
+    state: ModelState,
+    cfg: ModelConfig,
+    *,
+    row: int = 0,
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    stream_id: int | None = None,
+) -> Iterator[bytes]:
+    """Frames of sequence ``row`` of ``state``: header, data frames layer by layer, trailer.
+
+    ``StreamEncoder`` in one go (``stream_id``: random unless given). Every frame is at most
+    ``max_frame_bytes`` long. The state is checked and read eagerly (ValueError if it does not
+    fit ``cfg``); frames are built as iterated.
+    """
+    _, length = row_length(state, row)
+    encoder = StreamEncoder(cfg, length, max_frame_bytes=max_frame_bytes, stream_id=stream_id)
+    return itertools.chain([encoder.header()], encoder.finish(state, row=row))
+
+
+def _view(frame: object, index: int) -> memoryview:
+    try:
+        return memoryview(frame).cast("B")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise StateDecodeError(
+            f"frame {index} is a {type(frame).__name__}, not a contiguous bytes-like object"
+        ) from None
+
+
+def _check_header(header: StateHeader, cfg: ModelConfig, max_len: int | None) -> None:
+    expected = cfg.fingerprint()
+    if header.fingerprint != expected:
+        raise StateDecodeError(
+            f"model fingerprint mismatch: the config {cfg.name!r} expects {expected}, the state "
+            f"was encoded for {header.fingerprint}"
+        )
+    limit = cfg.max_len if max_len is None else max_len
+    if header.length > limit:
+        what = "the model's max_len" if max_len is None else "max_len"
+        raise StateDecodeError(f"state holds {header.length} tokens, more than {what} ({limit})")
+    specs = canonical_tensors(cfg, header.length)
+    if len(header.tensors) != len(specs):
+        raise StateDecodeError(
+            f"header lists {len(header.tensors)} tensors; {cfg.name!r} at L={header.length} "
+            f"has {len(specs)}"
+        )
+    for tid, (entry, spec) in enumerate(zip(header.tensors, specs, strict=True)):
+        if entry.spec != spec:
+            raise StateDecodeError(
+                f"header tensor {tid} is {entry.spec}, but {cfg.name!r} at L={header.length} "
+                f"implies {spec}"
+            )
+
+
+def decode(frames: Iterable[bytes], cfg: ModelConfig, *, max_len: int | None = None) -> ModelState:
+    """Rebuild a batch-1 ``ModelState`` from ``encode``'s frames (data frames in any order).
+
+    Growing caches get capacity ``max_len`` (default: L, at least 1), zeros beyond L; SWA rings
+    get ``window_capacity(W, max_len)`` slots with position p in slot p mod ring size. A state
+    longer than ``max_len`` (default: the model's ``cfg.max_len``) is rejected before any
+    buffer is allocated.
+    """
+    if max_len is not None and max_len < 1:
+        raise ValueError(f"max_len must be ≥ 1, got {max_len}")
+    stream = iter(frames)
+    header = _first_header(stream)
+    _check_header(header, cfg, max_len)
+    entries = header.tensors
+    buffers = [bytearray(entry.spec.nbytes) for entry in entries]
+    seen: list[set[int]] = [set() for _ in entries]
+    trailer, trailer_index = None, 0
+    for index, frame in enumerate(stream, start=1):
+        view = _view(frame, index)
+        if trailer is not None:
+            raise StateDecodeError(
+                f"frame {index} follows the trailer (frame {trailer_index}), which ends a state "
+                "stream: trailing garbage"
+            )
+        if is_trailer(view):
+            trailer, trailer_index = _trailer_of(header, view, index), index
+            continue
+        data = parse_data(view, index)
+        _check_stream(header, data.stream_id, f"data frame {index}")
+        if data.tensor_id >= len(entries):
+            raise StateDecodeError(
+                f"data frame {index} names tensor {data.tensor_id}; the header has {len(entries)}"
+            )
+        entry, offset = entries[data.tensor_id], data.offset
+        where = f"data frame {index} (tensor {data.tensor_id}, offset {offset})"
+        if offset >= entry.spec.nbytes or offset % entry.chunk_bytes:
+            raise StateDecodeError(
+                f"{where} is out of range or off the {entry.chunk_bytes}-byte chunk grid of a "
+                f"{entry.spec.nbytes}-byte tensor"
+            )
+        size = min(entry.chunk_bytes, entry.spec.nbytes - offset)
+        if len(data.payload) != size:
+            raise StateDecodeError(f"{where} carries {len(data.payload)} bytes, expected {size}")
+        if offset in seen[data.tensor_id]:
+            raise StateDecodeError(f"{where} is a duplicate: that chunk already arrived")
+        seen[data.tensor_id].add(offset)
+        buffers[data.tensor_id][offset : offset + size] = data.payload
+    for tid, entry in enumerate(entries):
+        spec = entry.spec
+        if len(seen[tid]) != entry.num_frames:
+            raise StateDecodeError(
+                f"stream ended early: tensor {tid} (layer {spec.layer} {spec.name}) has "
+                f"{len(seen[tid])} of its {entry.num_frames} data frames"
+            )
+    if trailer is None:
+        raise StateDecodeError(
+            "stream ended early: no trailer frame (it follows the last data frame)"
+        )
+    for tid, entry in enumerate(entries):
+        if zlib.crc32(buffers[tid]) != trailer.crc32s[tid]:
+            spec = entry.spec
+            raise StateDecodeError(f"tensor {tid} (layer {spec.layer} {spec.name}) fails its CRC32")
+    capacity = max(header.length, 1) if max_len is None else max_len
+    tensors = [(entry.spec, buffer) for entry, buffer in zip(entries, buffers, strict=True)]
+    return build_state(cfg, header.length, tensors, capacity)
+
+
+def _first_header(stream: Iterator[object]) -> StateHeader:
+    first = next(stream, _NO_FRAME)
+    if first is _NO_FRAME:
+        raise StateDecodeError("no frames: a state stream starts with a header frame")
+    return parse_header(_view(first, 0))
+
+
+def _check_stream(header: StateHeader, stream_id: int, where: str) -> None:
+    if stream_id != header.stream_id:
+        raise StateDecodeError(
+            f"{where} belongs to another state stream (stream id {stream_id:016x}, this "
+            f"header's is {header.stream_id:016x})"
+        )
+
+
+def _trailer_of(header: StateHeader, view: memoryview, index: int) -> StateTrailer:
+    trailer = parse_trailer(view, index)
+    _check_stream(header, trailer.stream_id, f"trailer frame {index}")
+    if len(trailer.crc32s) != len(header.tensors):
+        raise StateDecodeError(
+            f"trailer frame {index} lists {len(trailer.crc32s)} tensor CRCs; the header has "
+            f"{len(header.tensors)} tensors"
+        )
+    return trailer
+
+
+def inspect(frames: Iterable[bytes]) -> StateHeader:
+    """The header of an encoded state (first frame only; checked for structure, not a model)."""
+    return _first_header(iter(frames))
+
+
+def inspect_trailer(frames: Sequence[bytes]) -> StateTrailer:
+    """The trailer of a complete stream (its last frame), checked against the header's stream
+    id and tensor count but not against a model or the data."""
+    header = inspect(frames)
+    if len(frames) < 2:
+        raise StateDecodeError("stream ended early: no trailer frame after the header")
+    index = len(frames) - 1
+    view = _view(frames[index], index)
+    if not is_trailer(view):
+        raise StateDecodeError(f"stream ended early: its last frame ({index}) is not the trailer")
+    return _trailer_of(header, view, index)
+
+
+def payload_nbytes(frames: Iterable[bytes]) -> int:
+    """Tensor bytes carried by the data frames of a stream (each frame's structure and CRC are
+    checked; the header is parsed but not matched to a model)."""
+    total = 0
+    for index, frame in enumerate(frames):
+        view = _view(frame, index)
+        if index == 0:
+            parse_header(view)
+        elif is_trailer(view):
+            parse_trailer(view, index)
+        else:
+            total += len(parse_data(view, index).payload)
+    return total

@@ -1,0 +1,326 @@
+"""Start and stop a toy cluster of real processes on loopback: `ClusterProcesses` and `serve`.
+
+The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
+`write_json`) and the launcher's record of a child (`ChildProcess`) are serving/cluster/processes.py.
+
+`ClusterProcesses.start` launches one worker process per instance (serving/worker/main.py), waits
+until each listens and reports SERVING on its health service, then launches the router
+(serving/router/main.py) with the workers' addresses and waits for it too; it returns the
+ready info that `prfaas serve --ready-file` writes:
+
+    {"router": "127.0.0.1:P", "metrics": "127.0.0.1:M", "model": preset, "seed": s,
+     "workers": {name: {"address": …, "pid": …, "role": "prfaas_prefill" | "pd_prefill" |
+     "pd_decode"}}, "pid": launcher pid, "router_pid": …, "log_dir": …}
+
+Each child runs in its own process group (session) and asks to die with its parent
+(`die_with_parent`: PR_SET_PDEATHSIG on Linux, should the launcher itself be killed); `stop`
+sends SIGTERM to every group, waits, then SIGKILLs what is left, so no process outlives the
+cluster. Children are spawned from the calling thread, which must outlive them (the death
+signal follows the thread that forked).
+With the compile cache on, the first worker of each engine kind warms up alone and the others
+start once it serves, so they load its executables instead of compiling them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster.processes import ChildProcess
+from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
+from prfaas_jax.serving.transport.lifecycle import write_json
+from prfaas_jax.serving.transport.server import health_status
+from prfaas_jax.serving.worker.engines import default_compile_cache_dir
+
+
+class ClusterError(UserError):
+    """A cluster process failed to start; the message names it and quotes its log."""
+
+
+class ClusterProcesses:
+    def __init__(
+        self,
+        config_path: str | os.PathLike[str],
+        *,
+        log_dir: str | os.PathLike[str] | None = None,
+        compile_cache: str | os.PathLike[str] | None = None,
+        ready_timeout_s: float = 600.0,
+        stop_event: threading.Event | None = None,
+        restart_workers: bool = False,
+    ) -> None:
+        """`restart_workers`: replace a worker process that dies (same name and role, a new
+        port) from a supervisor thread, and tell the router through the workers file."""
+        self.config = load_cluster_config(config_path)
+        self.config_path = str(self.config.path)
+        # A temporary log dir is removed after a clean run and kept when something failed.
+        self._temporary_logs = log_dir is None
+        self.failed = False
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="prfaas-cluster-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        cache = compile_cache or (
+            default_compile_cache_dir() if self.config.engine.compile_cache else None
+        )
+        self.compile_cache = str(cache) if cache else None
+        self.ready_timeout_s = ready_timeout_s
+        self._stop = stop_event or threading.Event()
+        self.children: list[ChildProcess] = []
+        self.ready: dict | None = None
+        self.restart_workers = restart_workers
+        self.restarts = 0
+        self._children_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._workers_file = self.log_dir / "workers.json"
+
+    def __enter__(self) -> ClusterProcesses:
+        return self
+
+    def __exit__(self, exc_type: type | None, *exc: object) -> None:
+        self.stop()
+        if self._temporary_logs and exc_type is None and not self.failed:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def _spawn(
+        self, name: str, role: str, module: str, extra: list[str], log_name: str = ""
+    ) -> ChildProcess:
+        argv = [sys.executable, "-m", module, "--config", self.config_path]
+        argv += ["--parent-pid", str(os.getpid())]
+        log_path = self.log_dir / f"{log_name or name}.log"
+        child = ChildProcess(
+            name,
+            role,
+            [*argv, *extra, "--address-file", str(log_path.with_suffix(".json"))],
+            log_path,
+        )
+        with self._children_lock:
+            self.children.append(child)
+        return child
+
+    def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> ChildProcess:
+        extra = ["--name", name, "--role", role.value]
+        if self.compile_cache:
+            extra += ["--compile-cache", self.compile_cache]
+        return self._spawn(name, role.value, "prfaas_jax.serving.worker.main", extra, log_name)
+
+    def _wait_serving(
+        self, children: list[ChildProcess], deadline: float, stop: threading.Event | None = None
+    ) -> None:
+        waiting = list(children)
+        while waiting:
+            if self._stop.is_set() or (stop is not None and stop.is_set()):
+                raise ClusterError("interrupted while the cluster was starting")
+            for child in list(waiting):
+                code = child.popen.poll()
+                if code is not None:
+                    raise ClusterError(
+                        f"{child.name} exited with status {code} while starting; its log "
+                        f"({child.log_path}) ends with:\n{child.log_tail()}"
+                    )
+                if not child.info and child.address_file.exists():
+                    child.info = json.loads(child.address_file.read_text())
+                # With certificates, the probe presents the node's: workers require mTLS.
+                security = self.config.security
+                if (
+                    child.info
+                    and health_status(child.info["address"], security_section=security) == "SERVING"
+                ):
+                    waiting.remove(child)
+            if time.monotonic() > deadline:
+                names = ", ".join(c.name for c in waiting)
+                raise ClusterError(f"{names} not SERVING after {self.ready_timeout_s:.0f} s")
+            if waiting:
+                time.sleep(0.1)
+
+    def start(self) -> dict:
+        """Start every process and wait until all are SERVING; returns the ready info."""
+        deadline = time.monotonic() + self.ready_timeout_s
+        roles = instance_roles(self.config)
+        try:
+            pending = list(roles.items())
+            if self.compile_cache:
+                # One worker per engine kind first: the others then hit the compile cache.
+                firsts: dict[bool, tuple[str, Role]] = {}
+                for name, role in pending:
+                    firsts.setdefault(role.is_prefill, (name, role))
+                wave = [self._spawn_worker(n, r) for n, r in firsts.values()]
+                self._wait_serving(wave, deadline)
+                pending = [item for item in pending if item not in firsts.values()]
+            rest = [self._spawn_worker(n, r) for n, r in pending]
+            self._wait_serving(rest, deadline)
+            workers = self._write_workers()
+            router = self._spawn(
+                "router",
+                "router",
+                "prfaas_jax.serving.router.main",
+                ["--workers", str(self._workers_file)],
+            )
+            self._wait_serving([router], deadline)
+            if self.restart_workers:
+                self._supervisor = threading.Thread(
+                    target=self._supervise, name="cluster-supervisor", daemon=True
+                )
+                self._supervisor.start()
+        except BaseException:
+            self.stop()
+            raise
+        self.ready = {
+            "router": router.info["address"],
+            "metrics": router.info["metrics"],
+            "model": self.config.model.preset,
+            "seed": self.config.model.seed,
+            "workers": {name: workers[name] for name in roles},
+            "pid": os.getpid(),
+            "router_pid": router.info["pid"],
+            "log_dir": str(self.log_dir),
+        }
+        return self.ready
+
+    def _write_workers(self) -> dict:
+        """The workers listing the router reads (and re-reads after a restart), atomically."""
+        with self._children_lock:
+            workers = {
+                c.name: {"address": c.info["address"], "pid": c.info["pid"], "role": c.role}
+                for c in self.children
+                if c.role != "router"
+            }
+        write_json(self._workers_file, workers)
+        return workers
+
+    def worker_pid(self, name: str) -> int | None:
+        """The pid of the process that is instance `name` now (None: none is running)."""
+        with self._children_lock:
+            for child in self.children:
+                if child.name == name and child.popen.poll() is None:
+                    return child.popen.pid
+        return None
+
+    def _supervise(self) -> None:
+        """Replace dead workers until the cluster stops. Runs on its own thread, which then
+        also forks the replacements (their parent-death signal follows this thread, which lives
+        as long as the cluster)."""
+        while not self._stopping.wait(0.1):
+            with self._children_lock:
+                dead = [
+                    c for c in self.children if c.role != "router" and c.popen.poll() is not None
+                ]
+            for child in dead:
+                if self._stopping.is_set():
+                    return
+                self._replace(child)
+
+    def _replace(self, dead: ChildProcess) -> None:
+        code = dead.popen.poll()
+        print(
+            f"prfaas serve: {dead.name} exited with status {code}; restarting it",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.failed = True  # keep the logs: they hold the dead process's last words
+        with self._children_lock:
+            self.children.remove(dead)
+        attempt = self.restarts + 1
+        child = self._spawn_worker(dead.name, Role(dead.role), f"{dead.name}.restart-{attempt}")
+        try:
+            self._wait_serving([child], time.monotonic() + self.ready_timeout_s, self._stopping)
+        except ClusterError as err:
+            # Left in the list dead: the next pass replaces it again.
+            print(f"prfaas serve: restarting {dead.name} failed: {err}", file=sys.stderr)
+            return
+        workers = self._write_workers()
+        if self.ready is not None:
+            self.ready["workers"][dead.name] = workers[dead.name]
+        self.restarts += 1  # last: a reader that sees the count sees the new address too
+
+    def dead_child(self) -> str | None:
+        """The name of a process that exited on its own, if any (with `restart_workers`, only
+        the router counts: a worker is replaced)."""
+        with self._children_lock:
+            children = list(self.children)
+        for child in children:
+            if self.restart_workers and child.role != "router":
+                continue
+            if child.popen.poll() is not None:
+                return child.name
+        return None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process group, wait up to `grace_s`, SIGKILL the rest."""
+        self._stopping.set()
+        if self._supervisor is not None and self._supervisor is not threading.current_thread():
+            self._supervisor.join(timeout=self.ready_timeout_s)
+        for child in reversed(self.children):  # the router first: it stops taking requests
+            child.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        for child in self.children:
+            # Also catches anything a child left in its group.
+            child.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=5)
+        self.children = []
+
+
+def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = None) -> int:
+    """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if the router died on its own
+    (a dead worker is restarted, and its logs are then kept)."""
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        with ClusterProcesses(
+            config_path, log_dir=log_dir, stop_event=stop, restart_workers=True
+        ) as cluster:
+            try:
+                ready = cluster.start()
+            except ClusterError:
+                if stop.is_set():
+                    return 0  # asked to stop while starting: not an error
+                raise
+            if ready_file:
+                write_json(ready_file, ready)
+            print(
+                f"prfaas serve: router {ready['router']}, "
+                f"metrics http://{ready['metrics']}/metrics, {len(ready['workers'])} workers, "
+                f"logs in {ready['log_dir']}; Ctrl-C stops",
+                flush=True,
+            )
+            restarts = 0
+            while not stop.wait(0.5):
+                if ready_file and cluster.restarts != restarts:
+                    restarts = cluster.restarts
+                    write_json(ready_file, cluster.ready)  # a restarted worker's new address
+                dead = cluster.dead_child()
+                if dead is not None:
+                    cluster.failed = True
+                    print(
+                        f"prfaas serve: {dead} exited; shutting down (logs: {cluster.log_dir})",
+                        file=sys.stderr,
+                    )
+                    return 1
+            if cluster.restarts:
+                print(
+                    f"prfaas serve: {cluster.restarts} worker restart(s); logs kept in "
+                    f"{cluster.log_dir}",
+                    file=sys.stderr,
+                )
+        return 0
+    finally:
+        if ready_file:
+            with contextlib.suppress(FileNotFoundError):
+                Path(ready_file).unlink()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

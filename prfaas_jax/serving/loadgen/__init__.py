@@ -1,0 +1,1 @@
+"""Load against a running cluster: the demo, the benchmark client and the reliability soak."""

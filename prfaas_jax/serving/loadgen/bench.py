@@ -1,0 +1,312 @@
+"""`prfaas bench`: a load generator for a running router, with `vllm bench serve` conventions.
+
+Exposes `BenchOptions`, `arrival_times`, `input_lengths`, `run_bench`, `summarize` and
+`format_summary`.
+
+Arrivals (vLLM's `get_request`): inter-arrival gaps ~ Gamma(shape = burstiness,
+scale = 1 / (rate · burstiness)), so the mean gap is 1/rate for any burstiness (1: Poisson,
+< 1: burstier, large: nearly even), then rescaled so the whole run spans exactly N / rate;
+rate = inf sends everything at once. `max_concurrency` caps requests in flight.
+
+Input lengths: `fixed`, `uniform` (input_len · [1 − r, 1 + r]), `lognormal` (ln L ~ N(μ, σ²)
+truncated to [1, max]), or `paper`: the PrfaaS case study's truncated log-normal
+(μ = 9.90, σ = 1.00 on [128, 131072], research/paper.md §3.1) scaled by `length_scale`:
+μ + ln(scale) on [128·scale, 131072·scale], so its shape survives on a toy model. Prompts are
+random token ids.
+
+Metrics, per vLLM's definitions: TTFT (send → first token), TPOT = (E2EL − TTFT)/(n − 1),
+ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chosen percentiles;
+goodput = requests/s that meet every SLO given (DistServe). PrfaaS-specific: the fraction of
+requests offloaded (from each RequestReport), and the inter-cluster egress during the run (the
+router's counter before and after).
+
+A router behind TLS or a bearer token (the `[security]` section, serving/transport/security.py) is
+reached with `security`: its CA certificate, and the token file or a client certificate.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import math
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.security import router_channel
+
+PAPER_MU, PAPER_SIGMA, PAPER_MIN, PAPER_MAX = 9.90, 1.00, 128, 131072
+METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchOptions:
+    router: str
+    num_prompts: int = 100
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    input_dist: str = "paper"
+    input_len: int = 64
+    range_ratio: float = 0.5
+    lognormal_mu: float = 4.0
+    lognormal_sigma: float = 1.0
+    length_scale: float | None = None  # paper: default fits the router's max_len
+    output_len: int = 16
+    seed: int = 0
+    percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
+    goodput: dict[str, float] = dataclasses.field(default_factory=dict)  # metric → SLO in ms
+    timeout_s: float = 300.0
+    progress: bool = True
+    security: SecuritySection | None = None  # the router's CA, client cert, token (None: plain)
+
+    def __post_init__(self) -> None:
+        if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
+            raise UserError("--num-prompts, --input-len and --output-len must be ≥ 1")
+        if not self.request_rate > 0 or not self.burstiness > 0:
+            raise UserError("--request-rate and --burstiness must be positive")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise UserError("--max-concurrency must be ≥ 1")
+        if self.input_dist not in ("fixed", "uniform", "lognormal", "paper"):
+            raise UserError(f"unknown --input-dist {self.input_dist!r}")
+        if not 0 <= self.range_ratio < 1:
+            raise UserError("--range-ratio must be in [0, 1)")
+        for name in self.goodput:
+            if name not in ("ttft", "tpot", "e2el"):
+                raise UserError(f"--goodput takes ttft, tpot or e2el SLOs, got {name!r}")
+
+
+def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """Send offsets in seconds (module docstring)."""
+    if math.isinf(rate):
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    times = np.concatenate([[0.0], np.cumsum(gaps)[:-1]])
+    span = times[-1] if n > 1 else 0.0
+    # Rescale so the run lasts exactly n / rate, as vLLM does: results stop depending on the
+    # luck of one seed's total.
+    return times * ((n - 1) / rate / span) if span > 0 else times
+
+
+def input_lengths(opts: BenchOptions, max_prompt: int, rng: np.random.Generator) -> np.ndarray:
+    n = opts.num_prompts
+    if opts.input_dist == "fixed":
+        lengths = np.full(n, opts.input_len)
+    elif opts.input_dist == "uniform":
+        low = max(1, int(opts.input_len * (1 - opts.range_ratio)))
+        high = max(low, int(opts.input_len * (1 + opts.range_ratio)))
+        lengths = rng.integers(low, high + 1, size=n)
+    else:
+        if opts.input_dist == "paper":
+            scale = opts.length_scale or max_prompt / PAPER_MAX
+            mu, sigma = PAPER_MU + math.log(scale), PAPER_SIGMA
+            low, high = max(1.0, PAPER_MIN * scale), PAPER_MAX * scale
+        else:
+            mu, sigma, low, high = opts.lognormal_mu, opts.lognormal_sigma, 1.0, float(max_prompt)
+        lengths = np.empty(n)
+        filled = 0
+        while filled < n:  # rejection sampling: exact truncation
+            draw = rng.lognormal(mu, sigma, size=2 * n)
+            keep = draw[(draw >= low) & (draw <= high)][: n - filled]
+            lengths[filled : filled + keep.size] = keep
+            filled += keep.size
+        lengths = np.rint(lengths)
+    lengths = np.clip(lengths.astype(int), 1, max_prompt)
+    return lengths
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    prompt_len: int
+    sent: float = 0.0
+    ttft: float | None = None
+    e2el: float | None = None
+    itl: list[float] = dataclasses.field(default_factory=list)
+    output_tokens: int = 0
+    route: str = ""
+    uncached_len: int = 0
+    state_bytes: int = 0
+    error: str | None = None
+
+
+def _one(
+    stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: RequestRecord
+) -> None:
+    rec.sent = time.perf_counter()
+    last = None
+    request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=opts.output_len)
+    try:
+        for message in stub.Generate(request, timeout=opts.timeout_s):
+            now = time.perf_counter()
+            if message.token_ids:
+                if rec.ttft is None:
+                    rec.ttft = now - rec.sent
+                else:
+                    rec.itl.append(now - last)
+                last = now
+                rec.output_tokens += len(message.token_ids)
+            if message.finished:
+                rec.route, rec.uncached_len = message.report.route, message.report.uncached_len
+                rec.state_bytes = message.report.state_bytes
+        rec.e2el = time.perf_counter() - rec.sent
+    except grpc.RpcError as err:
+        rec.error = f"{err.code().name}: {err.details()}"
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done = total, enabled, 0
+        self._lock = threading.Lock()
+        self._tty = sys.stderr.isatty()
+
+    def tick(self) -> None:
+        with self._lock:
+            self.done += 1
+            if not self.enabled:
+                return
+            step = max(self.total // 10, 1)
+            if self._tty or self.done % step == 0 or self.done == self.total:
+                bar = "#" * (30 * self.done // self.total)
+                end = "\r" if self._tty and self.done < self.total else "\n"
+                sys.stderr.write(f"bench [{bar:<30}] {self.done}/{self.total}{end}")
+                sys.stderr.flush()
+
+
+def run_bench(opts: BenchOptions) -> tuple[list[RequestRecord], dict]:
+    """Send the workload; returns the records and the run's context (duration, egress, t)."""
+    rng = np.random.default_rng(opts.seed)
+    with router_channel(opts.router, opts.security) as channel:
+        stub = pb_grpc.RouterStub(channel)
+        try:
+            before = stub.GetStats(pb.GetStatsRequest(), timeout=10)
+        except grpc.RpcError as err:
+            # The details say why (e.g. a refused token or TLS handshake); they hold no secret.
+            why = f"{err.code().name}: {err.details()}"
+            raise UserError(f"cannot reach the router at {opts.router}: {why}") from None
+        max_prompt = before.max_len - opts.output_len + 1
+        if max_prompt < 1:
+            raise UserError(
+                f"--output-len {opts.output_len} leaves no room in max_len {before.max_len}"
+            )
+        lengths = input_lengths(opts, max_prompt, rng)
+        offsets = arrival_times(opts.num_prompts, opts.request_rate, opts.burstiness, rng)
+        prompts = [rng.integers(0, before.vocab_size, size=int(n)).tolist() for n in lengths]
+        records = [RequestRecord(int(n)) for n in lengths]
+        progress = _Progress(opts.num_prompts, opts.progress)
+        workers = min(opts.num_prompts, opts.max_concurrency or 256)
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            futures = []
+            for prompt, rec, offset in zip(prompts, records, offsets, strict=True):
+                delay = start + offset - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                future = pool.submit(_one, stub, prompt, opts, rec)
+                future.add_done_callback(lambda _: progress.tick())
+                futures.append(future)
+            for future in futures:
+                future.result()
+        duration = time.perf_counter() - start
+        time.sleep(1.0)  # the router polls link counters every control period
+        after = stub.GetStats(pb.GetStatsRequest(), timeout=10)
+    context = {
+        "duration_s": duration,
+        "egress_bytes": after.egress_bytes - before.egress_bytes,
+        "threshold_start": before.threshold,
+        "threshold_end": after.threshold,
+        "model": before.model,
+    }
+    return records, context
+
+
+def _stats(values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
+    ms = np.asarray(values if len(values) else [0.0]) * 1e3
+    out = {"mean_ms": float(ms.mean()), "median_ms": float(np.median(ms))}
+    out["std_ms"] = float(ms.std())
+    out.update({f"p{p:g}_ms": float(np.percentile(ms, p)) for p in percentiles})
+    return out
+
+
+def summarize(records: list[RequestRecord], context: dict, opts: BenchOptions) -> dict:
+    done = [r for r in records if r.error is None and r.ttft is not None and r.e2el is not None]
+    duration = context["duration_s"]
+    tpot = [(r.e2el - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    values = {
+        "ttft": [r.ttft for r in done],
+        "tpot": tpot,
+        "itl": [gap for r in done for gap in r.itl],
+        "e2el": [r.e2el for r in done],
+    }
+
+    def meets(r: RequestRecord) -> bool:
+        per = {"ttft": r.ttft, "e2el": r.e2el}
+        if r.output_tokens > 1:
+            per["tpot"] = (r.e2el - r.ttft) / (r.output_tokens - 1)
+        return all(per.get(k, 0.0) * 1e3 <= slo for k, slo in opts.goodput.items())
+
+    offloaded = sum(r.route == "prfaas" for r in done)
+    output_tokens = sum(r.output_tokens for r in done)
+    input_tokens = sum(r.prompt_len for r in done)
+    summary = {
+        "model": context["model"],
+        "completed": len(done),
+        "failed": len(records) - len(done),
+        "errors": sorted({r.error for r in records if r.error})[:5],
+        "duration_s": duration,
+        "request_throughput": len(done) / duration,
+        "request_goodput": sum(meets(r) for r in done) / duration if opts.goodput else None,
+        "output_throughput": output_tokens / duration,
+        "total_token_throughput": (input_tokens + output_tokens) / duration,
+        "mean_input_len": input_tokens / len(done) if done else 0.0,
+        "offload_fraction": offloaded / len(done) if done else 0.0,
+        "egress_bytes": context["egress_bytes"],
+        "egress_bytes_per_s": context["egress_bytes"] / duration,
+        "egress_gbps": context["egress_bytes"] * 8 / 1e9 / duration,
+        "threshold_start": context["threshold_start"],
+        "threshold_end": context["threshold_end"],
+    }
+    for name in METRICS:
+        summary[name] = _stats(values[name], opts.percentiles)
+    return summary
+
+
+def format_summary(s: dict, opts: BenchOptions) -> str:
+    rows: list[tuple[str, str]] = [
+        ("Successful requests", str(s["completed"])),
+        ("Failed requests", str(s["failed"])),
+        ("Benchmark duration (s)", f"{s['duration_s']:.2f}"),
+        ("Mean input tokens", f"{s['mean_input_len']:.1f}"),
+        ("Request throughput (req/s)", f"{s['request_throughput']:.2f}"),
+    ]
+    if s["request_goodput"] is not None:
+        rows.append(("Request goodput (req/s)", f"{s['request_goodput']:.2f}"))
+    rows += [
+        ("Output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
+        ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.1f}"),
+        ("Offloaded to PrfaaS", f"{s['offload_fraction']:.1%}"),
+        ("Inter-cluster egress (bytes)", str(s["egress_bytes"])),
+        ("Inter-cluster egress (MB/s)", f"{s['egress_bytes_per_s'] / 1e6:.3f}"),
+        ("Threshold t (start → end)", f"{s['threshold_start']:.0f} → {s['threshold_end']:.0f}"),
+    ]
+    titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)"}
+    titles.update({"itl": "Inter-token Latency", "e2el": "End-to-end Latency"})
+    lines = ["{:=^56}".format(" Serving Benchmark Result ")]
+    lines += [f"{k:<40}{v:>16}" for k, v in rows]
+    for name in METRICS:
+        lines.append("{:-^56}".format(f" {titles[name]} "))
+        for key, value in s[name].items():
+            stat = key.removesuffix("_ms")
+            label = stat.upper() if stat.startswith("p") else stat.capitalize()
+            lines.append(f"{f'{label} {name.upper()} (ms)':<40}{value:>16.2f}")
+    if s["errors"]:
+        lines.append("errors: " + "; ".join(s["errors"]))
+    lines.append("=" * 56)
+    return "\n".join(lines)

@@ -1,0 +1,284 @@
+"""`prfaas demo`, the main job: a toy PrfaaS-PD cluster serving a mixed workload, checked.
+
+Exposes `run_demo`, `demo_workload` and `reference_tokens`.
+
+`run_demo` starts the cluster of `configs/clusters/toy.toml` (router and workers as separate
+processes on loopback, serving/cluster/launcher.py), sends a mixed workload of short and long prompts
+concurrently, and prints per request the route, the uncached length, the threshold t it was
+routed with, TTFT, decode tokens/s and the state bytes shipped beside `state_nbytes`. While
+the cluster starts, the same process generates every request once more without the serving
+plane — the model's `prefill` over the exact prompt, then `decode_step` token by token, greedy —
+and the demo checks:
+
+    every output equals that single-process generation;
+    state_bytes == state_nbytes(cfg, prompt_len);
+    the route follows the rule: uncached length > t ⇔ PrfaaS.
+
+It exits 0 when every check holds and 1 otherwise, and stops every process it started either
+way. The reference compiles one prefill per distinct prompt length, so the workload draws its
+lengths from a short list.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster_config import load_cluster_config, resolve_cluster_path
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.security import router_channel
+
+# Short prompts (≤ the toy's t = 64, the boundary included) and long ones (> t), interleaved
+# so they overlap in flight; five distinct lengths keep the reference to five compiles.
+DEMO_LENGTHS = (24, 300, 64, 120, 48, 300, 24, 120, 64, 48)
+DEMO_NEW_TOKENS = 12
+
+
+def demo_workload(vocab_size: int, seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab_size, size=n).tolist() for n in DEMO_LENGTHS]
+
+
+def reference_tokens(
+    cfg: ModelConfig, params: Any, prompts: Sequence[Sequence[int]], num_tokens: int, capacity: int
+) -> list[list[int]]:
+    """Greedy generation straight through the model: `prefill` on the exact prompt (one compile
+    per distinct length), then `decode_step`; caches of a fixed `capacity` share one decode."""
+    import jax
+    import jax.numpy as jnp
+
+    from prfaas_jax.model import decode_step, init_state, prefill
+
+    prefill_fn = jax.jit(prefill, static_argnames=("cfg", "impl"))
+    decode_fn = jax.jit(decode_step, static_argnames=("cfg", "impl"))
+    outputs = []
+    for prompt in prompts:
+        state = init_state(cfg, 1, capacity)
+        logits, state = prefill_fn(params, cfg, jnp.asarray([prompt], jnp.int32), state)
+        token = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)
+        tokens = [int(token[0])]
+        for _ in range(num_tokens - 1):
+            logits, state = decode_fn(params, cfg, token, state)
+            token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            tokens.append(int(token[0]))
+        outputs.append(tokens)
+    return outputs
+
+
+@dataclasses.dataclass
+class DemoResult:
+    request_id: str
+    prompt_len: int
+    tokens: list[int]
+    report: pb.RequestReport
+    ttft_s: float  # at the client
+    decode_tokens_per_s: float
+    expected_tokens: list[int] | None = None
+    expected_state_bytes: int = 0
+
+    @property
+    def route_ok(self) -> bool:
+        offloaded = self.report.uncached_len > self.report.threshold
+        return (self.report.route == "prfaas") == offloaded
+
+    @property
+    def output_ok(self) -> bool:
+        return self.tokens == self.expected_tokens
+
+    @property
+    def bytes_ok(self) -> bool:
+        return self.report.state_bytes == self.expected_state_bytes
+
+    def to_json(self) -> dict:
+        r = self.report
+        return {
+            "request_id": self.request_id,
+            "route": r.route,
+            "prompt_len": r.prompt_len,
+            "cached_len": r.cached_len,
+            "uncached_len": r.uncached_len,
+            "threshold": r.threshold,
+            "ttft_s": r.ttft_s,
+            "client_ttft_s": self.ttft_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "state_bytes": r.state_bytes,
+            "state_nbytes": self.expected_state_bytes,
+            "prefill_instance": r.prefill_instance,
+            "decode_instance": r.decode_instance,
+            "tokens": self.tokens,
+            "output_matches": self.output_ok,
+            "route_follows_rule": self.route_ok,
+        }
+
+
+def send(stub: pb_grpc.RouterStub, request_id: str, prompt: list[int], n: int) -> DemoResult:
+    start = time.perf_counter()
+    tokens: list[int] = []
+    first = None
+    report = None
+    for message in stub.Generate(
+        pb.GenerateRequest(request_id=request_id, prompt_token_ids=prompt, max_new_tokens=n)
+    ):
+        if message.token_ids and first is None:
+            first = time.perf_counter()
+        tokens.extend(message.token_ids)
+        if message.finished:
+            report = message.report
+    end = time.perf_counter()
+    if report is None or first is None:
+        raise RuntimeError(f"{request_id}: the stream ended without a report")
+    # 1 / TPOT, TPOT = (E2E − TTFT) / (n − 1) as in vLLM's benchmarks.
+    rate = (len(tokens) - 1) / (end - first) if end > first else float("inf")
+    return DemoResult(request_id, len(prompt), tokens, report, first - start, rate)
+
+
+def _table(results: list[DemoResult]) -> str:
+    head = ("request", "route", "prompt", "uncached", "t", "TTFT ms", "decode tok/s")
+    head += ("state B", "state_nbytes", "output")
+    rows = [head]
+    for r in results:
+        rows.append(
+            (
+                r.request_id,
+                r.report.route,
+                str(r.prompt_len),
+                str(r.report.uncached_len),
+                f"{r.report.threshold:.0f}",
+                f"{r.report.ttft_s * 1e3:.0f}",
+                f"{r.decode_tokens_per_s:.0f}",
+                str(r.report.state_bytes),
+                str(r.expected_state_bytes),
+                "match" if r.output_ok else "MISMATCH",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines = ("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
+    return "\n".join(lines)
+
+
+def run_demo(config: str = "toy", *, as_json: bool = False, log_dir: str | None = None) -> int:
+    """Run the demo on a cluster config (a name under configs/clusters/ or a path)."""
+    from prfaas_jax.model.state import state_nbytes
+    from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+
+    started = time.perf_counter()
+    cluster_config = load_cluster_config(resolve_cluster_path(config))
+    if cluster_config.model.engine != "jax":
+        raise UserError(
+            f'{cluster_config.path}: the demo checks real model outputs: it needs engine = "jax"'
+        )
+    cfg = load_model_config(cluster_config.model.preset)
+    prompts = demo_workload(cfg.vocab_size, cluster_config.model.seed)
+    expected: dict[str, list[list[int]]] = {}
+
+    def compute_reference() -> None:
+        import jax
+
+        from prfaas_jax.model import init_params
+        from prfaas_jax.serving.worker.engines import (
+            default_compile_cache_dir,
+            enable_compile_cache,
+        )
+
+        if cluster_config.engine.compile_cache:
+            enable_compile_cache(default_compile_cache_dir())
+        params = init_params(jax.random.PRNGKey(cluster_config.model.seed), cfg)
+        expected["tokens"] = reference_tokens(
+            cfg, params, prompts, DEMO_NEW_TOKENS, cluster_config.engine.max_len
+        )
+
+    def log(message: str) -> None:
+        print(f"[{time.perf_counter() - started:5.1f} s] {message}", file=sys.stderr, flush=True)
+
+    reference = threading.Thread(target=compute_reference, name="reference", daemon=True)
+    reference.start()
+    log(f"starting the cluster of {cluster_config.path} (router + workers, loopback)")
+    with ClusterProcesses(cluster_config.path, log_dir=log_dir) as cluster:
+        ready = cluster.start()
+        log(f"cluster ready: router {ready['router']}, {len(ready['workers'])} workers")
+        # The reference compiles while the workers start; let it finish before the workload,
+        # so its compiles do not compete with the requests being timed.
+        reference.join()
+        log("single-process reference ready; sending the workload")
+        # As any client would: TLS and the bearer token when the config's [security] sets them.
+        with router_channel(ready["router"], cluster_config.security) as channel:
+            stub = pb_grpc.RouterStub(channel)
+            # One untimed request per route first, as benchmarks warm up: first-use costs
+            # (connections, allocator growth) are not what the table should show. Its prompt
+            # shares no prefix with the workload, so the prefix cache does not skew the table.
+            warm_up = demo_workload(cfg.vocab_size, cluster_config.model.seed + 1)[1]
+            for i, n in enumerate((8, len(warm_up))):
+                send(stub, f"warm-up-{i}", warm_up[:n], 2)
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+                futures = []
+                for i, prompt in enumerate(prompts):
+                    futures.append(pool.submit(send, stub, f"req-{i:02d}", prompt, DEMO_NEW_TOKENS))
+                    time.sleep(0.02)  # staggered arrivals, all in flight together
+                results = [f.result() for f in futures]
+            # The router polls the link counters once per control period.
+            time.sleep(2 * cluster_config.router.control_period_s)
+            stats = stub.GetStats(pb.GetStatsRequest())
+        log(f"{len(results)} requests served")
+    for result, tokens in zip(results, expected["tokens"], strict=True):
+        result.expected_tokens = tokens
+        result.expected_state_bytes = state_nbytes(cfg, result.prompt_len)
+    ok = all(r.output_ok and r.bytes_ok and r.route_ok for r in results)
+    summary = _summary(results, stats, time.perf_counter() - started, ok)
+    if as_json:
+        payload = {"requests": [r.to_json() for r in results], "summary": summary}
+        json.dump(payload, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(_table(results))
+        print()
+        print(_format_summary(summary))
+    return 0 if ok else 1
+
+
+def _summary(results: list[DemoResult], stats: pb.RouterStats, wall_s: float, ok: bool) -> dict:
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values) if values else 0.0
+
+    by_route = {
+        route: [r for r in results if r.report.route == route] for route in ("prfaas", "pd")
+    }
+    return {
+        "requests": len(results),
+        "prfaas": len(by_route["prfaas"]),
+        "pd": len(by_route["pd"]),
+        "outputs_match": sum(r.output_ok for r in results),
+        "state_bytes_match": sum(r.bytes_ok for r in results),
+        "routes_follow_rule": sum(r.route_ok for r in results),
+        "mean_ttft_s": {k: mean([r.report.ttft_s for r in v]) for k, v in by_route.items()},
+        "egress_bytes": stats.egress_bytes,
+        "threshold_final": stats.threshold,
+        "wall_s": wall_s,
+        "ok": ok,
+    }
+
+
+def _format_summary(s: dict) -> str:
+    n = s["requests"]
+    ttft = s["mean_ttft_s"]
+    lines = [
+        f"requests: {n} ({s['prfaas']} offloaded to PrfaaS, {s['pd']} kept in PD)",
+        f"outputs equal single-process greedy generation: {s['outputs_match']}/{n}",
+        f"state bytes equal state_nbytes(prompt_len): {s['state_bytes_match']}/{n}",
+        f"routes follow the rule (uncached > t ⇔ PrfaaS): {s['routes_follow_rule']}/{n}",
+        f"mean TTFT: PrfaaS {ttft['prfaas'] * 1e3:.0f} ms, PD {ttft['pd'] * 1e3:.0f} ms",
+        f"inter-cluster egress: {s['egress_bytes']} bytes; final t = {s['threshold_final']:.0f}",
+        f"wall time: {s['wall_s']:.1f} s (cluster start and compiles included)",
+        "demo: OK" if s["ok"] else "demo: FAILED",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,256 @@
+"""The router's control loop: `RouterControl` (the process entry is serving/router/main.py).
+
+Every `control_period_s` the loop polls each worker's `GetStats`, sums the PrfaaS workers'
+link counters (egress bytes, current capacity) and hands the policy objects what they watch:
+the `ThresholdController` a `LinkObservation` each period (a new t takes effect for the next
+request), the `Rebalancer` a `StageObservation` every `rebalancer.period_s`. A role change is
+carried out on its own thread as drain → switch → resume: the node stops receiving requests,
+the thread waits until the router has no request on it (up to `drain_timeout_s`, else the
+change is abandoned and the node resumes its old role), sends `SetRole` (retried while the
+worker still finishes its last stream), then routes to the node in its new role, tells the
+rebalancer, and has the controller re-solve t for the new shape. The loop keeps its counters
+in a `ControlCounters`; `router_stats` and `snapshot` render them with the core's for `GetStats`
+and the Prometheus endpoint (serving/router/report.py).
+
+Liveness: a worker whose `GetStats` is refused (UNAVAILABLE) is taken out of routing, and put
+back when it answers again. When the launcher restarts a dead worker it rewrites the workers
+file (`--workers`); the loop notices the change and connects to the new address.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import threading
+import time
+
+import grpc
+
+from prfaas_jax.policy.live_model import ClusterShape, LiveProfiles
+from prfaas_jax.policy.profiles import Profile
+from prfaas_jax.policy.rebalancer import Rebalancer, RoleChange, StageObservation
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.policy.threshold_controller import LinkObservation, ThresholdController
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.router.core import RouterCore
+from prfaas_jax.serving.router.handles import WorkerHandle, kv_size_profile
+from prfaas_jax.serving.router.metrics import RouterSnapshot
+from prfaas_jax.serving.router.report import ControlCounters, router_snapshot, router_stats
+from prfaas_jax.serving.transport.messages import role_to_proto
+
+log = logging.getLogger("prfaas.router")
+RATE_WINDOW_S = 2.0
+SET_ROLE_TIMEOUT_S = 600.0
+
+
+class RouterControl:
+    def __init__(self, core: RouterCore, workers_file: str | None = None) -> None:
+        self.core = core
+        # The launcher rewrites this listing when it restarts a worker (new address).
+        self._workers_file, self._workers_mtime = workers_file, 0.0
+        config = core.config
+        profiles = LiveProfiles(
+            prfaas_prefill_s=Profile.polynomial(config.profile.prfaas_prefill_s),
+            pd_prefill_s=Profile.polynomial(config.profile.pd_prefill_s),
+            kv_size_mib=kv_size_profile(core.cfg, config.engine.max_len),
+            decode_max_batch_size=config.engine.max_slots,
+            decode_step_s=config.profile.decode_step_s,
+        )
+        self.controller = None
+        if config.controller.enabled:
+            self.controller = ThresholdController(
+                config.controller_config(), profiles, self.shape(), core.traffic, core.threshold
+            )
+        self.rebalancer = None
+        if config.rebalancer.enabled:
+            self.rebalancer = Rebalancer(config.rebalancer.config, profiles, core.traffic)
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self.counters = ControlCounters()
+        self._last_rebalance = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="router-control", daemon=True)
+
+    def shape(self) -> ClusterShape:
+        roles = [w.role for w in self.core.workers.values()]
+        return ClusterShape(
+            roles.count(Role.PRFAAS_PREFILL),
+            roles.count(Role.PD_PREFILL),
+            roles.count(Role.PD_DECODE),
+        )
+
+    # --- the loop -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        period = self.core.config.router.control_period_s
+        while not self._stop.wait(period):
+            try:
+                self.step(time.monotonic())
+            except Exception:  # keep controlling; a bad period must not stop the router
+                log.exception("control step failed")
+
+    def _poll(self) -> None:
+        """Every worker's stats; one that refuses connections is taken out of routing, one
+        that answers (again) is put back."""
+        for worker in list(self.core.workers.values()):
+            try:
+                stats = worker.control.GetStats(pb.GetStatsRequest(), timeout=1.0)
+            except grpc.RpcError as err:
+                log.warning("stats of %s: %s", worker.name, err.code().name)
+                if err.code() is grpc.StatusCode.UNAVAILABLE:
+                    with self.core.lock:
+                        worker.down = True
+                continue
+            with self.core.lock:
+                worker.stats = stats
+                if worker.down:
+                    log.info("%s answers again: routing to it", worker.name)
+                worker.down = False
+
+    def _reload_workers(self) -> None:
+        """Adopt the launcher's new listing when it changed (a restarted worker)."""
+        if self._workers_file is None:
+            return
+        try:
+            mtime = os.stat(self._workers_file).st_mtime
+            if mtime == self._workers_mtime:
+                return
+            listing = read_workers(self._workers_file)
+        except (OSError, ValueError, KeyError) as err:
+            log.warning("cannot read %s: %s", self._workers_file, err)
+            return
+        self._workers_mtime = mtime
+        for name in self.core.update_workers(listing):
+            log.info("%s is at %s now", name, listing[name][0])
+
+    def step(self, now: float) -> None:
+        self._reload_workers()
+        self._poll()
+        core = self.core
+        with core.lock:
+            prfaas = [w for w in core.workers.values() if w.role is Role.PRFAAS_PREFILL]
+            egress = sum(w.stats.egress_bytes for w in prfaas if w.stats is not None)
+            capacity = sum(
+                w.stats.link.bandwidth_bytes_per_s for w in prfaas if w.stats is not None
+            )
+            prfaas_queue = sum(w.outstanding_prefills for w in prfaas)
+            self._samples.append((now, egress))
+            while now - self._samples[0][0] > RATE_WINDOW_S:
+                self._samples.popleft()
+            (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
+            self.counters.egress_bytes, self.counters.capacity = egress, capacity
+            self.counters.egress_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+        if self.controller is not None and capacity > 0:
+            update = self.controller.observe(LinkObservation(now, egress, capacity, prfaas_queue))
+            if update is not None:
+                self._apply_threshold(update.threshold, update.reason)
+        rebalance_period = core.config.rebalancer.period_s
+        if self.rebalancer is not None and now - self._last_rebalance >= rebalance_period:
+            self._last_rebalance = now
+            change = self.rebalancer.observe(self._stage_observation(now, capacity))
+            if change is not None:
+                threading.Thread(target=self._switch, args=(change,), daemon=True).start()
+
+    def _apply_threshold(self, threshold: float, reason: str) -> None:
+        with self.core.lock:
+            log.info("threshold %.0f → %.0f (%s)", self.core.threshold, threshold, reason)
+            self.core.threshold = threshold
+            changes = self.counters.threshold_changes
+            changes[reason] = changes.get(reason, 0) + 1
+            self.counters.last_reason = reason
+
+    def _stage_observation(self, now: float, capacity: float) -> StageObservation:
+        core = self.core
+        with core.lock:
+            workers = list(core.workers.values())
+            decoders = [w for w in workers if w.role is Role.PD_DECODE]
+            return StageObservation(
+                now=now,
+                shape=self.shape(),
+                threshold=core.threshold,
+                egress_bytes_per_s=capacity,
+                pd_prefill_queue=sum(
+                    w.outstanding_prefills for w in workers if w.role is Role.PD_PREFILL
+                ),
+                # What decode nodes hold (running or waiting for a slot), not what the router
+                # has assigned to them: those requests may still wait for their prefill.
+                decode_assigned=sum(
+                    w.stats.active_slots + w.stats.queue_depth for w in decoders if w.stats
+                ),
+                decode_slots=len(decoders) * core.config.engine.max_slots,
+            )
+
+    # --- drain, switch, resume ------------------------------------------------------------
+
+    def _switch(self, change: RoleChange) -> None:
+        assert self.rebalancer is not None
+        core, timeout = self.core, self.core.config.rebalancer.drain_timeout_s
+        with core.lock:
+            candidates = core.serving(change.from_role)
+            if not candidates:
+                self.rebalancer.finish(time.monotonic())
+                return
+            node = min(candidates, key=lambda w: w.outstanding_prefills + w.assigned_decodes)
+            node.draining_to = change.to_role
+        log.info("draining %s: %s → %s", node.name, change.from_role.value, change.to_role.value)
+        deadline = time.monotonic() + timeout
+        switched = False
+        try:
+            while time.monotonic() < deadline and not switched:
+                with core.lock:
+                    idle = node.idle
+                if idle:
+                    switched = self._set_role(node, change.to_role)
+                else:
+                    time.sleep(0.05)
+        except grpc.RpcError as err:
+            log.warning("SetRole on %s failed: %s", node.name, err.details())
+        finally:
+            with core.lock:
+                if switched:
+                    node.role = change.to_role
+                    self.counters.role_changes += 1
+                node.draining_to = None
+            now = time.monotonic()
+            self.rebalancer.finish(now)
+            log.info("%s %s", node.name, f"now {node.role.value}" if switched else "kept its role")
+        if switched and self.controller is not None:
+            update = self.controller.resolve(now, self.shape())
+            if update is not None:
+                self._apply_threshold(update.threshold, update.reason)
+
+    def _set_role(self, node: WorkerHandle, role: Role) -> bool:
+        """True once the node switched; False while it still closes its last stream."""
+        request = pb.SetRoleRequest(role=role_to_proto(role))
+        try:
+            # Generous: a node that never had this role builds and warms its engine now.
+            node.control.SetRole(request, timeout=SET_ROLE_TIMEOUT_S)
+            return True
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            time.sleep(0.05)
+            return False
+
+    # --- reporting (serving/router/report.py) ---------------------------------------------
+
+    def router_stats(self) -> pb.RouterStats:
+        return router_stats(self.core, self.counters)
+
+    def snapshot(self) -> RouterSnapshot:
+        return router_snapshot(self.core, self.counters)
+
+
+def read_workers(path: str) -> dict[str, tuple[str, Role]]:
+    """The launcher's listing {name: {address, role, …}} as {name: (address, role)}."""
+    with open(path) as fh:
+        listing = json.load(fh)
+    return {name: (w["address"], Role(w["role"])) for name, w in listing.items()}

@@ -1,0 +1,90 @@
+"""The router process: ``python -m prfaas_jax.serving.router.main --config … --workers …``.
+
+Reads the cluster config and the launcher's workers file, builds the request path
+(``RouterCore``, serving/router/core.py) and its control loop (``RouterControl``,
+serving/router/control.py), serves the ``Router`` API on the front door (TLS and bearer token
+when ``[security]`` sets them) and Prometheus metrics, and writes its address file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.router.control import RouterControl, read_workers
+from prfaas_jax.serving.router.core import RouterCore, RouterService
+from prfaas_jax.serving.router.metrics import MetricsServer
+from prfaas_jax.serving.transport.lifecycle import (
+    die_with_parent,
+    install_stop_handlers,
+    write_json,
+)
+from prfaas_jax.serving.transport.messages import router_max_request_bytes
+from prfaas_jax.serving.transport.security import (
+    TokenAuth,
+    front_door_summary,
+    read_token,
+    server_credentials,
+)
+from prfaas_jax.serving.transport.server import ServingServer, full_service_name
+
+log = logging.getLogger("prfaas.router")
+ROUTER_THREADS = 512
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="the PrfaaS router process (see prfaas serve)")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--workers", required=True, help="JSON {name: {address, role}}")
+    parser.add_argument("--address-file", required=True)
+    parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(message)s")
+    stop = install_stop_handlers()
+    config = load_cluster_config(args.config)
+    workers = read_workers(args.workers)
+    core = RouterCore(config, load_model_config(config.model.preset), workers)
+    control = RouterControl(core, args.workers)
+    token = read_token(config.security)
+    server = ServingServer(
+        [
+            (
+                pb_grpc.add_RouterServicer_to_server,
+                RouterService(core, control.router_stats),
+                full_service_name("Router"),
+            )
+        ],
+        # Each in-flight request holds a thread for its whole stream.
+        max_workers=ROUTER_THREADS,
+        # No valid request is larger: an oversized one is refused before it is parsed.
+        max_receive_bytes=router_max_request_bytes(config.engine.max_len),
+        # The front door (serving/transport/security.py): TLS when certificates are set; a client proves
+        # itself by the bearer token when there is one, else by a CA-signed certificate.
+        credentials=server_credentials(config.security, require_client_auth=token is None),
+        interceptors=[TokenAuth(token, [full_service_name("Router")])] if token else [],
+    )
+    metrics = MetricsServer(control.snapshot, port=config.router.metrics_port)
+    control.start()
+    write_json(
+        args.address_file,
+        {"address": server.address, "pid": os.getpid(), "metrics": metrics.address},
+    )
+    server.set_serving()
+    log.info("serving on %s, metrics on http://%s/metrics", server.address, metrics.address)
+    log.info("front door: %s", front_door_summary(config.security))
+    while not stop.wait(0.5):
+        pass
+    control.stop()
+    metrics.stop()
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,118 @@
+"""gRPC plumbing shared by every server: `ServingServer` (health + reflection) and status mapping.
+
+`ServingServer` binds 127.0.0.1 on a free port (or the one given), registers the project's
+servicers, the standard `grpc.health.v1.Health` service and server reflection, and starts
+NOT_SERVING; `set_serving` flips every registered service (and the overall "" entry) to
+SERVING once the process is ready (engines built and warmed). `abort_for` maps the project's
+exceptions to gRPC status codes, so a bad request is INVALID_ARGUMENT and not UNKNOWN.
+Given TLS `credentials` (serving/transport/security.py) the port is TLS; `interceptors` run before
+every servicer (the router's bearer-token check).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.proto import prfaas_pb2
+from prfaas_jax.serving.transport import security
+
+MAX_MESSAGE_BYTES = 64 * 2**20
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+
+class ServingServer:
+    """A started gRPC server on loopback with health and reflection."""
+
+    def __init__(
+        self,
+        registrations: Sequence[tuple[Callable[[object, grpc.Server], None], object, str]],
+        *,
+        port: int = 0,
+        max_workers: int = 64,
+        credentials: grpc.ServerCredentials | None = None,
+        interceptors: Sequence[grpc.ServerInterceptor] = (),
+        max_receive_bytes: int = MAX_MESSAGE_BYTES,
+    ) -> None:
+        """`registrations`: (add_XServicer_to_server, servicer, full service name) triples;
+        `max_receive_bytes`: the largest message the server parses (gRPC refuses a larger one
+        with RESOURCE_EXHAUSTED before any servicer sees it)."""
+        if max_receive_bytes < 1:
+            raise ValueError(f"max_receive_bytes must be ≥ 1, got {max_receive_bytes}")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
+        options = (
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", max_receive_bytes),
+        )
+        self.server = grpc.server(self._pool, options=options, interceptors=interceptors)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.service_names = [name for _, _, name in registrations]
+        for add, servicer, _ in registrations:
+            add(servicer, self.server)
+        names = (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        reflection.enable_server_reflection(names, self.server)
+        bind = f"127.0.0.1:{port}"
+        if credentials is None:
+            self.port = self.server.add_insecure_port(bind)
+        else:
+            self.port = self.server.add_secure_port(bind, credentials)
+        if self.port == 0:
+            raise OSError(f"cannot bind 127.0.0.1:{port}")
+        self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.server.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _set(self, status: int) -> None:
+        for name in ("", *self.service_names):
+            self.health.set(name, status)
+
+    def set_serving(self) -> None:
+        self._set(health_pb2.HealthCheckResponse.SERVING)
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace_s).wait()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def full_service_name(service: str) -> str:
+    """The full name of a service of prfaas.proto: "Router" → "prfaas.v1.Router"."""
+    return prfaas_pb2.DESCRIPTOR.services_by_name[service].full_name
+
+
+def abort_for(context: grpc.ServicerContext, err: Exception) -> NoReturn:
+    """Abort the RPC with the status code that fits `err` (user errors: INVALID_ARGUMENT)."""
+    if isinstance(err, UserError | ValueError):
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+    if isinstance(err, TimeoutError):
+        context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(err) or "timed out")
+    context.abort(grpc.StatusCode.INTERNAL, f"{type(err).__name__}: {err}")
+    raise AssertionError("context.abort returned")
+
+
+def health_status(
+    address: str, timeout_s: float = 1.0, *, security_section: SecuritySection | None = None
+) -> str:
+    """The overall health of the server at `address` ("SERVING", "NOT_SERVING", or the error),
+    asked over TLS with the node certificate when `security_section` has one."""
+    with security.channel(address, security_section) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout_s)
+        except grpc.RpcError as err:
+            return err.code().name
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)

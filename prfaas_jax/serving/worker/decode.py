@@ -1,0 +1,407 @@
+"""The `DecodeWorker` service: receive states, batch their requests, stream their tokens.
+
+A request meets the decode worker twice, in either order: the prefill worker's `PushState`
+(the codec frames — header, data frames as prefill makes them, trailer — and the handoff frame)
+and the router's `Generate` (request id, prompt length, token budget). `PushState` collects the
+stream and validates everything before a request can use it — the handoff (`split_handoff`; its
+first token must be in the vocabulary) and every frame (`codec.decode`: magic, version, model
+fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) — and refuses a
+state longer than the node can decode, or one whose length differs from the prompt length the
+router announced. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
+waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
+
+One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into
+free slots as they arrive, runs one `step` for all active slots, sends each request its token,
+and frees a slot when its request finishes or its client goes away. The first token (sampled by
+prefill) is sent on insertion, so time-to-first-token includes the state transfer. A state that
+no `Generate` claims within `state_timeout_s` is dropped, as is a `Generate` whose state never
+comes (DEADLINE_EXCEEDED).
+
+Both queues are bounded, so a burst costs refusals, not memory: at most `max_pending_states`
+states are held outside a slot (received or being received, waiting for their `Generate` or for
+a slot), and at most `max_waiting` `Generate` calls wait for a state or a slot. Beyond that, a
+push is refused before any of its frames is read, a call at once; both RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, NoReturn
+
+import grpc
+import numpy as np
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine import codec
+from prfaas_jax.engine.codec.handoff import split_handoff
+from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.errors import UserError
+from prfaas_jax.model.state import state_nbytes
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+_DONE = object()
+log = logging.getLogger("prfaas.decode")
+
+
+@dataclasses.dataclass(eq=False)
+class _Request:
+    request_id: str
+    created: float
+    registered: bool = False  # Generate has arrived
+    prompt_len: int = 0
+    max_new_tokens: int = 0
+    state: Any = None
+    has_state: bool = False  # stays True after the slot took the state (duplicate pushes)
+    first_token: int = 0
+    sampling: SamplingParams | None = None
+    state_bytes: int = 0
+    cancelled: bool = False
+    taken: bool = False  # the engine thread took it off the ready queue: it waits no more
+    out: queue.Queue = dataclasses.field(default_factory=queue.Queue)
+
+
+class DecodeService(pb_grpc.DecodeWorkerServicer):
+    def __init__(
+        self,
+        *,
+        engine: Callable[[], Any],
+        cfg: ModelConfig,
+        max_len: int,
+        admit: Callable[[grpc.ServicerContext], None],
+        state_timeout_s: float = 120.0,
+        max_pending_states: int = 256,
+        max_waiting: int = 512,
+    ) -> None:
+        self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
+        self.state_timeout_s = state_timeout_s
+        self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
+        self._receiving = 0  # pushes accepted and still streaming
+        # Frames of the longest state this node decodes, with generous room for headers.
+        self.max_push_bytes = 2 * state_nbytes(cfg, max_len) + 2**20
+        self._cv = threading.Condition()
+        self._requests: dict[str, _Request] = {}
+        self._ready: collections.deque[_Request] = collections.deque()
+        self._slots: dict[int, _Request] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.completed = self.tokens_generated = self.state_bytes_received = 0
+
+    # --- stats ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self._cv:
+            pending = sum(1 for r in self._requests.values() if r.registered and r.state is None)
+            return {
+                "queue_depth": len(self._ready),
+                "active_slots": len(self._slots),
+                "pending_states": pending,
+                "completed": self.completed,
+                "tokens_generated": self.tokens_generated,
+                "state_bytes_received": self.state_bytes_received,
+            }
+
+    @property
+    def busy(self) -> bool:
+        with self._cv:
+            return bool(self._requests or self._slots)
+
+    def _held_states(self) -> int:
+        """States outside a slot, received or being received (caller holds `_cv`)."""
+        held = sum(1 for r in self._requests.values() if r.state is not None and not r.taken)
+        return held + self._receiving
+
+    def _waiting(self) -> int:
+        """`Generate` calls waiting for a state or a slot (caller holds `_cv`)."""
+        return sum(
+            1 for r in self._requests.values() if r.registered and not (r.taken or r.cancelled)
+        )
+
+    # --- PushState ------------------------------------------------------------------------
+
+    def PushState(  # noqa: N802
+        self, request_iterator: Iterator[pb.StateChunk], context: grpc.ServicerContext
+    ) -> pb.PushStateReply:
+        self._admit(context)
+        first = next(request_iterator, None)
+        if first is None or not first.request_id:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first message must name the request"
+            )
+        with self._cv:
+            full = self._held_states() >= self.max_pending_states
+            if not full:
+                self._receiving += 1
+        if full:  # refused before reading a frame: nothing of this stream is buffered
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{first.request_id}: {self.max_pending_states} states already wait here "
+                "for a Generate or a slot, this node's limit",
+            )
+        try:
+            return self._receive(first, request_iterator, context)
+        finally:
+            with self._cv:
+                self._receiving -= 1
+
+    def _receive(
+        self,
+        first: pb.StateChunk,
+        request_iterator: Iterator[pb.StateChunk],
+        context: grpc.ServicerContext,
+    ) -> pb.PushStateReply:
+        """Read, validate and keep the state that `first` announced."""
+        frames, total = [], 0
+        for chunk in request_iterator:
+            total += len(chunk.frame)
+            if total > self.max_push_bytes:
+                self._reject(
+                    context,
+                    first.request_id,
+                    f"state stream exceeds {self.max_push_bytes} bytes, more than a "
+                    f"{self.max_len}-token state of this model",
+                )
+            frames.append(chunk.frame)
+        try:
+            state_frames, handoff = split_handoff(frames)
+            vocab = self.cfg.vocab_size
+            if not 0 <= handoff.first_token < vocab:
+                raise UserError(
+                    f"handoff first token {handoff.first_token} outside the vocabulary [0, {vocab})"
+                )
+            state = codec.decode(state_frames, self.cfg, max_len=self.max_len)
+            state_bytes = codec.inspect(state_frames).payload_nbytes
+        except UserError as err:
+            self._reject(context, first.request_id, str(err))
+        self._start_engine_thread()
+        length = int(np.asarray(state.lengths)[0])
+        with self._cv:
+            req = self._requests.setdefault(
+                first.request_id, _Request(first.request_id, time.monotonic())
+            )
+            if req.has_state:
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id}: state already received"
+                )
+            if req.registered and length != req.prompt_len:
+                self._fail(req, f"the state holds {length} tokens, the prompt has {req.prompt_len}")
+                context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"{req.request_id}: state length {length} ≠ prompt length {req.prompt_len}",
+                )
+            req.state, req.first_token, req.sampling = state, handoff.first_token, handoff.sampling
+            req.has_state = True
+            req.state_bytes = state_bytes
+            self.state_bytes_received += state_bytes
+            if req.registered:
+                self._ready.append(req)
+                self._cv.notify_all()
+        return pb.PushStateReply(state_bytes=state_bytes, frames=len(frames))
+
+    def _fail(self, req: _Request, message: str) -> None:
+        req.out.put((grpc.StatusCode.INVALID_ARGUMENT, message))
+
+    def _reject(self, context: grpc.ServicerContext, request_id: str, message: str) -> NoReturn:
+        """Refuse a pushed state (nothing of it is kept). A `Generate` already waiting for it
+        fails now rather than at its timeout: its sender's push failed, so no state comes."""
+        with self._cv:
+            req = self._requests.get(request_id)
+            if req is not None and req.registered and not req.has_state:
+                self._fail(req, f"{request_id}: its state was rejected: {message}")
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+        raise AssertionError("context.abort returned")
+
+    # --- Generate -------------------------------------------------------------------------
+
+    def Generate(  # noqa: N802
+        self, request: pb.DecodeRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.DecodeResponse]:
+        self._admit(context)
+        n = request.max_new_tokens
+        if not request.request_id or request.prompt_len < 1 or n < 1:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "need a request_id, prompt_len ≥ 1 and max_new_tokens ≥ 1",
+            )
+        if request.prompt_len + n - 1 > self.max_len:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"prompt_len + max_new_tokens − 1 exceed max_len {self.max_len}",
+            )
+        self._start_engine_thread()
+        with self._cv:
+            if self._waiting() >= self.max_waiting:
+                early = self._requests.get(request.request_id)
+                if early is not None and not early.registered:
+                    del self._requests[request.request_id]  # no Generate will claim its state
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{request.request_id}: {self.max_waiting} requests already wait here "
+                    "for a state or a slot, this node's limit",
+                )
+            req = self._requests.setdefault(
+                request.request_id, _Request(request.request_id, time.monotonic())
+            )
+            if req.registered:
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id} is already decoding"
+                )
+            req.registered, req.prompt_len, req.max_new_tokens = True, request.prompt_len, n
+            if req.state is not None:
+                length = int(np.asarray(req.state.lengths)[0])
+                if length != req.prompt_len:
+                    del self._requests[req.request_id]
+                    context.abort(
+                        grpc.StatusCode.INVALID_ARGUMENT,
+                        f"state length {length} ≠ prompt length {req.prompt_len}",
+                    )
+                self._ready.append(req)
+                self._cv.notify_all()
+        context.add_callback(lambda: self._cancel(req))
+        try:
+            yield from self._stream(req, context)
+        finally:
+            with self._cv:
+                self._requests.pop(req.request_id, None)
+
+    def _stream(self, req: _Request, context: grpc.ServicerContext) -> Iterator[pb.DecodeResponse]:
+        first = True
+        deadline = time.monotonic() + self.state_timeout_s
+        while True:
+            try:
+                item = req.out.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"{req.request_id}: no state or token within {self.state_timeout_s:.0f} s",
+                )
+            tokens, done = [], False
+            while True:  # everything already queued goes into one message
+                if item is _DONE:
+                    done = True
+                elif isinstance(item, tuple):
+                    context.abort(*item)
+                else:
+                    tokens.append(item)
+                try:
+                    item = req.out.get_nowait()
+                except queue.Empty:
+                    break
+            yield pb.DecodeResponse(
+                token_ids=tokens, finished=done, state_bytes=req.state_bytes if first else 0
+            )
+            first = False
+            if done:
+                return
+            deadline = time.monotonic() + self.state_timeout_s
+
+    def _cancel(self, req: _Request) -> None:
+        """The RPC ended (finished, or its client went away): release what the request holds."""
+        with self._cv:
+            req.cancelled = True
+            if self._requests.get(req.request_id) is req:
+                del self._requests[req.request_id]
+            self._cv.notify_all()
+        req.out.put(_DONE)  # wakes a stream still waiting for its state or next token
+
+    # --- the engine thread ----------------------------------------------------------------
+
+    def _start_engine_thread(self) -> None:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="decode-engine", daemon=True)
+                self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+
+    def _take_ready(self, free: int) -> list[_Request]:
+        with self._cv:
+            self._reap()
+            while not self._ready and not self._slots and not self._stop:
+                self._cv.wait(timeout=1.0)
+                self._reap()
+            taken = []
+            while self._ready and len(taken) < free:
+                req = self._ready.popleft()
+                req.taken = True
+                taken.append(req)
+            return taken
+
+    def _reap(self) -> None:
+        """Drop states that no Generate claimed in time (the router gave up on them)."""
+        limit = time.monotonic() - self.state_timeout_s
+        for rid, req in list(self._requests.items()):
+            if not req.registered and req.created < limit:
+                del self._requests[rid]
+
+    def _finish(self, req: _Request) -> None:
+        req.out.put(_DONE)
+        with self._cv:
+            self.completed += 1
+
+    def _run(self) -> None:
+        engine = self._engine()
+        while not self._stop:
+            try:
+                self._iterate(engine)
+            except Exception as err:  # a bug in a step must not hang every stream until timeout
+                log.exception("decode step failed")
+                for slot, req in list(self._slots.items()):
+                    req.out.put((grpc.StatusCode.INTERNAL, f"decode engine: {err}"))
+                    with contextlib.suppress(Exception):
+                        engine.free(slot)
+                with self._cv:
+                    self._slots.clear()
+
+    def _iterate(self, engine: Any) -> None:
+        """Admit ready requests into free slots, then one step for every active slot."""
+        for req in self._take_ready(engine.max_slots - len(self._slots)):
+            if req.cancelled:
+                continue
+            req.out.put(req.first_token)
+            with self._cv:
+                self.tokens_generated += 1
+            if req.max_new_tokens == 1:
+                self._finish(req)
+                continue
+            try:
+                slot = engine.insert(
+                    req.state,
+                    req.first_token,
+                    req.sampling,
+                    max_new_tokens=req.max_new_tokens - 1,
+                )
+            except Exception as err:  # the engine refused the state: fail this request only
+                req.out.put((grpc.StatusCode.INVALID_ARGUMENT, f"decode engine: {err}"))
+                continue
+            req.state = None  # the slot holds it now; let the host copy go
+            with self._cv:
+                self._slots[slot] = req
+        for slot, req in list(self._slots.items()):
+            if req.cancelled:
+                engine.free(slot)
+                with self._cv:
+                    del self._slots[slot]
+        if not self._slots:
+            return
+        produced = engine.step()
+        with self._cv:
+            self.tokens_generated += len(produced)
+        for slot, token in produced:
+            req = self._slots[slot]
+            req.out.put(token)
+            if engine.is_finished(slot):
+                engine.free(slot)
+                with self._cv:
+                    del self._slots[slot]
+                self._finish(req)

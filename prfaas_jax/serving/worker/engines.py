@@ -1,0 +1,149 @@
+"""Engine construction for a worker process: `EngineFactory` builds and warms the engines.
+
+A worker builds the engine of its role on demand (at start, and again when the router switches
+the node's role) from the cluster config: the real JAX engines (engine/prefill.py,
+engine/decode.py) with the preset's seeded weights, or the hand-computable fakes
+(engine/fake.py). Warming compiles every executable a request can need — one prefill
+per length bucket at the fixed capacity `max_len`, the first-token sampler, the decode step and
+the slot insert — so that no request pays a compile. `enable_compile_cache` points JAX's
+persistent compilation cache at a directory shared by the worker processes: the first process
+to compile an executable stores it, the others load it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.serving.cluster_config import ClusterConfig
+
+log = logging.getLogger(__name__)
+
+
+def default_compile_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "prfaas_jax" / "xla"
+
+
+def enable_compile_cache(directory: str | os.PathLike[str]) -> None:
+    import jax
+
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    # Every executable counts: the toy model's compiles are short but there are many processes.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class EngineFactory:
+    """Builds (once) and warms the prefill and decode engines of one worker process."""
+
+    def __init__(self, config: ClusterConfig) -> None:
+        self.config = config
+        self.cfg: ModelConfig = load_model_config(config.model.preset)
+        self._params: Any = None
+        self._prefill: Any = None
+        self._decode: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def fake(self) -> bool:
+        return self.config.model.engine == "fake"
+
+    def _weights(self) -> Any:
+        if self._params is None:
+            import jax
+
+            from prfaas_jax.model import init_params
+
+            self._params = init_params(jax.random.PRNGKey(self.config.model.seed), self.cfg)
+        return self._params
+
+    def prefill_engine(self) -> Any:
+        with self._lock:
+            if self._prefill is None:
+                start = time.perf_counter()
+                self._prefill = self._build_prefill()
+                log.info("prefill engine ready in %.1f s", time.perf_counter() - start)
+            return self._prefill
+
+    def decode_engine(self) -> Any:
+        with self._lock:
+            if self._decode is None:
+                start = time.perf_counter()
+                self._decode = self._build_decode()
+                log.info("decode engine ready in %.1f s", time.perf_counter() - start)
+            return self._decode
+
+    def _build_prefill(self) -> Any:
+        engine_cfg = self.config.engine
+        if self.fake:
+            from prfaas_jax.engine.fake import FakePrefillEngine
+
+            return FakePrefillEngine(
+                self.cfg, seconds_per_token=self.config.fake.prefill_s_per_token
+            )
+        from prfaas_jax.engine.prefill import PrefillEngine
+        from prfaas_jax.model.sharding import make_mesh
+
+        engine = PrefillEngine(
+            self.cfg,
+            self._weights(),
+            impl=self.config.model.impl,
+            buckets=engine_cfg.buckets,
+            chunk_len=engine_cfg.chunk_len,
+            mesh=make_mesh(engine_cfg.prefill_mesh) if engine_cfg.prefill_mesh else None,
+        )
+        from prfaas_jax.engine import codec
+
+        # One prompt per block size a request can use: min(bucket, chunk_len) at capacity
+        # max_len; encoding the state compiles the codec's on-device row selection too.
+        sizes = sorted({min(b, engine_cfg.chunk_len) for b in engine_cfg.buckets})
+        for size in sizes:
+            result = engine.prefill(
+                [0] * min(size, engine_cfg.max_len - 1), max_len=engine_cfg.max_len
+            )
+            list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
+        return engine
+
+    def _build_decode(self) -> Any:
+        engine_cfg = self.config.engine
+        if self.fake:
+            from prfaas_jax.engine.fake import FakeDecodeEngine
+
+            return FakeDecodeEngine(
+                self.cfg,
+                max_slots=engine_cfg.max_slots,
+                max_len=engine_cfg.max_len,
+                step_s=self.config.fake.decode_step_s,
+            )
+        import functools
+
+        import jax
+        import numpy as np
+
+        from prfaas_jax.engine.decode import DecodeEngine
+        from prfaas_jax.model import init_state
+        from prfaas_jax.model.sharding import make_mesh
+
+        engine = DecodeEngine(
+            self.cfg,
+            self._weights(),
+            max_slots=engine_cfg.max_slots,
+            max_len=engine_cfg.max_len,
+            impl=self.config.model.impl,
+            mesh=make_mesh(engine_cfg.decode_mesh) if engine_cfg.decode_mesh else None,
+        )
+        # A one-token state of capacity max_len compiles the insert and the step (built on the
+        # host: jnp.zeros would compile a fill per shape).
+        shapes = jax.eval_shape(functools.partial(init_state, self.cfg, 1, engine_cfg.max_len))
+        state = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+        state = type(state)(lengths=np.ones(1, np.int32), layers=state.layers)
+        slot = engine.insert(state, 0, max_new_tokens=1)
+        engine.step()
+        engine.free(slot)
+        return engine

@@ -1,0 +1,269 @@
+"""A worker process: one instance of the cluster, `python -m prfaas_jax.serving.worker.main`.
+
+Exposes `WorkerNode` (the role, the engines and the `WorkerControl` service) and `main`.
+
+A node serves `WorkerControl` and `PrefixCache` (serving/worker/prefix.py: its hybrid prefix
+cache, which prefill goes through) always, and `PrefillWorker` or `DecodeWorker` according to
+its current role; a call for the other role is FAILED_PRECONDITION. PrfaaS nodes are prefill-only
+and own the inter-cluster `LinkShaper` (`SetLink` changes its bandwidth at run time). PD nodes
+may be switched between pd_prefill and pd_decode by `SetRole`, which the router sends only
+after draining the node: the call is refused while the node still has work, builds and warms
+the engine of the new role if this node never had it (both engines then stay resident, so
+switching back is instant), and returns how long that took.
+
+The process binds 127.0.0.1 on a free port, writes {"address", "pid"} to `--address-file`
+(atomically) as soon as it listens, builds and warms the engine of its first role, then reports
+SERVING on the health service. SIGTERM or SIGINT stops it gracefully. With `[security]`
+certificates its port and every channel it opens use mutual TLS (serving/transport/security.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import threading
+import time
+
+import grpc
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.lifecycle import (
+    die_with_parent,
+    install_stop_handlers,
+    write_json,
+)
+from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
+from prfaas_jax.serving.transport.messages import role_from_proto, role_to_proto
+from prfaas_jax.serving.transport.security import server_credentials
+from prfaas_jax.serving.transport.server import ServingServer, full_service_name
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.engines import EngineFactory, enable_compile_cache
+from prfaas_jax.serving.worker.faults import FaultInjector
+from prfaas_jax.serving.worker.prefill import PrefillService
+from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
+
+log = logging.getLogger("prfaas.worker")
+
+
+def link_profile(config: ClusterConfig) -> LinkProfile:
+    """One PrfaaS worker's share of the cluster's egress link."""
+    link, share = config.link, max(config.instances.prfaas_prefill, 1)
+    return LinkProfile(
+        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s / share,
+        latency_s=link.latency_ms / 1e3,
+        burst_bytes=link.burst_kib * 1024,
+        schedule=link.schedule,
+        repeat_s=link.repeat_s,
+    )
+
+
+class WorkerNode(pb_grpc.WorkerControlServicer):
+    def __init__(self, name: str, role: Role, config: ClusterConfig) -> None:
+        self.name, self.config = name, config
+        self._role, self._role_lock = role, threading.Lock()
+        self.factory = EngineFactory(config)
+        cfg, engine = self.factory.cfg, config.engine
+        self.shaper = LinkShaper(link_profile(config)) if role is Role.PRFAAS_PREFILL else None
+        # The cache lives as long as the process: a PD node switched to decode and back keeps it.
+        self.prefixes = PrefixService(
+            cfg=cfg,
+            cache=build_prefix_cache(cfg, config),
+            max_len=engine.max_len,
+            frame_bytes=engine.frame_bytes,
+            shaper=self.shaper,
+            fetch_timeout_s=config.router.request_timeout_s,
+            security=config.security,
+        )
+        self.prefill = PrefillService(
+            engine=self.factory.prefill_engine,
+            cfg=cfg,
+            max_len=engine.max_len,
+            frame_bytes=engine.frame_bytes,
+            shaper=self.shaper,
+            admit=self._admit_prefill,
+            push_timeout_s=config.router.request_timeout_s,
+            prefixes=self.prefixes,
+            security=config.security,
+            faults=FaultInjector.build(config.chaos, name),
+            max_queue=engine.max_prefill_queue,
+        )
+        self.decode = DecodeService(
+            engine=self.factory.decode_engine,
+            cfg=cfg,
+            max_len=engine.max_len,
+            admit=self._admit_decode,
+            state_timeout_s=config.router.request_timeout_s,
+            max_pending_states=config.pending_states_limit,
+            # The router admits at most max_in_flight requests; twice that leaves room for
+            # attempts it gave up on whose cancellation has not arrived yet.
+            max_waiting=2 * config.router.max_in_flight,
+        )
+
+    @property
+    def rpc_threads(self) -> int:
+        """Server threads for every call the bounded queues admit at once (prefills waiting for
+        or on the engine, decode streams waiting or in a slot, pushes being received), plus room
+        for the short calls (stats, prefix lookups): a full queue never starves the calls that
+        drain it, such as the pushes that waiting `Generate` streams need."""
+        prefill, decode, slots = self.prefill, self.decode, self.config.engine.max_slots
+        return prefill.max_queue + decode.max_waiting + slots + decode.max_pending_states + 16
+
+    @property
+    def role(self) -> Role:
+        with self._role_lock:
+            return self._role
+
+    def warm(self) -> None:
+        """Build the engine of the current role (compiles happen here, before SERVING)."""
+        if self.role.is_prefill:
+            self.prefixes.warm(self.factory.prefill_engine())
+        else:
+            self.factory.decode_engine()
+
+    def _admit_prefill(self, context: grpc.ServicerContext) -> None:
+        if not self.role.is_prefill:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.name} is a decode node")
+
+    def _admit_decode(self, context: grpc.ServicerContext) -> None:
+        if self.role is not Role.PD_DECODE:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{self.name} is a prefill node")
+
+    # --- WorkerControl --------------------------------------------------------------------
+
+    def GetStats(  # noqa: N802
+        self, request: pb.GetStatsRequest, context: grpc.ServicerContext
+    ) -> pb.WorkerStats:
+        decode = self.decode.stats()
+        role = self.role
+        stats = pb.WorkerStats(
+            name=self.name,
+            role=role_to_proto(role),
+            queue_depth=self.prefill.queued if role.is_prefill else decode["queue_depth"],
+            active_slots=decode["active_slots"],
+            max_slots=self.config.engine.max_slots,
+            pending_states=decode["pending_states"],
+            completed=self.prefill.completed + decode["completed"],
+            tokens_generated=decode["tokens_generated"],
+            state_bytes_received=decode["state_bytes_received"],
+        )
+        stats.prefix_cache.CopyFrom(self.prefixes.stats())
+        if self.shaper is not None:
+            stats.egress_bytes = self.shaper.sent_bytes
+            stats.link.CopyFrom(self._link_state())
+        return stats
+
+    def _link_state(self) -> pb.LinkState:
+        assert self.shaper is not None
+        return pb.LinkState(
+            bandwidth_bytes_per_s=self.shaper.rate(), latency_s=self.shaper.latency_s
+        )
+
+    def SetRole(  # noqa: N802
+        self, request: pb.SetRoleRequest, context: grpc.ServicerContext
+    ) -> pb.SetRoleReply:
+        try:
+            target = role_from_proto(request.role)
+        except UserError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        current = self.role
+        if Role.PRFAAS_PREFILL in (current, target) and current is not target:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "PrfaaS nodes stay prefill-only")
+        if target is current:
+            return pb.SetRoleReply(role=request.role, switch_s=0.0)
+        if self.prefill.busy or self.decode.busy:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{self.name} still has requests: drain it first",
+            )
+        start = time.perf_counter()
+        if target.is_prefill:
+            self.prefixes.warm(self.factory.prefill_engine())
+        else:
+            self.factory.decode_engine()
+        with self._role_lock:
+            self._role = target
+        log.info("%s: %s → %s", self.name, current.value, target.value)
+        return pb.SetRoleReply(role=request.role, switch_s=time.perf_counter() - start)
+
+    def SetLink(  # noqa: N802
+        self, request: pb.SetLinkRequest, context: grpc.ServicerContext
+    ) -> pb.LinkState:
+        if self.shaper is None:
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, f"{self.name} has no inter-cluster link"
+            )
+        try:
+            self.shaper.set_link(request.bandwidth_bytes_per_s, request.latency_s)
+        except ValueError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        return self._link_state()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="one PrfaaS worker process (see prfaas serve)")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--role", required=True, choices=[r.value for r in Role])
+    parser.add_argument("--address-file", required=True)
+    parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
+    parser.add_argument("--compile-cache", help="shared JAX compilation cache directory")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        die_with_parent(args.parent_pid)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(message)s")
+    stop = install_stop_handlers()
+    config = load_cluster_config(args.config)
+    if args.compile_cache:
+        enable_compile_cache(args.compile_cache)
+    node = WorkerNode(args.name, Role(args.role), config)
+    server = ServingServer(
+        [
+            (pb_grpc.add_WorkerControlServicer_to_server, node, full_service_name("WorkerControl")),
+            (
+                pb_grpc.add_PrefillWorkerServicer_to_server,
+                node.prefill,
+                full_service_name("PrefillWorker"),
+            ),
+            (
+                pb_grpc.add_DecodeWorkerServicer_to_server,
+                node.decode,
+                full_service_name("DecodeWorker"),
+            ),
+            (
+                pb_grpc.add_PrefixCacheServicer_to_server,
+                node.prefixes,
+                full_service_name("PrefixCache"),
+            ),
+        ],
+        # With certificates configured, only CA-signed peers may call a worker (mutual TLS).
+        credentials=server_credentials(config.security, require_client_auth=True),
+        max_workers=node.rpc_threads,
+    )
+    write_json(args.address_file, {"address": server.address, "pid": os.getpid()})
+    start = time.perf_counter()
+    node.warm()
+    if stop.is_set():
+        server.stop(0)
+        return 0
+    server.set_serving()
+    log.info(
+        "%s (%s) serving on %s after %.1f s",
+        args.name,
+        args.role,
+        server.address,
+        time.perf_counter() - start,
+    )
+    while not stop.wait(0.5):  # a timed wait, so the signal handler gets to run
+        pass
+    server.stop()
+    node.decode.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+"""The discrete-event cluster simulator: `Simulator(config, deployment).run() -> SimResult`.
+
+A request's life, with the router's policy objects from `prfaas_jax/policy/` deciding, unchanged:
+
+    arrive ── prefix-cache match in each cluster ── `route(prompt_len, ClusterView, now)` picks the
+      │       cluster and instance, `pick_decode` the decode instance; the `TrafficWindow` records
+      │       the request, as the gRPC router does
+      ├─ PrfaaS: [prefix moves over the link if it sits in the other cluster] ─ FIFO prefill on
+      │    H200 ─ state over the shared link (layer-wise: the first (K−1)/K of it while the prefill
+      │    runs, the last chunk after) ─ first token
+      └─ PD prefill: FIFO prefill on the local hardware ─ RDMA to decode (S_kv / rdma_gbps, never
+           contended) ─ first token
+    first token ── decode slot (BS_max per instance, L_out steps) ── done
+
+TTFT is arrival → first token: queueing, prefill and the state's arrival at the decode instance.
+KV shipped for an offloaded request is S_kv(l) less the length-dependent part of the prefix the
+PD cluster already holds, S_kv(c_pd) − S_kv(0): the recurrent state always travels.
+
+Every control period a tick runs the router's control loop (`SimControl`: threshold controller,
+rebalancer, role switches) and, every `bin_s`, samples the time series (`SimResult`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prfaas_jax.policy.live_model import ClusterShape
+from prfaas_jax.policy.routing import ClusterKind, ClusterView, Role, pick_decode, route
+from prfaas_jax.sim.cluster import DecodeInstance, Link, PrefillInstance, PrefixCache
+from prfaas_jax.sim.config import DeploymentSpec, SimConfig
+from prfaas_jax.sim.control import SimControl
+from prfaas_jax.sim.events import EventLoop
+from prfaas_jax.sim.result import SimResult
+from prfaas_jax.sim.workload import Request, generate_requests
+
+BYTES_PER_MIB = 2**20
+PROGRESS_EVERY = 1 << 16  # arrivals between progress callbacks
+
+
+class Simulator:
+    """One deployment under one workload (module docstring); `rate` overrides the workload's."""
+
+    def __init__(
+        self,
+        config: SimConfig,
+        deployment: DeploymentSpec,
+        *,
+        rate: float | None = None,
+        stop_at_last_arrival: bool = False,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        self.config, self.deployment = config, deployment
+        self.loop = loop = EventLoop()
+        self.stop_at_last_arrival, self.progress = stop_at_last_arrival, progress
+        profiles = config.profiles
+        self.kv_mib = profiles.kv_size_mib
+        self.threshold = deployment.threshold
+        self.prfaas = [
+            PrefillInstance(
+                f"prfaas-{i}",
+                Role.PRFAAS_PREFILL,
+                loop,
+                profiles.prfaas_prefill_s,
+                self._prefilled,
+                self._prefill_started,
+            )
+            for i in range(deployment.num_prfaas)
+        ]
+        self.pd_prefill = [
+            self.pd_prefill_node(f"pd-{i}") for i in range(deployment.num_pd_prefill)
+        ]
+        self.decoders = [
+            self.decode_node(f"pd-{deployment.num_pd_prefill + i}")
+            for i in range(deployment.num_pd_decode)
+        ]
+        self.link = Link(loop, config.link.schedule)
+        self.ingress = Link(loop, config.link.schedule)  # PD → PrfaaS prefix moves
+        self.caches = None
+        if config.cache is not None:
+            c = config.cache
+            self.caches = {
+                ClusterKind.PRFAAS: PrefixCache(c.prfaas_blocks, c.block_len),
+                ClusterKind.PD: PrefixCache(c.pd_blocks, c.block_len),
+            }
+        self.abundant = (
+            config.router.bandwidth_abundant
+            if deployment.bandwidth_abundant is None
+            else deployment.bandwidth_abundant
+        )
+        self.max_queue = deployment.prfaas_max_queue or config.router.prfaas_max_queue
+        self.refresh_serving()
+        self.control = SimControl(self)
+        self.controller, self.rebalancer = self.control.controller, self.control.rebalancer
+        num = min(config.workload.requests, len(config.workload.trace) or config.workload.requests)
+        self.result = SimResult.empty(deployment, num)
+        self._requests = generate_requests(config.workload, rate=rate)
+        self.n_arrived = self.n_first = self.n_finished = 0
+        self._arrivals_done = False
+        self._next_bin = 0.0
+
+    # --- construction and shape -----------------------------------------------------------
+
+    def pd_prefill_node(self, name: str) -> PrefillInstance:
+        return PrefillInstance(
+            name, Role.PD_PREFILL, self.loop, self.config.profiles.pd_prefill_s, self._prefilled
+        )
+
+    def decode_node(self, name: str) -> DecodeInstance:
+        profiles = self.config.profiles
+        return DecodeInstance(
+            name,
+            self.loop,
+            profiles.decode_max_batch_size,
+            profiles.decode_step_s,
+            self.config.decode_fixed_fraction,
+        )
+
+    def refresh_serving(self) -> None:
+        self._serving_prfaas = [i for i in self.prfaas if not i.draining]
+        self._serving_pd = [i for i in self.pd_prefill if not i.draining]
+        self._serving_decode = [d for d in self.decoders if not d.draining]
+        self._by_name = {i.name: i for i in (*self.prfaas, *self.pd_prefill)}
+        self._decode_by_name = {d.name: d for d in self.decoders}
+
+    def shape(self) -> ClusterShape:
+        return ClusterShape(len(self.prfaas), len(self.pd_prefill), len(self.decoders))
+
+    # --- running ----------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        self._schedule_next_arrival()
+        self.loop.schedule(0.0, self._tick)
+        self.loop.run()
+        self.result.close(self)
+        return self.result
+
+    def _schedule_next_arrival(self) -> None:
+        request = next(self._requests, None)
+        if request is None:
+            self._arrivals_done = True
+            if self.stop_at_last_arrival:
+                self.loop.stop()
+        else:
+            self.loop.schedule(request.arrival, self._arrive, request)
+
+    def _arrive(self, req: Request) -> None:
+        now = self.loop.now
+        self.n_arrived += 1
+        if self.progress is not None and self.n_arrived % PROGRESS_EVERY == 0:
+            self.progress(self.n_arrived)
+        cached_prfaas = cached_pd = 0
+        if self.caches is not None and req.hash_ids:
+            cached_prfaas = self.caches[ClusterKind.PRFAAS].match(req.hash_ids, req.prompt_len)
+            cached_pd = self.caches[ClusterKind.PD].match(req.hash_ids, req.prompt_len)
+        req.cached_pd = cached_pd
+        prfaas = self._serving_prfaas or self.prfaas
+        pd_prefill = self._serving_pd or ([] if prfaas else self.pd_prefill)
+        view = ClusterView(
+            self.threshold,
+            tuple([i.load(cached_prfaas) for i in prfaas]),
+            tuple([i.load(cached_pd) for i in pd_prefill]),
+            prfaas_max_queue=self.max_queue,
+            bandwidth_abundant=self.abundant,
+        )
+        decision = route(req.prompt_len, view, now)
+        decoder = self._decode_by_name[
+            pick_decode([d.load() for d in self._serving_decode or self.decoders])
+        ]
+        inst = self._by_name[decision.instance]
+        req.prefill, req.decode = inst, decoder
+        req.uncached_len = decision.uncached_len
+        req.offloaded = decision.cluster is ClusterKind.PRFAAS
+        inst.assign(decision.uncached_len)
+        decoder.assigned += 1
+        if self.control.records_traffic:
+            self.control.traffic.record(now, decision.uncached_len, req.output_len)
+        self.result.routed(req, now)
+        source = decision.prefix_source
+        if source is not None and self._by_name[source].role.cluster is not decision.cluster:
+            # The prefix is reused from the other cluster: it crosses the link first.
+            link = self.ingress if req.offloaded else self.link
+            moved = self.kv_mib(decision.cached_len) * BYTES_PER_MIB
+            link.send(moved, self._submit_prefill, (req, decision.cached_len))
+        else:
+            self._submit_prefill((req, decision.cached_len))
+        self._schedule_next_arrival()
+
+    def _submit_prefill(self, job: tuple[Request, int]) -> None:
+        req, cached_len = job
+        req.prefill.submit(req, req.prompt_len, cached_len)
+
+    def _shipped_bytes(self, req: Request) -> float:
+        reused = self.kv_mib(req.cached_pd) - self.kv_mib(0) if req.cached_pd else 0.0
+        return (self.kv_mib(req.prompt_len) - reused) * BYTES_PER_MIB
+
+    def _prefill_started(self, req: Request, service_s: float) -> None:
+        req.kv_bytes = self._shipped_bytes(req)
+        link = self.config.link
+        if link.layerwise and link.chunks > 1:
+            self.link.send(req.kv_bytes * (link.chunks - 1) / link.chunks, self._body_sent, req)
+        else:
+            req.body_done = True
+
+    def _body_sent(self, req: Request) -> None:
+        req.body_done = True
+        if req.prefill_done:
+            self._send_tail(req)
+
+    def _send_tail(self, req: Request) -> None:
+        link = self.config.link
+        chunks = link.chunks if link.layerwise else 1
+        self.link.send(req.kv_bytes / chunks, self._first_token, req)
+
+    def _prefilled(self, req: Request) -> None:
+        req.prefill.release(req.uncached_len)
+        req.prefill_done = True
+        if self.caches is not None and req.hash_ids:
+            kind = ClusterKind.PRFAAS if req.offloaded else ClusterKind.PD
+            self.caches[kind].insert(req.hash_ids, req.prompt_len)
+        if req.offloaded:
+            if req.body_done:
+                self._send_tail(req)
+            return
+        req.kv_bytes = self.kv_mib(req.prompt_len) * BYTES_PER_MIB
+        rdma_bytes_per_s = self.config.link.rdma_gbps * 1e9 / 8
+        self.loop.schedule(self.loop.now + req.kv_bytes / rdma_bytes_per_s, self._first_token, req)
+
+    def _first_token(self, req: Request) -> None:
+        self.n_first += 1
+        req.first_token = self.loop.now
+        if req.offloaded and self.caches is not None and req.hash_ids:
+            # The decode side's pool keeps the state it received.
+            self.caches[ClusterKind.PD].insert(req.hash_ids, req.prompt_len)
+        req.decode.submit(req.output_len, self._finished, req)
+
+    def _finished(self, req: Request) -> None:
+        self.n_finished += 1
+        req.decode.assigned -= 1
+        self.result.completed(req, self.loop.now)
+
+    # --- accounting and ticks ------------------------------------------------------------
+
+    def backlog(self) -> int:
+        """Requests waiting anywhere: for a prefill, on a link, for a decode slot."""
+        in_prefill = sum(i.server.current is not None for i in (*self.prfaas, *self.pd_prefill))
+        waiting_decode = sum(d.num_waiting for d in self.decoders)
+        return self.n_arrived - self.n_first - in_prefill + waiting_decode
+
+    def _tick(self, _: object = None) -> None:
+        now = self.loop.now
+        prfaas_queue = sum(i.outstanding for i in self.prfaas)
+        self.control.tick(now, prfaas_queue)
+        if now >= self._next_bin:
+            self._next_bin = now + self.config.bin_s
+            self.result.sample(self, now, prfaas_queue)
+        if not (self._arrivals_done and self.n_finished == self.n_arrived):
+            self.loop.schedule(now + self.control.tick_s, self._tick)

@@ -1,0 +1,396 @@
+"""The discrete-event simulator: hand-checkable micro-cases, then issue #10's acceptance lines.
+
+Micro-cases: one request through an idle system (TTFT = prefill + transfer, exactly; layer-wise
+pipelining hides all but the last chunk), a link shared by two transfers (each at half rate),
+decode slots, Poisson and gamma arrival counts with a fixed seed. Acceptance on the case study
+(configs/sim/case-study-1t.toml): every deployment keeps up at 95% of its analytic Λ_max and falls
+behind at 105% (so its saturation throughput is within 5%), the ordering PrfaaS-PD > naive
+heterogeneous > homogeneous PD, and PrfaaS-PD's P90 TTFT below homogeneous PD's at the same
+load; and the bandwidth-drop scenario, where the controller raises t and the egress offered to
+the degraded link stays under it.
+"""
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from prfaas_jax.cli import main
+from prfaas_jax.errors import ConfigError
+from prfaas_jax.policy.rebalancer import Rebalancer
+from prfaas_jax.policy.threshold_controller import ThresholdController
+from prfaas_jax.sim.capacity import analytic_point, saturation_search
+from prfaas_jax.sim.cluster import (
+    DecodeInstance,
+    Link,
+    PrefixCache,
+    incremental_prefill_s,
+)
+from prfaas_jax.sim.config import SaturationSpec, load_sim_config, with_overrides
+from prfaas_jax.sim.events import EventLoop
+from prfaas_jax.sim.report import ttft_s
+from prfaas_jax.sim.simulator import Simulator
+from prfaas_jax.sim.workload import PrefixSpec, generate_requests
+
+ROOT = Path(__file__).resolve().parents[2]
+PLAN = ROOT / "configs" / "plans" / "case-study-1t.toml"
+CASE_STUDY = ROOT / "configs" / "sim" / "case-study-1t.toml"
+BANDWIDTH_DROP = ROOT / "configs" / "sim" / "bandwidth-drop.toml"
+MIB = 2**20
+
+
+def _write(tmp_path: Path, body: str, name: str = "sim.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(f'plan = "{PLAN}"\n{body}')
+    return path
+
+
+def _trace(tmp_path: Path, records: list[tuple[float, int]]) -> Path:
+    path = tmp_path / "trace.jsonl"
+    lines = [
+        json.dumps({"timestamp": ms, "input_length": n, "output_length": 8, "hash_ids": []})
+        for ms, n in records
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _one_request_config(tmp_path: Path, *, layerwise: bool, prompt_len: int):
+    # A second request 10^6 s later keeps the first alone in the system.
+    _trace(tmp_path, [(0.0, prompt_len), (1e9, 1000)])
+    return load_sim_config(
+        _write(
+            tmp_path,
+            f"""
+[workload]
+arrivals = "trace"
+path = "{tmp_path / "trace.jsonl"}"
+[link]
+schedule = [[0, 10]]
+layerwise = {str(layerwise).lower()}
+chunks = 4
+rdma_gbps = 400
+[report]
+bin_s = 100000
+[deployments.pd]
+prfaas = 1
+pd_prefill = 1
+pd_decode = 1
+threshold = 20000
+""",
+        )
+    )
+
+
+# --- micro-cases ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("prompt_len", [50_000, 5_000])
+def test_one_request_through_an_idle_system(tmp_path, prompt_len):
+    config = _one_request_config(tmp_path, layerwise=False, prompt_len=prompt_len)
+    result = Simulator(config, config.deployments[0]).run()
+    kv_bytes = config.profiles.kv_size_mib(prompt_len) * MIB
+    if prompt_len > 20_000:  # offloaded: H200 prefill, then the whole state over 10 Gbps
+        expected = config.profiles.prfaas_prefill_s(prompt_len) + kv_bytes / (10e9 / 8)
+    else:  # local: H20 prefill, then RDMA at 400 Gbps
+        expected = config.profiles.pd_prefill_s(prompt_len) + kv_bytes / (400e9 / 8)
+    assert result.offloaded[0] == (prompt_len > 20_000)
+    assert result.first_token[0] - result.arrival[0] == pytest.approx(expected, rel=1e-12)
+    assert result.kv_bytes[0] == pytest.approx(kv_bytes)
+    # Decode: 8 steps of T_decode, alone in an instance.
+    assert result.finish[0] - result.first_token[0] == pytest.approx(8 * 0.025, rel=1e-12)
+
+
+def test_layerwise_pipelining_leaves_only_the_last_chunk_after_the_prefill(tmp_path):
+    config = _one_request_config(tmp_path, layerwise=True, prompt_len=50_000)
+    result = Simulator(config, config.deployments[0]).run()
+    prefill_s = config.profiles.prfaas_prefill_s(50_000)
+    transfer_s = config.profiles.kv_size_mib(50_000) * MIB / (10e9 / 8)
+    assert 3 / 4 * transfer_s < prefill_s  # the first 3 of 4 chunks leave during the prefill
+    ttft = result.first_token[0] - result.arrival[0]
+    assert ttft == pytest.approx(prefill_s + transfer_s / 4, rel=1e-12)
+
+
+def test_a_link_shared_by_two_transfers_halves_each_rate():
+    loop = EventLoop()
+    link = Link(loop, [(0.0, 8.0)])  # 1e9 bytes/s
+    done: dict[str, float] = {}
+
+    def finished(name: str) -> None:
+        done[name] = loop.now
+
+    link.send(1e9, finished, "a")
+    link.send(1e9, finished, "b")
+    loop.run()
+    assert done == pytest.approx({"a": 2.0, "b": 2.0})  # alone, each would take 1 s
+    assert link.sent_bytes == pytest.approx(2e9)
+
+    # Staggered: "c" runs alone for 0.5 s, then shares; "d" then finishes alone.
+    loop.schedule(loop.now, lambda _: link.send(1e9, finished, "c"))
+    loop.schedule(loop.now + 0.5, lambda _: link.send(1e9, finished, "d"))
+    start = loop.now
+    loop.run()
+    assert done["c"] - start == pytest.approx(1.5)
+    assert done["d"] - start == pytest.approx(2.0)
+
+
+def test_a_bandwidth_schedule_changes_the_rate_of_a_transfer_in_flight():
+    loop = EventLoop()
+    link = Link(loop, [(0.0, 8.0), (0.5, 4.0)])  # 1e9 B/s, then 0.5e9 B/s
+    done = []
+    link.send(1e9, lambda _: done.append(loop.now), None)
+    loop.run()
+    assert done == pytest.approx([1.5])  # 0.5e9 B in the first 0.5 s, the rest at half speed
+
+
+def test_decode_slots_make_the_extra_request_wait():
+    loop = EventLoop()
+    decode = DecodeInstance("d", loop, max_slots=2, step_s=0.1)
+    done = []
+    for name in "abc":
+        decode.submit(10, lambda n: done.append((n, loop.now)), name)
+    assert decode.held == 3 and decode.num_waiting == 1
+    loop.run()
+    assert done == [("a", pytest.approx(1.0)), ("b", pytest.approx(1.0)), ("c", pytest.approx(2.0))]
+
+
+def test_a_batch_dependent_step_slows_a_full_batch():
+    loop = EventLoop()
+    # step = 0.1 · (0.5 + 0.5 · n / 2): 0.075 s alone, 0.1 s with both slots busy.
+    decode = DecodeInstance("d", loop, max_slots=2, step_s=0.1, fixed_fraction=0.5)
+    done = []
+    decode.submit(10, lambda n: done.append((n, loop.now)), "a")
+    loop.run()
+    assert done[-1][1] == pytest.approx(0.75)
+    decode.submit(10, lambda n: done.append((n, loop.now)), "b")
+    decode.submit(10, lambda n: done.append((n, loop.now)), "c")
+    loop.run()
+    assert done[-1][1] - 0.75 == pytest.approx(1.0)
+
+
+def test_prefill_after_a_cached_prefix_pays_the_attention_to_it():
+    profile = load_sim_config(CASE_STUDY).profiles.pd_prefill_s
+    assert incremental_prefill_s(profile, 40_000, 0) == profile(40_000)
+    cost = incremental_prefill_s(profile, 40_000, 30_000)
+    assert profile(10_000) < cost < profile(40_000)
+
+
+def test_poisson_and_gamma_arrival_counts():
+    config = with_overrides(load_sim_config(CASE_STUDY), requests=20_000, rate=5.0)
+    arrivals = np.array([r.arrival for r in generate_requests(config.workload)])
+    assert np.all(np.diff(arrivals) >= 0)
+    in_1000s = int(np.sum(arrivals <= 1000.0))  # Poisson(5000): σ ≈ 71
+    assert abs(in_1000s - 5000) < 4 * math.sqrt(5000)
+    counts = np.bincount((arrivals // 10).astype(int))[:-1]  # complete 10-s bins
+    assert counts.var() / counts.mean() == pytest.approx(1.0, abs=0.15)  # Poisson: var = mean
+
+    bursty = dataclasses.replace(config.workload, arrivals="gamma", burstiness=0.2)
+    gamma = np.array([r.arrival for r in generate_requests(bursty)])
+    assert gamma[-1] / len(gamma) == pytest.approx(1 / 5.0, rel=0.05)  # the mean rate holds
+    gamma_counts = np.bincount((gamma // 10).astype(int))[:-1]
+    assert gamma_counts.var() / gamma_counts.mean() > 3  # CV² = 5: much burstier
+
+    # Common random numbers: a rate change rescales time, the requests stay the same.
+    slow = list(generate_requests(config.workload, rate=2.5))
+    assert slow[99].arrival == pytest.approx(2 * arrivals[99])
+
+
+def test_prefix_cache_matches_leading_blocks_and_evicts_the_least_recent():
+    cache = PrefixCache(capacity_blocks=4, block_len=512)
+    cache.insert((1, 2, 3), 1600)  # 3 complete blocks
+    assert cache.match((1, 2, 9), 2000) == 1024  # stops at the first missing block
+    assert cache.match((1, 2, 3, 4), 1700) == 1536
+    cache.insert((7, 8), 1100)  # 2 more blocks: 5 > 4, the least recently used (1) goes
+    assert len(cache) == 4 and cache.match((1, 2), 1024) == 0
+    assert cache.match((2, 3), 900) == 900  # never more than the prompt
+
+
+def test_prefix_groups_give_requests_shared_leading_hash_ids():
+    config = load_sim_config(CASE_STUDY)
+    workload = dataclasses.replace(
+        config.workload, requests=300, prefix=PrefixSpec(groups=3, zipf=1.0, shared_len=4096)
+    )
+    requests = list(generate_requests(workload))
+    heads: dict[int, tuple[int, ...]] = {}
+    for req in requests:
+        assert len(req.hash_ids) == -(-req.prompt_len // 512)
+        shared = min(8, len(req.hash_ids))
+        head = heads.setdefault(req.hash_ids[0], req.hash_ids[:8])
+        assert req.hash_ids[:shared] == head[:shared]
+        assert set(req.hash_ids[shared:]).isdisjoint(i for h in heads.values() for i in h)
+    assert len(heads) == 3
+    unique = [i for r in requests for i in r.hash_ids[min(8, len(r.hash_ids)) :]]
+    assert len(unique) == len(set(unique))
+
+
+def test_cached_prefixes_are_reused_and_only_the_rest_is_prefilled(tmp_path):
+    # Hand-checkable: requests 1000 s apart through one PD cluster with a prefix pool.
+    lines = [
+        {"timestamp": 0, "input_length": 3000, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5, 6]},
+        {"timestamp": 1e6, "input_length": 2000, "output_length": 4, "hash_ids": [1, 2, 3, 9]},
+        {"timestamp": 2e6, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]},
+    ]
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    config = load_sim_config(
+        _write(
+            tmp_path,
+            f"""
+[workload]
+arrivals = "trace"
+path = "{tmp_path / "trace.jsonl"}"
+[cache]
+block_len = 512
+prfaas_blocks = 0
+pd_blocks = 1000
+[deployments.pd]
+pd_prefill = 1
+pd_decode = 1
+""",
+        )
+    )
+    result = Simulator(config, config.deployments[0]).run()
+    # Request 0 leaves its 5 complete blocks; request 1 reuses 3 of them (1,536 tokens);
+    # request 2's two blocks are cached too, but its last token is always computed.
+    assert result.uncached_len.tolist() == [3000, 2000 - 1536, 1]
+    assert result.cache_hit_rate["pd"] == pytest.approx((1536 + 600) / 5600)
+    prefill = config.profiles.pd_prefill_s
+    rdma_s = config.profiles.kv_size_mib(2000) * MIB / (800e9 / 8)
+    ttft_1 = result.first_token[1] - result.arrival[1]
+    assert ttft_1 == pytest.approx(incremental_prefill_s(prefill, 2000, 1536) + rdma_s)
+
+
+def test_trace_replay_and_its_errors(tmp_path):
+    _trace(tmp_path, [(0.0, 3000), (500.0, 60000), (1000.0, 100)])
+    config = load_sim_config(
+        _write(
+            tmp_path,
+            f"""
+[workload]
+arrivals = "trace"
+path = "{tmp_path / "trace.jsonl"}"
+rate = 4.0
+[deployments.pd]
+prfaas = 1
+pd_prefill = 1
+pd_decode = 1
+threshold = 20000
+""",
+        )
+    )
+    requests = list(generate_requests(config.workload))
+    # The trace's mean rate is 2 req/s; replayed at 4 req/s its clock runs twice as fast.
+    assert [r.arrival for r in requests] == pytest.approx([0.0, 0.25, 0.5])
+    assert [r.prompt_len for r in requests] == [3000, 60000, 100]
+    result = Simulator(config, config.deployments[0]).run()
+    assert result.offloaded.tolist() == [False, True, False]
+    (tmp_path / "trace.jsonl").write_text('{"timestamp": 0}\n{"timestamp": 1}\n')
+    with pytest.raises(ConfigError, match=r"trace\.jsonl:1"):
+        load_sim_config(tmp_path / "sim.toml")
+
+
+def test_config_errors_are_one_line(tmp_path, capsys):
+    path = _write(tmp_path, "[workload]\nrate = 1\nrequests = 10\n[link]\nbandwith = 3\n")
+    assert main(["simulate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown key 'link.bandwith'" in err
+    path = _write(tmp_path, "[workload]\nrate = 1\nrequests = 10\n[link]\nschedule = [[1, 5]]\n")
+    with pytest.raises(ConfigError, match="start at time 0"):
+        load_sim_config(path)
+
+
+def test_simulate_command_json(tmp_path, capsys):
+    body = CASE_STUDY.read_text().replace('"../plans/case-study-1t.toml"', f'"{PLAN}"')
+    path = tmp_path / "case.toml"
+    path.write_text(body)
+    plot = tmp_path / "sim.png"
+    args = ["simulate", "--config", str(path), "--json", "--requests", "300", "--no-saturation"]
+    assert main([*args, "--plot", str(plot), "--seed", "3"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["deployments"]) == {"prfaas_pd", "homogeneous_pd", "naive_heterogeneous"}
+    for summary in out["deployments"].values():
+        for key in (
+            "max_throughput",
+            "analytic_lambda_max",
+            "ttft_mean",
+            "ttft_p50",
+            "ttft_p90",
+            "ttft_p99",
+            "offload_fraction",
+            "egress_gbps_mean",
+        ):
+            assert key in summary
+    assert out["simulated_requests"] == 900 and out["wall_seconds"] > 0
+    assert plot.stat().st_size > 0
+
+
+# --- acceptance ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def case_study():
+    return load_sim_config(CASE_STUDY)
+
+
+def _keeps_up(config, deployment, rate: float, requests: int = 10_000) -> bool:
+    sim = Simulator(
+        with_overrides(config, requests=requests), deployment, rate=rate, stop_at_last_arrival=True
+    )
+    return sim.run().backlog <= 2.0 * math.sqrt(requests)  # sim_capacity's criterion
+
+
+def test_steady_load_saturation_is_within_5_percent_of_lambda_max(case_study):
+    brackets = {}
+    for deployment in case_study.deployments:
+        lambda_max = analytic_point(case_study, deployment).lambda_max
+        assert _keeps_up(case_study, deployment, 0.95 * lambda_max), deployment.name
+        assert not _keeps_up(case_study, deployment, 1.05 * lambda_max), deployment.name
+        brackets[deployment.name] = (0.95 * lambda_max, 1.05 * lambda_max)
+    # Each simulated saturation lies in its bracket, and the brackets do not overlap.
+    assert brackets["prfaas_pd"][0] > brackets["naive_heterogeneous"][1]
+    assert brackets["naive_heterogeneous"][0] > brackets["homogeneous_pd"][1]
+
+
+def test_saturation_search_bisects_to_the_highest_rate_that_keeps_up(case_study):
+    deployment = next(d for d in case_study.deployments if d.name == "homogeneous_pd")
+    lambda_max = analytic_point(case_study, deployment).lambda_max
+    found = saturation_search(
+        case_study, deployment, SaturationSpec(requests=4000, probes=3), guess=lambda_max
+    )
+    assert found.max_throughput == pytest.approx(lambda_max, rel=0.1)
+    assert found.max_throughput == max(p.rate for p in found.probes if p.keeps_up)
+    assert all(p.rate > found.max_throughput for p in found.probes if not p.keeps_up)
+
+
+def test_prfaas_pd_p90_ttft_is_below_homogeneous_at_the_same_load(case_study):
+    config = with_overrides(case_study, requests=4000)
+    p90 = {
+        d.name: float(np.percentile(ttft_s(Simulator(config, d).run()), 90))
+        for d in config.deployments
+    }
+    assert p90["prfaas_pd"] < 0.5 * p90["homogeneous_pd"]  # Table 6: 3.51 s vs 9.73 s
+
+
+def test_bandwidth_drop_controller_raises_t_and_egress_stays_under_the_link():
+    config = with_overrides(load_sim_config(BANDWIDTH_DROP), requests=9000)  # 6,000 s
+    deployment = next(d for d in config.deployments if d.name == "prfaas_pd")
+    sim = Simulator(config, deployment)
+    assert isinstance(sim.controller, ThresholdController)  # the router's own objects
+    assert isinstance(sim.rebalancer, Rebalancer)
+    result = sim.run()
+    drop_at, degraded_gbps = config.link.schedule[1]
+    before = [u.threshold for u in result.threshold_updates if u.at < drop_at]
+    after = [u for u in result.threshold_updates if u.at >= drop_at]
+    assert after and after[0].reason == "capacity" and after[0].at == pytest.approx(drop_at)
+    assert min(u.threshold for u in after) > max(before)  # t rose above anything before
+    series = result.series
+    time_s = np.asarray(series["time_s"])
+    offered = np.diff(np.asarray(series["offered_bytes"])) * 8 / 1e9 / np.diff(time_s)
+    degraded = (time_s[1:] > drop_at + 120) & (time_s[1:] <= 6000)
+    # The state the prefills hand the link, averaged after the reaction, fits the link.
+    assert offered[degraded].mean() < degraded_gbps
+    sent = np.diff(np.asarray(series["sent_bytes"])) * 8 / 1e9 / np.diff(time_s)
+    assert np.all(sent[degraded] <= degraded_gbps * (1 + 1e-9))
+    assert result.num_finished == result.num_arrived == 9000
