@@ -1,4 +1,5 @@
-"""The hybrid decoder stack: ``init_params``, ``prefill`` and ``decode_step``.
+"""The hybrid decoder stack: ``HybridLM`` (a Flax NNX module) and the pure functions the engines
+jit — ``init_params``, ``param_specs``, ``prefill`` and ``decode_step``.
 
 Block ``i`` is pre-norm::
 
@@ -8,112 +9,53 @@ Block ``i`` is pre-norm::
 followed by a final norm and the LM head. With a ``[residual]`` section (MiniMax-01) each
 sub-layer instead computes ``h ← α·n + β·f(n)`` with ``n = rms_norm(h)`` (config.ResidualConfig).
 ``prefill`` absorbs ``T`` tokens into a state (empty or not) with the chunked ops;
-``decode_step`` absorbs one token per row with the recurrent forms and absorbed MLA. Both are pure
-functions of (params, state, tokens): jit them with ``cfg`` (and ``impl``) static. Invariants,
+``decode_step`` absorbs one token per row with the recurrent forms and absorbed MLA. Invariants,
 held by tests: prefill(T) ≡ prefill(T₁) + prefill(T − T₁) ≡ prefill(T − 1) + decode_step, for
 every layer kind.
+
+Modules and params. The model is defined once, as NNX modules (``Block``, ``HybridLM``, the
+mixers of model/mixers/, ``SwiGLU`` / ``MoE``). The engines, the HF importers, orbax checkpoints,
+the sharding rules and training all hold the weights as ``Params``: the module's ``nnx.Param``
+values as a plain nested dict whose keys are the modules' attribute names, with ``layers`` a
+tuple (``{"embed", "layers": ({"mixer_norm", "mixer": {...}, "mlp_norm", "mlp": {...}}, …),
+"final_norm"[, "lm_head"]}``). ``prefill`` / ``decode_step`` merge the module's graph definition
+(static, cached per config) with ``params`` inside the traced function, so what XLA compiles is
+the arithmetic alone: jit them with ``cfg`` (and ``impl``) static.
 """
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from prfaas_jax.config import LayerKind, MlpKind, ModelConfig
 from prfaas_jax.model import initializers as init
-from prfaas_jax.model.mixers import delta, gqa, lightning, mla
 from prfaas_jax.model.mixers.context import StepContext
-from prfaas_jax.model.mlp import moe_mlp, swiglu
+from prfaas_jax.model.mixers.delta import DeltaMixer
+from prfaas_jax.model.mixers.gqa import GqaMixer
+from prfaas_jax.model.mixers.lightning import LightningMixer
+from prfaas_jax.model.mixers.mla import MlaMixer
+from prfaas_jax.model.mlp import MoE, SwiGLU
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.state import LayerState, ModelState
 from prfaas_jax.ops.dispatch import Impl
 
 Params = dict
+Mixer = DeltaMixer | LightningMixer | MlaMixer | GqaMixer
 
 
-def _init_mixer(key: jax.Array, cfg: ModelConfig, kind: LayerKind) -> dict:
-    if kind in (LayerKind.KDA, LayerKind.GDN):
-        return delta.init_params(key, cfg, kind)
-    if kind is LayerKind.LIGHTNING:
-        return lightning.init_params(key, cfg)
-    if kind is LayerKind.MLA:
-        return mla.init_params(key, cfg)
-    return gqa.init_params(key, cfg, kind)
-
-
-def _init_swiglu(key: jax.Array, dim: int, width: int, dtype) -> dict:
-    keys = init.KeySplitter(key)
-    return {
-        "gate": init.dense(keys(), (dim, width), dtype),
-        "up": init.dense(keys(), (dim, width), dtype),
-        "down": init.dense(keys(), (width, dim), dtype),
-    }
-
-
-def _init_mlp(key: jax.Array, cfg: ModelConfig, kind: MlpKind) -> dict:
-    dim, dtype = cfg.hidden_dim, jnp.dtype(cfg.dtype)
-    if kind is MlpKind.DENSE:
-        return _init_swiglu(key, dim, cfg.mlp_dim, dtype)
-    moe = cfg.moe
-    keys = init.KeySplitter(key)
-    width, experts = moe.expert_dim, moe.num_experts
-    p = {
-        "router": init.dense(keys(), (dim, experts), jnp.float32),
-        "experts_gate": init.dense(keys(), (experts, dim, width), dtype),
-        "experts_up": init.dense(keys(), (experts, dim, width), dtype),
-        "experts_down": init.dense(keys(), (experts, width, dim), dtype),
-    }
-    if moe.use_score_bias:
-        p["score_bias"] = init.uniform(keys(), (experts,), -0.1, 0.1)
-    if moe.num_shared_experts:
-        p["shared"] = _init_swiglu(keys(), dim, moe.shared_width, dtype)
-    if moe.use_shared_gate:
-        p["shared_gate"] = init.dense(keys(), (dim, 1), dtype)
-    return p
-
-
-def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
-    """Random parameters (std 1/sqrt(fan_in)) as a plain nested-dict pytree."""
-    dtype = jnp.dtype(cfg.dtype)
-    keys = init.KeySplitter(key)
-    params: Params = {
-        "embed": init.dense(keys(), (cfg.vocab_size, cfg.hidden_dim), dtype, fan_in=1),
-        "layers": tuple(
-            {
-                "mixer_norm": init.ones((cfg.hidden_dim,), dtype),
-                "mixer": _init_mixer(keys(), cfg, kind),
-                "mlp_norm": init.ones((cfg.hidden_dim,), dtype),
-                "mlp": _init_mlp(keys(), cfg, mlp_kind),
-            }
-            for kind, mlp_kind in zip(cfg.layers, cfg.mlps, strict=True)
-        ),
-        "final_norm": init.ones((cfg.hidden_dim,), dtype),
-    }
-    if not cfg.tie_embeddings:
-        params["lm_head"] = init.dense(keys(), (cfg.hidden_dim, cfg.vocab_size), dtype)
-    return params
-
-
-def param_specs(cfg: ModelConfig) -> Params:
-    """``init_params``' pytree as ``jax.ShapeDtypeStruct`` leaves, without allocating anything.
-
-    The contract for weights from elsewhere (HF import, orbax restore): same structure, shapes
-    and dtypes as a random init.
-    """
-    return jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))
-
-
-def _apply_mixer(
-    p: dict, cfg: ModelConfig, index: int, x: jax.Array, state: LayerState, ctx: StepContext
-) -> tuple[jax.Array, LayerState]:
+def _mixer(cfg: ModelConfig, index: int, rngs: nnx.Rngs) -> Mixer:
     kind = cfg.layers[index]
     if kind in (LayerKind.KDA, LayerKind.GDN):
-        return delta.apply(p, cfg, kind, x, state, ctx)
+        return DeltaMixer(cfg, kind, rngs=rngs)
     if kind is LayerKind.LIGHTNING:
-        return lightning.apply(p, cfg, index, x, state, ctx)
+        return LightningMixer(cfg, index, rngs=rngs)
     if kind is LayerKind.MLA:
-        return mla.apply(p, cfg, x, state, ctx)
-    return gqa.apply(p, cfg, kind, x, state, ctx)
+        return MlaMixer(cfg, rngs=rngs)
+    return GqaMixer(cfg, kind, rngs=rngs)
 
 
 def _residual(
@@ -125,41 +67,113 @@ def _residual(
     return normed * alpha + out * beta
 
 
-def _forward(
-    params: Params,
-    cfg: ModelConfig,
-    tokens_BT: jax.Array,
-    state: ModelState,
-    ctx: StepContext,
-    last_B: jax.Array | None = None,
-) -> tuple[jax.Array, ModelState]:
-    h = params["embed"][tokens_BT]
-    res = cfg.residual
-    new_layers = []
-    for index, (p, layer_state) in enumerate(zip(params["layers"], state.layers, strict=True)):
-        normed = rms_norm(h, p["mixer_norm"], cfg.norm_eps)
-        mixed, layer_state = _apply_mixer(p["mixer"], cfg, index, normed, layer_state, ctx)
-        h = _residual(h, normed, mixed, res and res.mixer_factors(cfg.layers[index]))
-        normed = rms_norm(h, p["mlp_norm"], cfg.norm_eps)
+class Block(nnx.Module):
+    """Decoder block ``index``: pre-norm mixer, then pre-norm MLP, each with its residual."""
+
+    def __init__(self, cfg: ModelConfig, index: int, *, rngs: nnx.Rngs) -> None:
+        self.cfg, self.index = cfg, index
+        dim, dtype = cfg.hidden_dim, jnp.dtype(cfg.dtype)
+        self.mixer_norm = init.ones((dim,), dtype)
+        self.mixer = _mixer(cfg, index, rngs)
+        self.mlp_norm = init.ones((dim,), dtype)
         if cfg.mlps[index] is MlpKind.MOE:
-            out = moe_mlp(p["mlp"], cfg.moe, normed)
+            self.mlp = MoE(dim, cfg.moe, dtype, rngs=rngs)
         else:
-            out = swiglu(p["mlp"], normed)
-        h = _residual(h, normed, out, res and (res.mlp_alpha, res.mlp_beta))
-        new_layers.append(layer_state)
-    if last_B is not None:
-        # Only position last_B[b] is wanted: the LM head then runs on B rows instead of B·T.
-        h = jnp.take_along_axis(h, last_B[:, None, None], axis=1)
-    h = rms_norm(h, params["final_norm"], cfg.norm_eps)
-    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    # Logits in fp32 so sampling and cross-implementation comparisons see the same numbers.
-    logits = jnp.einsum(
-        "btd,dv->btv",
-        h.astype(jnp.float32),
-        head.astype(jnp.float32),
-        precision=jax.lax.Precision.HIGHEST,
-    )
-    return logits, ModelState(lengths=ctx.new_lengths, layers=tuple(new_layers))
+            self.mlp = SwiGLU(dim, cfg.mlp_dim, dtype, rngs=rngs)
+
+    def __call__(
+        self, h_BTD: jax.Array, state: LayerState, ctx: StepContext
+    ) -> tuple[jax.Array, LayerState]:
+        cfg, res = self.cfg, self.cfg.residual
+        normed = rms_norm(h_BTD, self.mixer_norm[...], cfg.norm_eps)
+        mixed, state = self.mixer(normed, state, ctx)
+        h_BTD = _residual(h_BTD, normed, mixed, res and res.mixer_factors(cfg.layers[self.index]))
+        normed = rms_norm(h_BTD, self.mlp_norm[...], cfg.norm_eps)
+        out = self.mlp(normed)
+        return _residual(h_BTD, normed, out, res and (res.mlp_alpha, res.mlp_beta)), state
+
+
+class HybridLM(nnx.Module):
+    """Embedding, the blocks of ``cfg.layers`` and the (tied or separate) LM head."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        dim, dtype = cfg.hidden_dim, jnp.dtype(cfg.dtype)
+        self.embed = init.dense(rngs, (cfg.vocab_size, dim), dtype, fan_in=1)
+        self.layers = nnx.List([Block(cfg, i, rngs=rngs) for i in range(cfg.num_layers)])
+        self.final_norm = init.ones((dim,), dtype)
+        if not cfg.tie_embeddings:
+            self.lm_head = init.dense(rngs, (dim, cfg.vocab_size), dtype)
+
+    def __call__(
+        self,
+        tokens_BT: jax.Array,
+        state: ModelState,
+        ctx: StepContext,
+        last_B: jax.Array | None = None,
+    ) -> tuple[jax.Array, ModelState]:
+        """``(logits [B, T, V] fp32, state)``; ``[B, 1, V]`` at position ``last_B`` if given."""
+        h = self.embed[...][tokens_BT]
+        new_layers = []
+        for block, layer_state in zip(self.layers, state.layers, strict=True):
+            h, layer_state = block(h, layer_state, ctx)
+            new_layers.append(layer_state)
+        if last_B is not None:
+            # Only position last_B[b] is wanted: the LM head then runs on B rows instead of B·T.
+            h = jnp.take_along_axis(h, last_B[:, None, None], axis=1)
+        h = rms_norm(h, self.final_norm[...], self.cfg.norm_eps)
+        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+        # Logits in fp32 so sampling and cross-implementation comparisons see the same numbers.
+        logits = jnp.einsum(
+            "btd,dv->btv",
+            h.astype(jnp.float32),
+            head.astype(jnp.float32),
+            precision=jax.lax.Precision.HIGHEST,
+        )
+        return logits, ModelState(lengths=ctx.new_lengths, layers=tuple(new_layers))
+
+
+# --- params ↔ modules ------------------------------------------------------------------------
+
+
+def params_of(model: HybridLM) -> Params:
+    """The ``Params`` tree of a module: its ``nnx.Param`` values, ``layers`` as a tuple."""
+    pure = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    return {**pure, "layers": tuple(pure["layers"][i] for i in range(len(pure["layers"])))}
+
+
+@functools.cache
+def graph_of(cfg: ModelConfig) -> nnx.GraphDef:
+    """The static graph definition of ``HybridLM(cfg)`` (built abstractly, once per config)."""
+    graph, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
+    return graph
+
+
+def bind(cfg: ModelConfig, params: Params) -> HybridLM:
+    """The module ``HybridLM(cfg)`` holding ``params`` (arrays or tracers; nothing is copied)."""
+    return nnx.merge(graph_of(cfg), {**params, "layers": dict(enumerate(params["layers"]))})
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _init_params(key: jax.Array, cfg: ModelConfig) -> Params:
+    return params_of(HybridLM(cfg, rngs=nnx.Rngs(params=key)))
+
+
+def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
+    """Random parameters (std 1/sqrt(fan_in)) drawn from ``key``, built by one compiled call."""
+    return _init_params(key, cfg)
+
+
+def param_specs(cfg: ModelConfig) -> Params:
+    """``init_params``' pytree as ``jax.ShapeDtypeStruct`` leaves, without allocating anything.
+
+    The contract for weights from elsewhere (HF import, orbax restore): same structure, shapes
+    and dtypes as a random init.
+    """
+    return jax.eval_shape(lambda: params_of(HybridLM(cfg, rngs=nnx.Rngs(0))))
+
+
+# --- the pure entry points the engines jit --------------------------------------------------
 
 
 def prefill(
@@ -189,9 +203,10 @@ def prefill(
         impl=Impl(impl),
         decode=False,
     )
+    model = bind(cfg, params)
     if not last_only:
-        return _forward(params, cfg, tokens, state, ctx)
-    logits, state = _forward(params, cfg, tokens, state, ctx, last_B=ctx.valid_len - 1)
+        return model(tokens, state, ctx)
+    logits, state = model(tokens, state, ctx, last_B=ctx.valid_len - 1)
     return logits[:, 0], state
 
 
@@ -217,5 +232,5 @@ def decode_step(
     ctx = StepContext(
         lengths=state.lengths, valid_len=valid_len, seq_len=1, impl=Impl(impl), decode=True
     )
-    logits, state = _forward(params, cfg, tokens[:, None], state, ctx)
+    logits, state = bind(cfg, params)(tokens[:, None], state, ctx)
     return logits[:, 0], state

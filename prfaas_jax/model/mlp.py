@@ -13,31 +13,44 @@ Routed experts run as grouped matmuls over token copies sorted by expert, so com
 ``top_k``, not with the number of experts: ``lax.ragged_dot`` on accelerators; on CPU, where XLA
 expands ``ragged_dot`` into a dense matmul over every expert (plus a copy of each weight per
 call), a loop over row tiles that each belong to one expert (``_tiled_experts``).
+
+``SwiGLU`` and ``MoE`` are the blocks as Flax NNX modules; the routing and expert arithmetic are
+functions of arrays.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from prfaas_jax.config import MoeConfig, MoeScoring
-
-Params = dict[str, jax.Array]
-
-
-def swiglu(p: Params, x: jax.Array) -> jax.Array:
-    return (jax.nn.silu(x @ p["gate"]) * (x @ p["up"])) @ p["down"]
+from prfaas_jax.model import initializers as init
 
 
-def route(p: Params, moe: MoeConfig, x_ND: jax.Array) -> tuple[jax.Array, jax.Array]:
+class SwiGLU(nnx.Module):
+    """``down(silu(x W_gate) ⊙ x W_up)``."""
+
+    def __init__(self, dim: int, width: int, dtype, *, rngs: nnx.Rngs) -> None:
+        self.gate = init.dense(rngs, (dim, width), dtype)
+        self.up = init.dense(rngs, (dim, width), dtype)
+        self.down = init.dense(rngs, (width, dim), dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
+
+
+def route(
+    router_DE: jax.Array, score_bias_E: jax.Array | None, moe: MoeConfig, x_ND: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     """Top-k expert ids ``[N, k]`` and their combine weights ``[N, k]`` (fp32)."""
     # Router logits in fp32: near-ties between experts must not depend on the model dtype.
-    logits = x_ND.astype(jnp.float32) @ p["router"].astype(jnp.float32)
+    logits = x_ND.astype(jnp.float32) @ router_DE.astype(jnp.float32)
     if moe.scoring is MoeScoring.SOFTMAX:
         scores = jax.nn.softmax(logits, axis=-1)
     else:
         scores = jax.nn.sigmoid(logits)
-    select = scores + p["score_bias"].astype(jnp.float32) if moe.use_score_bias else scores
+    select = scores + score_bias_E.astype(jnp.float32) if score_bias_E is not None else scores
     if moe.num_groups > 1:
         select = _limit_to_top_groups(select, moe)
     _, expert_ids = jax.lax.top_k(select, moe.top_k)
@@ -61,14 +74,17 @@ _MAX_TILE_LEN = 128  # rows per expert tile on CPU: large enough for an efficien
 
 
 def _tiled_experts(
-    p: Params, xs_PD: jax.Array, experts_P: jax.Array, num_experts: int
+    experts: tuple[jax.Array, jax.Array, jax.Array], xs_PD: jax.Array, experts_P: jax.Array
 ) -> jax.Array:
-    """Expert ``experts_P[i]``'s SwiGLU of each row of ``xs_PD`` (rows sorted by expert).
+    """Expert ``experts_P[i]``'s SwiGLU of each row of ``xs_PD`` (rows sorted by expert);
+    ``experts`` holds the stacked ``(gate [E,D,F], up [E,D,F], down [E,F,D])`` weights.
 
     Each expert's rows are padded to whole tiles of ``tile_len`` (about rows per expert, so a
     decode step's handful of rows is not padded to 128); a ``lax.map`` runs one tile per step
     with that expert's weights and skips the unused tiles of the static bound.
     """
+    gate_EDF, up_EDF, down_EFD = experts
+    num_experts = gate_EDF.shape[0]
     num_pairs, dim = xs_PD.shape
     per_expert = -(-num_pairs // num_experts)
     tile_len = min(_MAX_TILE_LEN, 1 << (per_expert - 1).bit_length())
@@ -86,8 +102,8 @@ def _tiled_experts(
 
         def run(x: jax.Array) -> jax.Array:
             e_ = jnp.minimum(e, num_experts - 1)
-            hidden = jax.nn.silu(x @ p["experts_gate"][e_]) * (x @ p["experts_up"][e_])
-            return hidden @ p["experts_down"][e_]
+            hidden = jax.nn.silu(x @ gate_EDF[e_]) * (x @ up_EDF[e_])
+            return hidden @ down_EFD[e_]
 
         return jax.lax.cond(index < tile_end[-1], run, jnp.zeros_like, x)
 
@@ -98,27 +114,47 @@ def _tiled_experts(
     return tiles_out.reshape(-1, dim)[dest_P]
 
 
-def moe_mlp(p: Params, moe: MoeConfig, x_BTD: jax.Array) -> jax.Array:
-    batch, seq_len, dim = x_BTD.shape
-    x = x_BTD.reshape(-1, dim)
-    expert_ids, weights = route(p, moe, x)
-    flat_experts = expert_ids.reshape(-1)
-    order = jnp.argsort(flat_experts, stable=True)
-    token_of = order // moe.top_k
-    xs = x[token_of]
-    if jax.default_backend() == "cpu":
-        ys = _tiled_experts(p, xs, flat_experts[order], moe.num_experts)
-    else:
-        group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
-        hidden = jax.nn.silu(jax.lax.ragged_dot(xs, p["experts_gate"], group_sizes)) * (
-            jax.lax.ragged_dot(xs, p["experts_up"], group_sizes)
-        )
-        ys = jax.lax.ragged_dot(hidden, p["experts_down"], group_sizes)
-    combine = weights.reshape(-1)[order].astype(ys.dtype)
-    out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
-    if moe.num_shared_experts:
-        shared = swiglu(p["shared"], x)
+class MoE(nnx.Module):
+    """Routed experts (top-k of ``num_experts``) plus optional shared experts (module docstring)."""
+
+    def __init__(self, dim: int, moe: MoeConfig, dtype, *, rngs: nnx.Rngs) -> None:
+        self.moe = moe
+        width, experts = moe.expert_dim, moe.num_experts
+        self.router = init.dense(rngs, (dim, experts), jnp.float32)
+        self.experts_gate = init.dense(rngs, (experts, dim, width), dtype)
+        self.experts_up = init.dense(rngs, (experts, dim, width), dtype)
+        self.experts_down = init.dense(rngs, (experts, width, dim), dtype)
+        if moe.use_score_bias:
+            self.score_bias = init.uniform(rngs, (experts,), -0.1, 0.1)
+        if moe.num_shared_experts:
+            self.shared = SwiGLU(dim, moe.shared_width, dtype, rngs=rngs)
         if moe.use_shared_gate:
-            shared = shared * jax.nn.sigmoid(x @ p["shared_gate"])
-        out = out + shared
-    return out.reshape(batch, seq_len, dim)
+            self.shared_gate = init.dense(rngs, (dim, 1), dtype)
+
+    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+        moe = self.moe
+        batch, seq_len, dim = x_BTD.shape
+        x = x_BTD.reshape(-1, dim)
+        score_bias = self.score_bias[...] if moe.use_score_bias else None
+        expert_ids, weights = route(self.router[...], score_bias, moe, x)
+        flat_experts = expert_ids.reshape(-1)
+        order = jnp.argsort(flat_experts, stable=True)
+        token_of = order // moe.top_k
+        xs = x[token_of]
+        gate, up, down = self.experts_gate[...], self.experts_up[...], self.experts_down[...]
+        if jax.default_backend() == "cpu":
+            ys = _tiled_experts((gate, up, down), xs, flat_experts[order])
+        else:
+            group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
+            hidden = jax.nn.silu(jax.lax.ragged_dot(xs, gate, group_sizes)) * (
+                jax.lax.ragged_dot(xs, up, group_sizes)
+            )
+            ys = jax.lax.ragged_dot(hidden, down, group_sizes)
+        combine = weights.reshape(-1)[order].astype(ys.dtype)
+        out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
+        if moe.num_shared_experts:
+            shared = self.shared(x)
+            if moe.use_shared_gate:
+                shared = shared * jax.nn.sigmoid(x @ self.shared_gate[...])
+            out = out + shared
+        return out.reshape(batch, seq_len, dim)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from prfaas_jax.config import MoeConfig, MoeScoring
-from prfaas_jax.model.mlp import moe_mlp
+from prfaas_jax.model.mlp import MoE
 
 
 def _silu(x):
@@ -71,6 +73,7 @@ def test_moe_matches_dense_computation(moe):
         },
     }
     x = jax.random.normal(next(keys), (3, 7, dim))
-    got = moe_mlp(p, moe, x)
+    graph, state = nnx.split(MoE(dim, moe, jnp.float32, rngs=nnx.Rngs(0)))
+    got = nnx.merge(graph, {name: p[name] for name in state})(x)
     want = _dense_oracle(p, moe, np.asarray(x).reshape(-1, dim)).reshape(x.shape)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)

@@ -1,6 +1,6 @@
 """Delta-rule linear-attention layers: KDA (Kimi Delta Attention) and GDN (Gated DeltaNet).
 
-Both (research/models.md §A2, §A6):
+Both:
 
     [q ‖ k ‖ v] = silu(short_conv([W_q x ‖ W_k x ‖ W_v x]))    (depthwise, kernel 4, carried tail)
     q, k ← l2_normalize per head;   β = sigmoid(W_b x)
@@ -17,14 +17,19 @@ KDA variants (Bailing): full-rank ``W_f``, ``W_g`` instead of the low-rank pairs
 (``KdaGate.SAFE``), which keeps every step's log decay in ``(lb, 0)``.
 
 Padding tokens get g = 0 and β = 0, which leaves the recurrent state untouched.
+
+``DeltaMixer`` is the layer as a Flax NNX module; its parameter names are the keys of the layer's
+entry in the model's parameter tree (model/hybrid.py).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
 
-from prfaas_jax.config import KdaGate, LayerKind, LinearAttentionConfig, ModelConfig
+from prfaas_jax.config import KdaGate, LayerKind, ModelConfig
 from prfaas_jax.model import initializers as init
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.norms import gated_rms_norm, l2_normalize
@@ -32,113 +37,103 @@ from prfaas_jax.model.state import DeltaState
 from prfaas_jax.ops.conv import short_conv
 from prfaas_jax.ops.dispatch import linear_op
 
-Params = dict[str, jax.Array]
 
+class DeltaMixer(nnx.Module):
+    """A KDA or GDN layer (``kind``), with the projections and gates of the module docstring."""
 
-def init_params(key: jax.Array, cfg: ModelConfig, kind: LayerKind) -> Params:
-    lin, dim, dtype = cfg.linear, cfg.hidden_dim, jnp.dtype(cfg.dtype)
-    keys = init.KeySplitter(key)
-    qk_out = lin.num_heads * lin.head_dim
-    v_out = lin.num_v_heads * lin.v_head_dim
-    p: Params = {
-        "q_proj": init.dense(keys(), (dim, qk_out), dtype),
-        "k_proj": init.dense(keys(), (dim, qk_out), dtype),
-        "v_proj": init.dense(keys(), (dim, v_out), dtype),
-        "conv": init.dense(
-            keys(), (lin.conv_kernel, lin.conv_channels), dtype, fan_in=lin.conv_kernel
-        ),
-        "b_proj": init.dense(keys(), (dim, lin.num_v_heads), dtype),
+    def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs) -> None:
+        self.cfg, self.kind = cfg, kind
+        lin, dim, dtype = cfg.linear, cfg.hidden_dim, jnp.dtype(cfg.dtype)
+        qk_out = lin.num_heads * lin.head_dim
+        v_out = lin.num_v_heads * lin.v_head_dim
+        self.q_proj = init.dense(rngs, (dim, qk_out), dtype)
+        self.k_proj = init.dense(rngs, (dim, qk_out), dtype)
+        self.v_proj = init.dense(rngs, (dim, v_out), dtype)
+        self.conv = init.dense(
+            rngs, (lin.conv_kernel, lin.conv_channels), dtype, fan_in=lin.conv_kernel
+        )
+        self.b_proj = init.dense(rngs, (dim, lin.num_v_heads), dtype)
         # Decay rates exp(A_log) in [1, 16] and dt in [1e-3, 1e-1], as Mamba-style layers init them.
-        "A_log": jnp.log(init.uniform(keys(), (lin.num_v_heads,), 1.0, 16.0)),
-        "o_norm": init.ones((lin.v_head_dim,), dtype),
-        "o_proj": init.dense(keys(), (v_out, dim), dtype),
-    }
-    gate_width = lin.num_v_heads * lin.head_dim if kind is LayerKind.KDA else lin.num_v_heads
-    p["dt_bias"] = init.inverse_softplus(
-        jnp.exp(init.uniform(keys(), (gate_width,), jnp.log(1e-3), jnp.log(1e-1)))
-    )
-    if kind is LayerKind.KDA and lin.full_rank_gates:
-        p["f_proj"] = init.dense(keys(), (dim, gate_width), dtype)
-        p["g_proj"] = init.dense(keys(), (dim, v_out), dtype)
-    elif kind is LayerKind.KDA:
-        rank = lin.low_rank
-        p["f_a"] = init.dense(keys(), (dim, rank), dtype)
-        p["f_b"] = init.dense(keys(), (rank, gate_width), dtype)
-        p["g_a"] = init.dense(keys(), (dim, rank), dtype)
-        p["g_b"] = init.dense(keys(), (rank, v_out), dtype)
-    else:
-        p["a_proj"] = init.dense(keys(), (dim, lin.num_v_heads), dtype)
-        p["z_proj"] = init.dense(keys(), (dim, v_out), dtype)
-    return p
+        self.A_log = init.log_uniform(rngs, (lin.num_v_heads,), 1.0, 16.0)
+        self.o_norm = init.ones((lin.v_head_dim,), dtype)
+        self.o_proj = init.dense(rngs, (v_out, dim), dtype)
+        gate_width = lin.num_v_heads * lin.head_dim if kind is LayerKind.KDA else lin.num_v_heads
+        self.dt_bias = init.softplus_inverse_of_log_uniform(rngs, (gate_width,), 1e-3, 1e-1)
+        if kind is LayerKind.KDA and lin.full_rank_gates:
+            self.f_proj = init.dense(rngs, (dim, gate_width), dtype)
+            self.g_proj = init.dense(rngs, (dim, v_out), dtype)
+        elif kind is LayerKind.KDA:
+            self.f_a = init.dense(rngs, (dim, lin.low_rank), dtype)
+            self.f_b = init.dense(rngs, (lin.low_rank, gate_width), dtype)
+            self.g_a = init.dense(rngs, (dim, lin.low_rank), dtype)
+            self.g_b = init.dense(rngs, (lin.low_rank, v_out), dtype)
+        else:
+            self.a_proj = init.dense(rngs, (dim, lin.num_v_heads), dtype)
+            self.z_proj = init.dense(rngs, (dim, v_out), dtype)
 
-
-def _kda_gates(p: Params, lin: LinearAttentionConfig, x_BTD: jax.Array) -> tuple[jax.Array, ...]:
-    """KDA's log decay ``g [B,T,Hv,K]`` (fp32) and output-gate pre-activation ``[B,T,Hv,V]``."""
-    batch, seq_len, _ = x_BTD.shape
-    if lin.full_rank_gates:
-        f, gate = x_BTD @ p["f_proj"], x_BTD @ p["g_proj"]
-    else:
-        f, gate = x_BTD @ p["f_a"] @ p["f_b"], x_BTD @ p["g_a"] @ p["g_b"]
-    raw = (f.astype(jnp.float32) + p["dt_bias"]).reshape(
-        batch, seq_len, lin.num_v_heads, lin.head_dim
-    )
-    # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
-    rate = jnp.exp(p["A_log"].astype(jnp.float32))[:, None]
-    if lin.kda_gate is KdaGate.SAFE:
-        g = lin.gate_lower_bound * jax.nn.sigmoid(rate * raw)
-    else:
-        g = -rate * jax.nn.softplus(raw)
-    return g, gate.reshape(batch, seq_len, lin.num_v_heads, lin.v_head_dim)
-
-
-def apply(
-    p: Params,
-    cfg: ModelConfig,
-    kind: LayerKind,
-    x_BTD: jax.Array,
-    state: DeltaState,
-    ctx: StepContext,
-) -> tuple[jax.Array, DeltaState]:
-    lin = cfg.linear
-    batch, seq_len, _ = x_BTD.shape
-    heads, v_heads = lin.num_heads, lin.num_v_heads
-    qk_out = heads * lin.head_dim
-
-    mixed = jnp.concatenate([x_BTD @ p["q_proj"], x_BTD @ p["k_proj"], x_BTD @ p["v_proj"]], -1)
-    mixed, conv_tail = short_conv(mixed, p["conv"], tail=state.conv, valid_len=ctx.valid_len)
-    mixed = jax.nn.silu(mixed)
-    q = l2_normalize(mixed[..., :qk_out].reshape(batch, seq_len, heads, lin.head_dim))
-    k = l2_normalize(mixed[..., qk_out : 2 * qk_out].reshape(batch, seq_len, heads, lin.head_dim))
-    v = mixed[..., 2 * qk_out :].reshape(batch, seq_len, v_heads, lin.v_head_dim)
-
-    if kind is LayerKind.KDA:
-        g, gate = _kda_gates(p, lin, x_BTD)
-        act = jax.nn.sigmoid
-    else:
+    def _kda_gates(self, x_BTD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """KDA's log decay ``g [B,T,Hv,K]`` (fp32) and output-gate pre-activation ``[B,T,Hv,V]``."""
+        lin = self.cfg.linear
+        if lin.full_rank_gates:
+            f, gate = x_BTD @ self.f_proj[...], x_BTD @ self.g_proj[...]
+        else:
+            f = x_BTD @ self.f_a[...] @ self.f_b[...]
+            gate = x_BTD @ self.g_a[...] @ self.g_b[...]
+        raw = rearrange(
+            f.astype(jnp.float32) + self.dt_bias[...], "b t (h k) -> b t h k", k=lin.head_dim
+        )
         # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
-        rate = -jnp.exp(p["A_log"].astype(jnp.float32))
-        raw = (x_BTD @ p["a_proj"]).astype(jnp.float32) + p["dt_bias"]
-        g = rate * jax.nn.softplus(raw)
-        gate = (x_BTD @ p["z_proj"]).reshape(batch, seq_len, v_heads, lin.v_head_dim)
-        act = jax.nn.silu
-    beta = jax.nn.sigmoid((x_BTD @ p["b_proj"]).astype(jnp.float32))
+        rate = jnp.exp(self.A_log[...].astype(jnp.float32))[:, None]
+        if lin.kda_gate is KdaGate.SAFE:
+            g = lin.gate_lower_bound * jax.nn.sigmoid(rate * raw)
+        else:
+            g = -rate * jax.nn.softplus(raw)
+        return g, rearrange(gate, "b t (h v) -> b t h v", v=lin.v_head_dim)
 
-    valid = ctx.valid
-    g = jnp.where(valid.reshape(valid.shape + (1,) * (g.ndim - 2)), g, 0.0)
-    beta = jnp.where(valid[..., None], beta, 0.0)
-    op = linear_op(str(kind), ctx.linear_impl())
-    o, recurrent = op(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale=lin.qk_scale or None,
-        initial_state=state.recurrent,
-        output_final_state=True,
-    )
+    def __call__(
+        self, x_BTD: jax.Array, state: DeltaState, ctx: StepContext
+    ) -> tuple[jax.Array, DeltaState]:
+        lin = self.cfg.linear
+        qk_out = lin.num_heads * lin.head_dim
+        mixed = jnp.concatenate(
+            [x_BTD @ self.q_proj[...], x_BTD @ self.k_proj[...], x_BTD @ self.v_proj[...]], -1
+        )
+        mixed, conv_tail = short_conv(
+            mixed, self.conv[...], tail=state.conv, valid_len=ctx.valid_len
+        )
+        mixed = jax.nn.silu(mixed)
+        heads = "b t (h d) -> b t h d"
+        q = l2_normalize(rearrange(mixed[..., :qk_out], heads, d=lin.head_dim))
+        k = l2_normalize(rearrange(mixed[..., qk_out : 2 * qk_out], heads, d=lin.head_dim))
+        v = rearrange(mixed[..., 2 * qk_out :], heads, d=lin.v_head_dim)
 
-    o = gated_rms_norm(o, p["o_norm"], gate, lin.o_norm_eps or cfg.norm_eps, act)
-    y = o.reshape(batch, seq_len, v_heads * lin.v_head_dim).astype(x_BTD.dtype) @ p["o_proj"]
-    new_state = DeltaState(recurrent=recurrent.astype(state.recurrent.dtype), conv=conv_tail)
-    return y, new_state
+        if self.kind is LayerKind.KDA:
+            g, gate = self._kda_gates(x_BTD)
+            act = jax.nn.sigmoid
+        else:
+            # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
+            rate = -jnp.exp(self.A_log[...].astype(jnp.float32))
+            raw = (x_BTD @ self.a_proj[...]).astype(jnp.float32) + self.dt_bias[...]
+            g = rate * jax.nn.softplus(raw)
+            gate = rearrange(x_BTD @ self.z_proj[...], heads, d=lin.v_head_dim)
+            act = jax.nn.silu
+        beta = jax.nn.sigmoid((x_BTD @ self.b_proj[...]).astype(jnp.float32))
+
+        valid = ctx.valid
+        g = jnp.where(valid.reshape(valid.shape + (1,) * (g.ndim - 2)), g, 0.0)
+        beta = jnp.where(valid[..., None], beta, 0.0)
+        op = linear_op(str(self.kind), ctx.linear_impl())
+        o, recurrent = op(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale=lin.qk_scale or None,
+            initial_state=state.recurrent,
+            output_final_state=True,
+        )
+
+        o = gated_rms_norm(o, self.o_norm[...], gate, lin.o_norm_eps or self.cfg.norm_eps, act)
+        y = rearrange(o, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]
+        return y, DeltaState(recurrent=recurrent.astype(state.recurrent.dtype), conv=conv_tail)

@@ -4,13 +4,16 @@
     o = attention(q, cache_k, cache_v)   (· sigmoid(W_gate x) per head when output-gated)
 
 The attention sees the whole growing cache (GQA) or the previous ring contents plus the new tokens
-(SWA), masked by position (ops/attention/gqa.py). Sink logits, when configured, are per head.
+(SWA), masked by position (the attention op). Sink logits, when configured, are per head.
+``GqaMixer`` is the layer as a Flax NNX module.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
 
 from prfaas_jax.config import AttentionConfig, LayerKind, ModelConfig
 from prfaas_jax.model import initializers as init
@@ -26,78 +29,73 @@ from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import KvState, WindowKvState
 from prfaas_jax.ops.dispatch import attention_op
 
-Params = dict[str, jax.Array]
 
-
-def _section(cfg: ModelConfig, kind: LayerKind) -> AttentionConfig:
+def attention_section(cfg: ModelConfig, kind: LayerKind) -> AttentionConfig:
+    """The config section of a GQA (``[attention]``) or SWA (``[swa]``) layer."""
     return cfg.attention if kind is LayerKind.GQA else cfg.swa
 
 
-def init_params(key: jax.Array, cfg: ModelConfig, kind: LayerKind) -> Params:
-    att, dim, dtype = _section(cfg, kind), cfg.hidden_dim, jnp.dtype(cfg.dtype)
-    keys = init.KeySplitter(key)
-    p: Params = {
-        "q_proj": init.dense(keys(), (dim, att.num_heads * att.head_dim), dtype),
-        "k_proj": init.dense(keys(), (dim, att.num_kv_heads * att.head_dim), dtype),
-        "v_proj": init.dense(keys(), (dim, att.num_kv_heads * att.value_dim), dtype),
-        "o_proj": init.dense(keys(), (att.num_heads * att.value_dim, dim), dtype),
-    }
-    if att.use_qk_norm:
-        p["q_norm"] = init.ones((att.head_dim,), dtype)
-        p["k_norm"] = init.ones((att.head_dim,), dtype)
-    if att.use_output_gate:
-        p["gate_proj"] = init.dense(keys(), (dim, att.num_heads * att.value_dim), dtype)
-    if att.use_sinks:
-        p["sinks"] = init.uniform(keys(), (att.num_heads,), -1.0, 1.0).astype(dtype)
-    return p
+class GqaMixer(nnx.Module):
+    """A GQA (``kind`` GQA, growing cache) or sliding-window (SWA, ring cache) attention layer."""
 
+    def __init__(self, cfg: ModelConfig, kind: LayerKind, *, rngs: nnx.Rngs) -> None:
+        self.cfg, self.kind = cfg, kind
+        att, dim, dtype = attention_section(cfg, kind), cfg.hidden_dim, jnp.dtype(cfg.dtype)
+        self.q_proj = init.dense(rngs, (dim, att.num_heads * att.head_dim), dtype)
+        self.k_proj = init.dense(rngs, (dim, att.num_kv_heads * att.head_dim), dtype)
+        self.v_proj = init.dense(rngs, (dim, att.num_kv_heads * att.value_dim), dtype)
+        self.o_proj = init.dense(rngs, (att.num_heads * att.value_dim, dim), dtype)
+        if att.use_qk_norm:
+            self.q_norm = init.ones((att.head_dim,), dtype)
+            self.k_norm = init.ones((att.head_dim,), dtype)
+        if att.use_output_gate:
+            self.gate_proj = init.dense(rngs, (dim, att.num_heads * att.value_dim), dtype)
+        if att.use_sinks:
+            self.sinks = init.uniform(rngs, (att.num_heads,), -1.0, 1.0, dtype)
 
-def apply(
-    p: Params,
-    cfg: ModelConfig,
-    kind: LayerKind,
-    x_BTD: jax.Array,
-    state: KvState | WindowKvState,
-    ctx: StepContext,
-) -> tuple[jax.Array, KvState | WindowKvState]:
-    att = _section(cfg, kind)
-    batch, seq_len, _ = x_BTD.shape
-    q = (x_BTD @ p["q_proj"]).reshape(batch, seq_len, att.num_heads, att.head_dim)
-    k = (x_BTD @ p["k_proj"]).reshape(batch, seq_len, att.num_kv_heads, att.head_dim)
-    v = (x_BTD @ p["v_proj"]).reshape(batch, seq_len, att.num_kv_heads, att.value_dim)
-    if att.use_qk_norm:
-        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
-        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    rope = {"kind": att.rope, "rotary_dim": att.rotary_dim, "theta": att.rope_theta}
-    q = apply_rope(q, ctx.positions, **rope)
-    k = apply_rope(k, ctx.positions, **rope)
+    def __call__(
+        self, x_BTD: jax.Array, state: KvState | WindowKvState, ctx: StepContext
+    ) -> tuple[jax.Array, KvState | WindowKvState]:
+        att = attention_section(self.cfg, self.kind)
+        heads = "b t (h d) -> b t h d"
+        q = rearrange(x_BTD @ self.q_proj[...], heads, d=att.head_dim)
+        k = rearrange(x_BTD @ self.k_proj[...], heads, d=att.head_dim)
+        v = rearrange(x_BTD @ self.v_proj[...], heads, d=att.value_dim)
+        if att.use_qk_norm:
+            q = rms_norm(q, self.q_norm[...], self.cfg.norm_eps)
+            k = rms_norm(k, self.k_norm[...], self.cfg.norm_eps)
+        rope = {"kind": att.rope, "rotary_dim": att.rotary_dim, "theta": att.rope_theta}
+        q = apply_rope(q, ctx.positions, **rope)
+        k = apply_rope(k, ctx.positions, **rope)
 
-    if kind is LayerKind.GQA:
-        state = KvState(k=write_growing(state.k, k, ctx), v=write_growing(state.v, v, ctx))
-        keys, values = state.k, state.v
-        kv_pos = growing_positions(state.k.shape[1], ctx.new_lengths)
-    else:
-        # Attend over the ring *before* this call's writes plus the new tokens themselves: a
-        # write could otherwise evict a position that an earlier query of this call still sees.
-        old_pos = ring_positions(state.k.shape[1], ctx.lengths)
-        new_pos = jnp.where(ctx.valid, ctx.positions, -1)
-        keys = jnp.concatenate([state.k, k.astype(state.k.dtype)], axis=1)
-        values = jnp.concatenate([state.v, v.astype(state.v.dtype)], axis=1)
-        kv_pos = jnp.concatenate([old_pos, new_pos], axis=1)
-        state = WindowKvState(k=write_ring(state.k, k, ctx), v=write_ring(state.v, v, ctx))
+        if self.kind is LayerKind.GQA:
+            state = KvState(k=write_growing(state.k, k, ctx), v=write_growing(state.v, v, ctx))
+            keys, values = state.k, state.v
+            kv_pos = growing_positions(state.k.shape[1], ctx.new_lengths)
+        else:
+            # Attend over the ring *before* this call's writes plus the new tokens themselves: a
+            # write could otherwise evict a position that an earlier query of this call still sees.
+            old_pos = ring_positions(state.k.shape[1], ctx.lengths)
+            new_pos = jnp.where(ctx.valid, ctx.positions, -1)
+            keys = jnp.concatenate([state.k, k.astype(state.k.dtype)], axis=1)
+            values = jnp.concatenate([state.v, v.astype(state.v.dtype)], axis=1)
+            kv_pos = jnp.concatenate([old_pos, new_pos], axis=1)
+            state = WindowKvState(k=write_ring(state.k, k, ctx), v=write_ring(state.v, v, ctx))
 
-    out = attention_op(ctx.impl)(
-        q,
-        keys,
-        values,
-        q_pos=ctx.positions,
-        kv_pos=kv_pos,
-        scale=att.head_dim**-0.5,
-        window=att.window if kind is LayerKind.SWA else 0,
-        sinks=p.get("sinks"),
-    )
-    if att.use_output_gate:
-        gate = (x_BTD @ p["gate_proj"]).reshape(batch, seq_len, att.num_heads, att.value_dim)
-        out = (out.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(out.dtype)
-    y = out.reshape(batch, seq_len, att.num_heads * att.value_dim).astype(x_BTD.dtype)
-    return y @ p["o_proj"], state
+        out = attention_op(ctx.impl)(
+            q,
+            keys,
+            values,
+            q_pos=ctx.positions,
+            kv_pos=kv_pos,
+            scale=att.head_dim**-0.5,
+            window=att.window if self.kind is LayerKind.SWA else 0,
+            sinks=self.sinks[...] if att.use_sinks else None,
+        )
+        if att.use_output_gate:
+            gate = rearrange(x_BTD @ self.gate_proj[...], heads, d=att.value_dim)
+            out = (out.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(
+                out.dtype
+            )
+        y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype)
+        return y @ self.o_proj[...], state

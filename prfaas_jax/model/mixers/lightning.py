@@ -1,4 +1,4 @@
-"""Lightning attention layer (MiniMax-01 style; research/models.md §B).
+"""Lightning attention layer (MiniMax-01 style).
 
     [q ‖ k ‖ v] = silu(W_qkv x)
     o = lightning(q, k, v, decay_l)     S_t = exp(decay_h) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t
@@ -9,7 +9,8 @@ slope ``s_h`` scaled by the model's schedule (``LightningDecay``):
 MINIMAX ``−s_h·(1 − l/(L−1) + 1e-5)``, RING ``−s_h·(1 − (l−1)/(L−1) + 1e-5)``, and MINIMAX_HF
 (transformers' port of MiniMax-01) ``−2^(−8(h+1)/H)·(1 − l/(L−1+1e-5) + 1e-5)``, whose base slopes
 skip ALiBi's interleaving when ``H`` is not a power of two. ``q`` is scaled by
-``LinearAttentionConfig.qk_scale`` (MiniMax: 1, i.e. unscaled).
+``LinearAttentionConfig.qk_scale`` (MiniMax: 1, i.e. unscaled). ``LightningMixer`` is the layer as a
+Flax NNX module.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from einops import rearrange
+from flax import nnx
 
 from prfaas_jax.config import LightningDecay, ModelConfig
 from prfaas_jax.model import initializers as init
@@ -26,8 +29,6 @@ from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.norms import gated_rms_norm
 from prfaas_jax.model.state import LightningState
 from prfaas_jax.ops.dispatch import linear_op
-
-Params = dict[str, jax.Array]
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -56,49 +57,43 @@ def layer_decay(cfg: ModelConfig, layer_index: int) -> np.ndarray:
     return -alibi_slopes(heads) * factor
 
 
-def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
-    lin, dim, dtype = cfg.linear, cfg.hidden_dim, jnp.dtype(cfg.dtype)
-    keys = init.KeySplitter(key)
-    v_out = lin.num_heads * lin.v_head_dim
-    return {
-        "qkv_proj": init.dense(
-            keys(), (dim, lin.num_heads * (2 * lin.head_dim + lin.v_head_dim)), dtype
-        ),
-        "gate_proj": init.dense(keys(), (dim, v_out), dtype),
-        "o_norm": init.ones((v_out,), dtype),
-        "o_proj": init.dense(keys(), (v_out, dim), dtype),
-    }
+class LightningMixer(nnx.Module):
+    """The Lightning layer at block ``layer_index`` (its decay depends on the depth)."""
 
+    def __init__(self, cfg: ModelConfig, layer_index: int, *, rngs: nnx.Rngs) -> None:
+        self.cfg, self.layer_index = cfg, layer_index
+        lin, dim, dtype = cfg.linear, cfg.hidden_dim, jnp.dtype(cfg.dtype)
+        v_out = lin.num_heads * lin.v_head_dim
+        qkv_out = lin.num_heads * (2 * lin.head_dim + lin.v_head_dim)
+        self.qkv_proj = init.dense(rngs, (dim, qkv_out), dtype)
+        self.gate_proj = init.dense(rngs, (dim, v_out), dtype)
+        self.o_norm = init.ones((v_out,), dtype)
+        self.o_proj = init.dense(rngs, (v_out, dim), dtype)
 
-def apply(
-    p: Params,
-    cfg: ModelConfig,
-    layer_index: int,
-    x_BTD: jax.Array,
-    state: LightningState,
-    ctx: StepContext,
-) -> tuple[jax.Array, LightningState]:
-    lin = cfg.linear
-    batch, seq_len, _ = x_BTD.shape
-    heads, qk_out = lin.num_heads, lin.num_heads * lin.head_dim
-    # The projection and activation run in fp32, as MiniMax computes them.
-    qkv = jax.nn.silu((x_BTD @ p["qkv_proj"]).astype(jnp.float32))
-    q = qkv[..., :qk_out].reshape(batch, seq_len, heads, lin.head_dim)
-    k = qkv[..., qk_out : 2 * qk_out].reshape(batch, seq_len, heads, lin.head_dim)
-    v = qkv[..., 2 * qk_out :].reshape(batch, seq_len, heads, lin.v_head_dim)
-    decay = jnp.asarray(layer_decay(cfg, layer_index), jnp.float32)
-    op = linear_op("lightning", ctx.linear_impl())
-    o, recurrent = op(
-        q,
-        k,
-        v,
-        decay=decay,
-        scale=lin.qk_scale or None,
-        initial_state=state.recurrent,
-        output_final_state=True,
-        valid_len=ctx.valid_len,
-    )
-    o = o.reshape(batch, seq_len, heads * lin.v_head_dim)
-    eps = lin.o_norm_eps or cfg.norm_eps
-    o = gated_rms_norm(o, p["o_norm"], x_BTD @ p["gate_proj"], eps, jax.nn.sigmoid)
-    return o.astype(x_BTD.dtype) @ p["o_proj"], LightningState(recurrent=recurrent)
+    def __call__(
+        self, x_BTD: jax.Array, state: LightningState, ctx: StepContext
+    ) -> tuple[jax.Array, LightningState]:
+        lin = self.cfg.linear
+        qk_out = lin.num_heads * lin.head_dim
+        heads = "b t (h d) -> b t h d"
+        # The projection and activation run in fp32, as MiniMax computes them.
+        qkv = jax.nn.silu((x_BTD @ self.qkv_proj[...]).astype(jnp.float32))
+        q = rearrange(qkv[..., :qk_out], heads, d=lin.head_dim)
+        k = rearrange(qkv[..., qk_out : 2 * qk_out], heads, d=lin.head_dim)
+        v = rearrange(qkv[..., 2 * qk_out :], heads, d=lin.v_head_dim)
+        decay = jnp.asarray(layer_decay(self.cfg, self.layer_index), jnp.float32)
+        op = linear_op("lightning", ctx.linear_impl())
+        o, recurrent = op(
+            q,
+            k,
+            v,
+            decay=decay,
+            scale=lin.qk_scale or None,
+            initial_state=state.recurrent,
+            output_final_state=True,
+            valid_len=ctx.valid_len,
+        )
+        o = rearrange(o, "b t h v -> b t (h v)")
+        eps = lin.o_norm_eps or self.cfg.norm_eps
+        o = gated_rms_norm(o, self.o_norm[...], x_BTD @ self.gate_proj[...], eps, jax.nn.sigmoid)
+        return o.astype(x_BTD.dtype) @ self.o_proj[...], LightningState(recurrent=recurrent)

@@ -1,4 +1,4 @@
-"""Multi-head latent attention layer (DeepSeek-V3 / Kimi Linear / Ring-2.5; research/models.md §C).
+"""Multi-head latent attention layer (DeepSeek-V3 / Kimi Linear / Ring-2.5).
 
     q        = W_q x                 or  W_qb rms_norm(W_qa x)              (per head [nope ‖ rope])
     c ‖ k_r  = W_kva x;   c ← rms_norm(c);   k_r ← RoPE(k_r)   (k_r shared by every head)
@@ -9,13 +9,16 @@ With ``use_output_gate`` (Bailing) each head's output is scaled by ``sigmoid(w_h
 
 Prefill expands the latent cache per head (``k = [W_UK c ‖ k_r]``, ``v = W_UV c``) and runs
 ordinary attention; decode uses the absorbed form over the latent cache (ops/attention/mla.py).
-Both produce the same numbers up to rounding — a test holds them to it.
+Both produce the same numbers up to rounding — a test holds them to it. ``MlaMixer`` is the layer
+as a Flax NNX module.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from einops import rearrange
+from flax import nnx
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.model import initializers as init
@@ -26,92 +29,82 @@ from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import MlaState
 from prfaas_jax.ops.dispatch import attention_op, mla_decode_op
 
-Params = dict[str, jax.Array]
 
+class MlaMixer(nnx.Module):
+    """An MLA layer: low-rank (or full) queries, one shared latent ``c ‖ k_r`` per token."""
 
-def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
-    mla, dim, dtype = cfg.mla, cfg.hidden_dim, jnp.dtype(cfg.dtype)
-    keys = init.KeySplitter(key)
-    q_out = mla.num_heads * mla.qk_head_dim
-    p: Params = {}
-    if mla.q_lora_rank:
-        p["q_a"] = init.dense(keys(), (dim, mla.q_lora_rank), dtype)
-        p["q_a_norm"] = init.ones((mla.q_lora_rank,), dtype)
-        p["q_b"] = init.dense(keys(), (mla.q_lora_rank, q_out), dtype)
-    else:
-        p["q_proj"] = init.dense(keys(), (dim, q_out), dtype)
-    p["kv_a"] = init.dense(keys(), (dim, mla.kv_lora_rank + mla.qk_rope_head_dim), dtype)
-    p["kv_a_norm"] = init.ones((mla.kv_lora_rank,), dtype)
-    p["kv_b"] = init.dense(
-        keys(), (mla.kv_lora_rank, mla.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim)), dtype
-    )
-    p["o_proj"] = init.dense(keys(), (mla.num_heads * mla.v_head_dim, dim), dtype)
-    if mla.use_output_gate:
-        p["gate_proj"] = init.dense(keys(), (dim, mla.num_heads), dtype)
-    return p
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        mla, dim, dtype = cfg.mla, cfg.hidden_dim, jnp.dtype(cfg.dtype)
+        q_out = mla.num_heads * mla.qk_head_dim
+        if mla.q_lora_rank:
+            self.q_a = init.dense(rngs, (dim, mla.q_lora_rank), dtype)
+            self.q_a_norm = init.ones((mla.q_lora_rank,), dtype)
+            self.q_b = init.dense(rngs, (mla.q_lora_rank, q_out), dtype)
+        else:
+            self.q_proj = init.dense(rngs, (dim, q_out), dtype)
+        self.kv_a = init.dense(rngs, (dim, mla.kv_lora_rank + mla.qk_rope_head_dim), dtype)
+        self.kv_a_norm = init.ones((mla.kv_lora_rank,), dtype)
+        kv_b_out = mla.num_heads * (mla.qk_nope_head_dim + mla.v_head_dim)
+        self.kv_b = init.dense(rngs, (mla.kv_lora_rank, kv_b_out), dtype)
+        self.o_proj = init.dense(rngs, (mla.num_heads * mla.v_head_dim, dim), dtype)
+        if mla.use_output_gate:
+            self.gate_proj = init.dense(rngs, (dim, mla.num_heads), dtype)
 
+    def __call__(
+        self, x_BTD: jax.Array, state: MlaState, ctx: StepContext
+    ) -> tuple[jax.Array, MlaState]:
+        mla = self.cfg.mla
+        heads, nope, rope_dim = mla.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
+        positions = ctx.positions
+        latent_eps = mla.latent_norm_eps or self.cfg.norm_eps
+        rope = {"kind": mla.rope, "rotary_dim": rope_dim, "theta": mla.rope_theta}
 
-def apply(
-    p: Params, cfg: ModelConfig, x_BTD: jax.Array, state: MlaState, ctx: StepContext
-) -> tuple[jax.Array, MlaState]:
-    mla = cfg.mla
-    batch, seq_len, _ = x_BTD.shape
-    heads, nope, rope_dim = mla.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
-    positions = ctx.positions
-    latent_eps = mla.latent_norm_eps or cfg.norm_eps
+        if mla.q_lora_rank:
+            q = rms_norm(x_BTD @ self.q_a[...], self.q_a_norm[...], latent_eps) @ self.q_b[...]
+        else:
+            q = x_BTD @ self.q_proj[...]
+        q = rearrange(q, "b t (h d) -> b t h d", h=heads)
+        q_nope = q[..., :nope]
+        q_rope = apply_rope(q[..., nope:], positions, **rope)
 
-    if mla.q_lora_rank:
-        q = rms_norm(x_BTD @ p["q_a"], p["q_a_norm"], latent_eps) @ p["q_b"]
-    else:
-        q = x_BTD @ p["q_proj"]
-    q = q.reshape(batch, seq_len, heads, mla.qk_head_dim)
-    q_nope = q[..., :nope]
-    q_rope = apply_rope(
-        q[..., nope:], positions, kind=mla.rope, rotary_dim=rope_dim, theta=mla.rope_theta
-    )
-
-    kv = x_BTD @ p["kv_a"]
-    c_kv = rms_norm(kv[..., : mla.kv_lora_rank], p["kv_a_norm"], latent_eps)
-    k_rope = apply_rope(
-        kv[..., None, mla.kv_lora_rank :],
-        positions,
-        kind=mla.rope,
-        rotary_dim=rope_dim,
-        theta=mla.rope_theta,
-    )[:, :, 0]
-    state = MlaState(
-        c_kv=write_growing(state.c_kv, c_kv, ctx), k_rope=write_growing(state.k_rope, k_rope, ctx)
-    )
-    kv_pos = growing_positions(state.c_kv.shape[1], ctx.new_lengths)
-    w_kv = p["kv_b"].reshape(mla.kv_lora_rank, heads, nope + mla.v_head_dim)
-    w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
-    scale = mla.qk_head_dim**-0.5
-
-    if ctx.decode:
-        out = mla_decode_op(ctx.impl)(
-            q_nope,
-            q_rope,
-            state.c_kv,
-            state.k_rope,
-            w_uk,
-            w_uv,
-            q_pos=positions,
-            kv_pos=kv_pos,
-            scale=scale,
+        kv = x_BTD @ self.kv_a[...]
+        c_kv = rms_norm(kv[..., : mla.kv_lora_rank], self.kv_a_norm[...], latent_eps)
+        k_rope = apply_rope(kv[..., None, mla.kv_lora_rank :], positions, **rope)[:, :, 0]
+        state = MlaState(
+            c_kv=write_growing(state.c_kv, c_kv, ctx),
+            k_rope=write_growing(state.k_rope, k_rope, ctx),
         )
-    else:
-        k_nope = jnp.einsum("bsr,rhn->bshn", state.c_kv, w_uk)
-        values = jnp.einsum("bsr,rhv->bshv", state.c_kv, w_uv)
-        k_shared = jnp.broadcast_to(
-            state.k_rope[:, :, None], (*state.k_rope.shape[:2], heads, rope_dim)
-        )
-        keys = jnp.concatenate([k_nope, k_shared], axis=-1)
-        queries = jnp.concatenate([q_nope, q_rope], axis=-1)
-        out = attention_op(ctx.impl)(
-            queries, keys, values, q_pos=positions, kv_pos=kv_pos, scale=scale
-        )
-    if mla.use_output_gate:
-        gate = jax.nn.sigmoid((x_BTD @ p["gate_proj"]).astype(jnp.float32))
-        out = (out.astype(jnp.float32) * gate[..., None]).astype(out.dtype)
-    y = out.reshape(batch, seq_len, heads * mla.v_head_dim).astype(x_BTD.dtype) @ p["o_proj"]
-    return y, state
+        kv_pos = growing_positions(state.c_kv.shape[1], ctx.new_lengths)
+
+        w_kv = rearrange(self.kv_b[...], "r (h d) -> r h d", h=heads)
+        w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
+        scale = mla.qk_head_dim**-0.5
+        if ctx.decode:
+            out = mla_decode_op(ctx.impl)(
+                q_nope,
+                q_rope,
+                state.c_kv,
+                state.k_rope,
+                w_uk,
+                w_uv,
+                q_pos=positions,
+                kv_pos=kv_pos,
+                scale=scale,
+            )
+        else:
+            k_nope = jnp.einsum("bsr,rhn->bshn", state.c_kv, w_uk)
+            values = jnp.einsum("bsr,rhv->bshv", state.c_kv, w_uv)
+            k_shared = jnp.broadcast_to(
+                state.k_rope[:, :, None], (*state.k_rope.shape[:2], heads, rope_dim)
+            )
+            keys = jnp.concatenate([k_nope, k_shared], axis=-1)
+            queries = jnp.concatenate([q_nope, q_rope], axis=-1)
+            out = attention_op(ctx.impl)(
+                queries, keys, values, q_pos=positions, kv_pos=kv_pos, scale=scale
+            )
+        if mla.use_output_gate:
+            gate = jax.nn.sigmoid((x_BTD @ self.gate_proj[...]).astype(jnp.float32))
+            out = (out.astype(jnp.float32) * gate[..., None]).astype(out.dtype)
+        y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]
+        return y, state
