@@ -4,7 +4,7 @@
     o = attention(q, cache_k, cache_v)   (· sigmoid(W_gate x) per head when output-gated)
 
 The attention sees the whole growing cache (GQA) or the previous ring contents plus the new tokens
-(SWA), masked by position (ops/attention/gqa.py). Sink logits, when configured, are per head.
+(SWA), masked by position (ops/attention/reference.py). Sink logits, when configured, are per head.
 """
 
 from __future__ import annotations
