@@ -1,8 +1,9 @@
 """Engine throughput against ``transformers`` on the same weights: prefill and decode tokens/s.
 
 One random Kimi-Linear checkpoint (KDA + NoPE MLA at 3:1, DeepSeek-style MoE; ``PRESET``) is
-written with ``save_pretrained`` (tests/hf/hf_fixtures.py) and loaded twice: by ``transformers``
-(float32, CPU, eval, ``torch.inference_mode``) and by ``prfaas_jax.model.hf.load_hf``.
+written with ``save_pretrained`` (tests/model/hf/hf_fixtures.py) and loaded twice: by
+``transformers`` (float32, CPU, eval, ``torch.inference_mode``) and by
+``prfaas_jax.model.hf.load_hf``.
 
     prefill  one prompt of T tokens, batch 1
              prfaas: ``PrefillEngine.prefill`` (wall time: token upload, the compiled block,
@@ -45,8 +46,8 @@ from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.model.hf import load_hf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "hf"))
-import hf_fixtures  # the tests' checkpoint builder (tests/hf is not a package)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
+import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 
 # A small Kimi-Linear: 4 blocks KDA, KDA, KDA, MLA; the first MLP dense, the rest MoE.
 PRESET = dict(

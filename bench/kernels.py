@@ -3,8 +3,8 @@ fallbacks that Hugging Face ``transformers`` runs when no fused kernel is instal
 
 For each op and sequence length T (B = 1, a Kimi-like head config H = 4, K = V = 128, fp32):
 
-    jnp-chunk      prfaas_jax.ops.{kda,lightning}.chunk (C = 64), jitted
-    jnp-ref        prfaas_jax.ops.{kda,lightning}.reference, a token-by-token lax.scan, jitted
+    jnp-chunk      prfaas_jax.ops.{delta_rule,lightning}.chunk (C = 64), jitted
+    jnp-ref        prfaas_jax.ops.{delta_rule,lightning}.reference, token-by-token lax.scan, jitted
     torch          kda: transformers.models.kimi_linear ``chunk_kimi_delta_attention`` (fla's
                    naive chunk algorithm); lightning: ``MiniMaxLightningAttention.forward`` with
                    its projections, activation, norm and gate replaced by identities, so only the
@@ -24,6 +24,7 @@ Timings on a shared machine are noisy: rerun on a quiet one before quoting them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -34,10 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prfaas_jax.ops.kda import kda_chunk, kda_reference
-from prfaas_jax.ops.kda.pallas import kda_pallas
-from prfaas_jax.ops.lightning import lightning_chunk, lightning_reference
-from prfaas_jax.ops.lightning.pallas import lightning_pallas
+from prfaas_jax.ops.delta_rule import StateBlockSizes, kda_chunk, kda_pallas, kda_reference
+from prfaas_jax.ops.lightning import lightning_chunk, lightning_pallas, lightning_reference
 
 HEADS, KEY_DIM, VALUE_DIM, CHUNK = 4, 128, 128, 64
 
@@ -179,7 +178,8 @@ def bench(
                 "jnp-ref": _jax_impl(ref_fn, arrays, **static),
             }
             if with_pallas:
-                impls["pallas-interp"] = _jax_impl(kernel, arrays, chunk_size=CHUNK, **static)
+                blocks = dataclasses.replace(StateBlockSizes.get_default(), chunk_size=CHUNK)
+                impls["pallas-interp"] = _jax_impl(kernel, arrays, block_sizes=blocks, **static)
             if with_torch:
                 torch_run = _torch_kda(arrays) if op == "kda" else _torch_lightning(arrays, module)
                 impls["torch"] = (torch_run, None)

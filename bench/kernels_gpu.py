@@ -21,6 +21,7 @@ on CPU with tiny shapes (the kernels interpreted), to check the script itself.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -31,14 +32,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from prfaas_jax.ops.attention import attention, mla_decode_absorbed
-from prfaas_jax.ops.attention.pallas import flash_attention, mla_decode_pallas
-from prfaas_jax.ops.gdn import gdn_chunk
-from prfaas_jax.ops.gdn.pallas import gdn_pallas
-from prfaas_jax.ops.kda import kda_chunk
-from prfaas_jax.ops.kda.pallas import kda_pallas
-from prfaas_jax.ops.lightning import lightning_chunk
-from prfaas_jax.ops.lightning.pallas import lightning_pallas
+from prfaas_jax.ops.attention import (
+    MlaDecodeBlockSizes,
+    attention,
+    flash_attention,
+    mla_decode_absorbed,
+    mla_decode_pallas,
+)
+from prfaas_jax.ops.delta_rule import gdn_chunk, gdn_pallas, kda_chunk, kda_pallas
+from prfaas_jax.ops.lightning import lightning_chunk, lightning_pallas
 
 PASS_MARK = 1e-4
 Case = tuple[str, dict, Callable, Callable, tuple]  # name, shape info, jnp fn, kernel fn, args
@@ -127,15 +129,19 @@ def _mla_decode_cases(rng, slots, max_len, heads, rank, interpret) -> list[Case]
     )
     kw = {"q_pos": (lengths - 1)[:, None], "kv_pos": kv_pos, "scale": (nope + rope) ** -0.5}
     info = {"slots": slots, "max_len": max_len, "H": heads, "R": rank, "P": rope}
+    default = MlaDecodeBlockSizes.get_default()
+    blocks = {splits: dataclasses.replace(default, num_splits=splits) for splits in (1, 4)}
     return [
         (
             f"mla-decode/{splits}",
             info | {"splits": splits},
             lambda *a: mla_decode_absorbed(*a, **kw),
-            lambda *a, s=splits: mla_decode_pallas(*a, **kw, num_splits=s, interpret=interpret),
+            lambda *a, sizes=sizes: mla_decode_pallas(
+                *a, **kw, block_sizes=sizes, interpret=interpret
+            ),
             args,
         )
-        for splits in (1, 4)
+        for splits, sizes in blocks.items()
     ]
 
 

@@ -11,7 +11,10 @@ and an MLP that is either dense (SwiGLU) or a mixture of experts with top-k rout
 group-limited) and optional, optionally gated, shared experts. An optional ``[residual]`` section
 scales the residual connections the way MiniMax-01 does (``ResidualConfig``). Configs are frozen,
 hashable (usable as ``jax.jit`` statics) and validated on construction. Presets live in
-``configs/models/<name>.toml`` and are read with the standard library; an unknown key is an error.
+``configs/models/<name>.toml`` and are read by ``toml_config.build``: an unknown key or a value of
+the wrong type is an error naming the file and the key. ``layers`` and ``mlps`` take a repeat
+shorthand, ``["kda*3", "mla"]``. Over 400 lines because the section configs stay beside
+``ModelConfig``, which checks them against each other.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import enum
 import hashlib
 import json
 import os
-import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from prfaas_jax.errors import ConfigError
+from prfaas_jax.toml_config import Where, build, presets, read, resolve
+from prfaas_jax.toml_config import config_dir as config_dir  # part of this module's API
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -66,7 +69,7 @@ class MoeScoring(enum.StrEnum):
 
 
 class LightningDecay(enum.StrEnum):
-    """Which per-layer slope schedule a Lightning layer uses (research/models.md §B2)."""
+    """Which per-layer slope schedule a Lightning layer uses (docs/model-configs.md)."""
 
     MINIMAX = "minimax"  # s_h · (1 − l/(L−1) + 1e-5)
     RING = "ring"  # s_h · (1 − (l−1)/(L−1) + 1e-5)
@@ -379,115 +382,51 @@ def _plain(value: Any) -> Any:
 
 # --- loading --------------------------------------------------------------------------------
 
-_SECTIONS: dict[str, type] = {
-    "linear": LinearAttentionConfig,
-    "attention": AttentionConfig,
-    "swa": AttentionConfig,
-    "mla": MlaConfig,
-    "moe": MoeConfig,
-    "residual": ResidualConfig,
-}
-_ENUM_FIELDS: dict[str, type[enum.Enum]] = {
-    "rope": RopeKind,
-    "scoring": MoeScoring,
-    "lightning_decay": LightningDecay,
-    "kda_gate": KdaGate,
-}
 
-
-def _expand_pattern(entries: Any, field: str, enum_type: type[enum.Enum]) -> tuple:
+def _expand_pattern(entries: Any, where: Where, enum_type: type[enum.Enum]) -> tuple:
     """Expand ``["kda*3", "mla"]`` into ``(KDA, KDA, KDA, MLA)``."""
-    if not isinstance(entries, list):
-        raise ConfigError(f"{field} must be a list such as ['kda*3', 'mla']")
+    if not isinstance(entries, list | tuple):
+        raise where.error("expected a list such as ['kda*3', 'mla']")
     out: list = []
     for entry in entries:
         if not isinstance(entry, str):
-            raise ConfigError(f"{field} entries must be strings, got {entry!r}")
+            raise where.error(f"entries must be strings, got {entry!r}")
         name, _, count = entry.partition("*")
         try:
             kind = enum_type(name.strip().lower())
             repeat = int(count) if count else 1
         except ValueError:
             choices = ", ".join(m.value for m in enum_type)
-            raise ConfigError(
-                f"{field}: bad entry {entry!r} (kinds: {choices}; repeat as 'kind*N')"
+            raise where.error(
+                f"bad entry {entry!r} (kinds: {choices}; repeat as 'kind*N')"
             ) from None
         if repeat < 1:
-            raise ConfigError(f"{field}: repeat count must be ≥ 1 in {entry!r}")
+            raise where.error(f"repeat count must be ≥ 1 in {entry!r}")
         out.extend([kind] * repeat)
     return tuple(out)
 
 
-def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in {where}; known: {sorted(fields)}")
-    kwargs: dict[str, Any] = {}
-    for key, value in raw.items():
-        enum_type = _ENUM_FIELDS.get(key)
-        if enum_type is not None:
-            try:
-                value = enum_type(value)
-            except ValueError:
-                choices = [m.value for m in enum_type]
-                raise ConfigError(f"{where}.{key}: {value!r} is not one of {choices}") from None
-        kwargs[key] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise ConfigError(f"{where}: {err}") from None
-
-
 def config_from_dict(raw: dict[str, Any], *, source: str = "config") -> ModelConfig:
-    """Build a validated ``ModelConfig`` from TOML/JSON data."""
-    raw = dict(raw)
-    top: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in _SECTIONS:
-            if value is not None:
-                if not isinstance(value, dict):
-                    raise ConfigError(f"[{key}] in {source} must be a table")
-                top[key] = _build(_SECTIONS[key], value, f"{source} [{key}]")
-        elif key == "layers":
-            top[key] = _expand_pattern(value, f"{source}: layers", LayerKind)
-        elif key == "mlps":
-            top[key] = _expand_pattern(value, f"{source}: mlps", MlpKind)
-        else:
-            top[key] = value
-    for key in ("name", "layers", "mlps", "vocab_size", "hidden_dim"):
-        if key not in top:
-            raise ConfigError(f"{source} is missing the required key {key!r}")
-    return _build(ModelConfig, top, source)
-
-
-def config_dir() -> Path:
-    """The ``configs/`` folder: ``$PRFAAS_CONFIG_DIR`` or the one beside the package."""
-    override = os.environ.get("PRFAAS_CONFIG_DIR")
-    return Path(override) if override else Path(__file__).resolve().parents[1] / "configs"
+    """Build a validated ``ModelConfig`` from TOML/JSON data (``source`` names it in errors)."""
+    where = Where(source)
+    # `to_dict` writes an absent section as None; TOML has no None.
+    table = {key: value for key, value in raw.items() if value is not None}
+    for key, kind in (("layers", LayerKind), ("mlps", MlpKind)):
+        if key in table:
+            table[key] = _expand_pattern(table[key], where.at(key), kind)
+    return build(ModelConfig, table, where)
 
 
 def available_presets() -> list[str]:
-    return sorted(p.stem for p in (config_dir() / "models").glob("*.toml"))
+    return presets("models")
 
 
 def load_model_config(name_or_path: str | os.PathLike[str]) -> ModelConfig:
-    """Load a preset by name (``configs/models/<name>.toml``) or a TOML file by path."""
-    path = Path(name_or_path)
-    # Preset names may contain dots ("qwen3.5-397b"), so only ".toml" marks a path.
-    if path.suffix != ".toml" and not path.exists():
-        path = config_dir() / "models" / f"{name_or_path}.toml"
-        if not path.exists():
-            presets = ", ".join(available_presets()) or "(none found)"
-            raise ConfigError(f"unknown model preset {str(name_or_path)!r}; presets: {presets}")
+    """Load a preset by name (``configs/models/<name>.toml``), a TOML file by path, or the
+    ``config.toml`` of a checkpoint folder."""
+    path = resolve("models", name_or_path)
     if path.is_dir():
         path = path / "config.toml"
-    try:
-        with open(path, "rb") as fh:
-            raw = tomllib.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"model config not found: {path}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path} is not valid TOML: {err}") from None
+    raw = read(path, "model config")
     raw.setdefault("name", path.stem)
     return config_from_dict(raw, source=str(path))

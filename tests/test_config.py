@@ -54,13 +54,13 @@ def test_pattern_shorthand_expands():
         (lambda r: r.pop("mla"), "[mla] section is missing"),
         (lambda r: r["linear"].update(num_v_heads=3), "multiple of"),
         (lambda r: r["moe"].update(top_k=99), "top_k"),
-        (lambda r: r["mla"].update(rope="sideways"), "is not one of"),
+        (lambda r: r["mla"].update(rope="sideways"), 'mla.rope: expected one of "none"'),
         (lambda r: r.update(dtype="int8"), "dtype must be one of"),
         (lambda r: r["moe"].update(num_groups=3), "must divide num_experts"),
         (lambda r: r["moe"].update(num_groups=4, topk_groups=5), "topk_groups"),
         (lambda r: r["moe"].update(num_groups=4, top_k=3), "cannot supply"),
         (lambda r: r["moe"].update(num_shared_experts=0, use_shared_gate=True), "shared_gate"),
-        (lambda r: r["linear"].update(kda_gate="clamp"), "is not one of"),
+        (lambda r: r["linear"].update(kda_gate="clamp"), "linear.kda_gate: expected one of"),
         (lambda r: r["linear"].update(gate_lower_bound=0.0), "gate_lower_bound"),
         (lambda r: r["linear"].update(qk_scale=-1.0), "qk_scale"),
         (lambda r: r.update(residual={"mlp_gamma": 1.0}), "unknown key"),
@@ -81,9 +81,9 @@ def test_unknown_preset_lists_the_presets():
 def test_toml_file_errors(tmp_path):
     broken = tmp_path / "broken.toml"
     broken.write_text("name = [")
-    with pytest.raises(ConfigError, match="not valid TOML"):
+    with pytest.raises(ConfigError, match="invalid TOML"):
         load_model_config(broken)
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match="cannot read model config"):
         load_model_config(tmp_path / "missing.toml")
 
 

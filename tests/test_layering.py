@@ -115,7 +115,7 @@ def test_imports_go_down_the_layers(path):
     parts = _module_parts(path)
     layer = _layer(parts)
     if layer not in RANK:
-        pytest.fail(f"{path.relative_to(PACKAGE)} is not in a known layer: add it to §2")
+        pytest.fail(f"{path.relative_to(PACKAGE)}: no known layer; add it to docs/design.md §2")
     sub = _serving_layer(parts)
     if layer == "serving" and sub is not None and sub not in SERVING_RANK:
         pytest.fail(f"{path.relative_to(PACKAGE)} is not in a known serving layer")

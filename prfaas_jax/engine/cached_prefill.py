@@ -1,7 +1,7 @@
 """``CachedPrefill``: prefill that computes only the part of a prompt no cached prefix covers.
 
-Also exposes ``ReuseStats`` (what the reuse saved) and ``PrefillRunner`` (the engine interface it
-drives: ``PrefillEngine``, or the serving plane's fake engine).
+Also exposes ``ReuseStats`` (what the reuse saved). It drives any ``PrefillEngineLike``
+(engine/api.py): ``PrefillEngine``, or the fake engine.
 
 For a prompt ``x`` of ``L`` tokens and a ``PrefixCache``::
 
@@ -28,32 +28,15 @@ only read the engine's working buffer, which is donated to the next call right a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
 
 import numpy as np
 
-from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.api import OnChunk, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import ModelState
-
-OnChunk = Callable[[ModelState, int], None]
-
-
-class PrefillRunner(Protocol):
-    cfg: ModelConfig
-
-    def prefill(
-        self,
-        tokens: Sequence[int],
-        *,
-        prefix: ModelState | None = None,
-        on_chunk: OnChunk | None = None,
-        sampling: SamplingParams = GREEDY,
-        max_len: int | None = None,
-    ) -> Any: ...
 
 
 @dataclasses.dataclass
@@ -105,14 +88,14 @@ class CachedPrefill:
 
     def prefill(
         self,
-        engine: PrefillRunner,
+        engine: PrefillEngineLike,
         tokens: Sequence[int],
         *,
         prefix: ModelState | None = None,
         on_chunk: OnChunk | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
-    ) -> Any:
+    ) -> PrefillOutput:
         """``engine.prefill`` of ``tokens`` from the longest reusable prefix; the engine's result
         (its ``prefix_len`` is the reused length, ``num_tokens`` the computed ones).
 

@@ -1,10 +1,10 @@
 """Engines whose outputs are computable by hand: `FakePrefillEngine`, `FakeDecodeEngine`.
 
 Also exposes `fake_tokens`, the expected output of a request. They serve the serving-plane
-tests (and `engine = "fake"` clusters) without a model, JetStream-style, but keep the real
-interfaces of engine/prefill.py and engine/decode.py and a real `ModelState`, so the real codec
-carries it. The fake model is autoregressive: over a vocabulary of V, the token that follows a
-sequence (prompt, then the tokens generated so far) of length L and sum S is
+tests (and `engine = "fake"` clusters) without a model, JetStream-style, but implement the
+engine interface of engine/api.py, as the JAX engines do, and hold a real `ModelState`, so the
+real codec carries it. The fake model is autoregressive: over a vocabulary of V, the token that
+follows a sequence (prompt, then the tokens generated so far) of length L and sum S is
 
     next(seq) = (2·S + L) mod V
 
@@ -75,6 +75,8 @@ class FakePrefillResult:
 
 
 class FakePrefillEngine:
+    """`PrefillEngineLike`: the prompt (after the prefix's tokens) written into a real state."""
+
     def __init__(
         self,
         cfg: ModelConfig,
@@ -128,7 +130,7 @@ class _Slot:
 
 
 class FakeDecodeEngine:
-    """`DecodeEngine`'s interface: insert / step / is_finished / free over `max_slots` slots."""
+    """`DecodeEngineLike`: insert / step / is_finished / free over `max_slots` slots."""
 
     def __init__(
         self,

@@ -3,7 +3,7 @@
 For a model config and a length L, `StateSize` holds three totals that must agree:
 
 - ``formula_bytes`` = `state_nbytes(cfg, L)`, the canonical representation of model/state.py
-  (DESIGN.md §3.2), split into ``growing_bytes`` (MLA, GQA: L·bytes/token), ``windowed_bytes``
+  (docs/design.md §3.2), split into ``growing_bytes`` (MLA, GQA: L·bytes/token), ``windowed_bytes``
   (SWA: min(L, W)·bytes/token), ``fixed_bytes`` (KDA, GDN, Lightning recurrent states and conv
   tails) and ``by_kind`` (per layer kind);
 - ``measured_bytes`` = Σ ``nbytes`` over the per-layer arrays of the `ModelState` that the real
@@ -13,7 +13,7 @@ For a model config and a length L, `StateSize` holds three totals that must agre
   the cost: ≈0.01–0.05 s per block on one CPU core, independent of L (≈1 s for Kimi-Linear's 27
   blocks, ≈5 s for Qwen3-235B's 94). ``lengths`` (4 B per row) is not counted: the codec sends L
   in its header;
-- ``serialized_bytes`` = the codec's payload: Σ bytes of `codec_layout.canonical_tensors(cfg, L)`,
+- ``serialized_bytes`` = the codec's payload: Σ bytes of `codec.layout.canonical_tensors(cfg, L)`,
   the tensor list `codec.encode` writes (its payload is exactly these buffers). It comes from the
   layout function because `encode` needs concrete arrays; tests/model/test_state_real_tensors.py
   runs the real `encode` on real reduced-depth states and checks it against the same sum.

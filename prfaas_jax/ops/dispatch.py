@@ -1,11 +1,11 @@
 """Choosing an implementation of each op: ``Impl``, ``linear_op``, ``attention_op`` and
 ``mla_decode_op``.
 
-Every op exists in several implementations with one signature (DESIGN.md §3.1): a token-by-token
-``reference`` (``lax.scan``, fp32), a ``chunk``ed ``jnp`` form that is the CPU default, and a
-``pallas`` kernel (interpreted on CPU, compiled on accelerators). Softmax attention has one ``jnp``
-form shared by ``reference`` and ``chunk``, and a flash kernel (prefill) and an absorbed-MLA
-decode kernel under ``pallas``.
+Every op exists in several implementations with one signature (docs/design.md §3.1): a
+token-by-token ``reference`` (``lax.scan``, fp32), a ``chunk``ed ``jnp`` form that is the CPU
+default, and a ``pallas`` kernel (interpreted on CPU, compiled on accelerators, with its default
+block sizes). Softmax attention has one ``jnp`` form shared by ``reference`` and ``chunk``, and
+a flash kernel (prefill) and an absorbed-MLA decode kernel under ``pallas``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,21 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
-from prfaas_jax.ops.attention import attention, mla_decode_absorbed
-from prfaas_jax.ops.attention.pallas import flash_attention, mla_decode_pallas
-from prfaas_jax.ops.gdn import gdn_chunk, gdn_reference
-from prfaas_jax.ops.gdn.pallas import gdn_pallas
-from prfaas_jax.ops.kda import kda_chunk, kda_reference
-from prfaas_jax.ops.kda.pallas import kda_pallas
-from prfaas_jax.ops.lightning import lightning_chunk, lightning_reference
-from prfaas_jax.ops.lightning.pallas import lightning_pallas
+from prfaas_jax.ops.attention import (
+    attention,
+    flash_attention,
+    mla_decode_absorbed,
+    mla_decode_pallas,
+)
+from prfaas_jax.ops.delta_rule import (
+    gdn_chunk,
+    gdn_pallas,
+    gdn_reference,
+    kda_chunk,
+    kda_pallas,
+    kda_reference,
+)
+from prfaas_jax.ops.lightning import lightning_chunk, lightning_pallas, lightning_reference
 
 
 class Impl(enum.StrEnum):

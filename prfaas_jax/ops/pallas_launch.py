@@ -1,7 +1,8 @@
-"""What every Pallas kernel in ``ops`` shares: ``resolve_interpret``, ``pow2_dim``, ``check_block``,
-``pad_axis``, ``heads_first``, ``dot_f32`` and ``compiler_params``; and what the recurrent kernels
-(KDA/GDN delta rule, Lightning) share: ``STATE_KERNEL_STATICS``, ``state_tiles``,
-``padded_state``, ``state_block_spec`` and ``unpadded_outputs``.
+"""What every Pallas kernel in ``ops`` shares: ``resolve_interpret``, ``pow2_dim``, ``check_block``
+(the tile rule each kernel's block sizes enforce), ``pad_axis``, ``heads_first``, ``dot_f32`` and
+``compiler_params``; and what the recurrent kernels (delta rule, Lightning) share:
+``StateBlockSizes``, ``STATE_KERNEL_STATICS``, ``state_tiles``, ``padded_state``,
+``state_block_spec`` and ``unpadded_outputs``.
 
 Kernels are written once against ``jax.experimental.pallas`` and lowered by whichever backend runs
 them: Triton on GPUs, Mosaic on TPUs, and the interpreter (the kernel body evaluated as ordinary
@@ -12,14 +13,16 @@ op here and is sliced away on the way out.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 MIN_TILE = 16  # smallest M, N and K that Triton's tl.dot accepts
 _HIGHEST = jax.lax.Precision.HIGHEST
-# The jit-static keywords of the recurrent kernels' entry points (kda/gdn/lightning_pallas).
-STATE_KERNEL_STATICS = ("scale", "output_final_state", "chunk_size", "block_v", "interpret")
+# The jit-static keywords of the recurrent kernels' entry points (delta_rule/lightning_pallas).
+STATE_KERNEL_STATICS = ("scale", "output_final_state", "block_sizes", "interpret")
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
@@ -33,6 +36,7 @@ def pow2_dim(size: int, *, minimum: int = MIN_TILE) -> int:
 
 
 def check_block(name: str, size: int) -> None:
+    """A block size must be a positive power of two (at least 16 to compile with Triton)."""
     if size < 1 or size & (size - 1):
         raise ValueError(f"{name} must be a positive power of two, got {size}")
 
@@ -75,16 +79,38 @@ def compiler_params(*, num_warps: int, num_stages: int):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
-def state_tiles(
-    T: int, K: int, V: int, *, chunk_size: int, block_v: int
-) -> tuple[int, int, int, int]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class StateBlockSizes:
+    """Tile sizes of the recurrent kernels (``delta_rule_pallas``, ``lightning_pallas``).
+
+    Attributes:
+      chunk_size: tokens per chunk C; the state is carried from chunk to chunk.
+      block_v: value columns of one head's state per program (V is split into such blocks).
+
+    Both must be powers of two (``ValueError`` otherwise). Frozen and hashable: a jit static.
+    """
+
+    chunk_size: int
+    block_v: int
+
+    def __post_init__(self) -> None:
+        check_block("chunk_size", self.chunk_size)
+        check_block("block_v", self.block_v)
+
+    @classmethod
+    def get_default(cls) -> StateBlockSizes:
+        """C = 64 (the jnp chunk size) and 64 value columns per program."""
+        return cls(chunk_size=64, block_v=64)
+
+
+def state_tiles(T: int, K: int, V: int, blocks: StateBlockSizes) -> tuple[int, int, int, int]:
     """``(T_pad, K_pad, bv, V_pad)`` of a recurrent kernel carrying a [K, V] state per head.
 
     T is padded to whole chunks, K to one tile, V to whole blocks of ``bv`` value columns: each
     program owns one such block of its head's state (the recurrences never mix value columns).
     """
-    T_pad = -(-T // chunk_size) * chunk_size
-    K_pad, bv = pow2_dim(K), min(block_v, pow2_dim(V))
+    T_pad = -(-T // blocks.chunk_size) * blocks.chunk_size
+    K_pad, bv = pow2_dim(K), min(blocks.block_v, pow2_dim(V))
     V_pad = -(-V // bv) * bv
     return T_pad, K_pad, bv, V_pad
 

@@ -1,5 +1,8 @@
 """Prefill hardware and its T_prefill profiles: `load_hardware(name_or_path) -> Hardware`.
 
+Also exposes `MeasuredPrefill` (a profile file), `PrefillTime` and `PrefillSource` (measured,
+interpolated, extrapolated or estimated).
+
 A hardware file (``configs/hardware/<name>.toml``) describes one prefill instance and how long it
 takes to prefill ``l`` tokens of a model, in one of two ways:
 
@@ -12,33 +15,60 @@ takes to prefill ``l`` tokens of a model, in one of two ways:
 
 Hardware keys: ``name``, ``num_gpus``, ``peak_tflops`` (per GPU), ``efficiency`` (0, 1],
 ``overhead_s``, ``prefill_profiles`` (paths relative to the file). Profile keys: ``model``,
-``source``, ``lengths``, ``prefill_s``. Unknown or missing keys raise `ConfigError`.
+``source``, ``lengths``, ``prefill_s``. An unknown or missing key, a value of the wrong type or
+out of range is a `ConfigError` naming the file and the key (`toml_config`).
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
-import math
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from prfaas_jax.config import ModelConfig, config_dir
+from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.planning.prefill_cost import prefill_flops
 from prfaas_jax.policy.profiles import Profile
+from prfaas_jax.toml_config import Where, build, keys_of, read, resolve, split, toml_key, value
+
+
+class PrefillSource(enum.StrEnum):
+    """Where a T_prefill value comes from."""
+
+    MEASURED = "measured"  # a point of the measured table
+    INTERPOLATED = "interpolated"  # between two measured points
+    EXTRAPOLATED = "extrapolated"  # along an end segment of the measured table
+    ESTIMATE = "estimate"  # counted FLOPs at the hardware's achieved rate
+
+
+def _in_range(key: str, number: float, low: float, high: float) -> None:
+    if not low <= number <= high:
+        raise ConfigError(f"{key}: must be a number in [{low:g}, {high:g}], got {number!r}")
 
 
 @dataclass(frozen=True)
 class MeasuredPrefill:
-    """Measured T_prefill of one model at a few lengths."""
+    """Measured T_prefill of one model at a few lengths (a profile file)."""
 
     model: str
     source: str
     lengths: tuple[int, ...]
-    seconds: tuple[float, ...]
+    seconds: tuple[float, ...] = field(metadata=toml_key("prefill_s"))
+
+    def __post_init__(self) -> None:
+        for key in ("model", "source"):
+            if not getattr(self, key):
+                raise ConfigError(f"{key}: must be a non-empty string")
+        if not all(length > 0 for length in self.lengths):
+            raise ConfigError("lengths: must be positive token counts")
+        if any(b <= a for a, b in itertools.pairwise(self.lengths)):
+            raise ConfigError("lengths: must increase strictly")
+        if not len(self.seconds) == len(self.lengths) >= 2:
+            raise ConfigError("prefill_s: must list one time per length (at least two)")
+        for seconds in self.seconds:
+            _in_range("prefill_s", seconds, 1e-9, 1e6)
 
     @property
     def profile(self) -> Profile:
@@ -48,17 +78,26 @@ class MeasuredPrefill:
 @dataclass(frozen=True)
 class PrefillTime:
     seconds: float
-    source: str  # "measured", "interpolated", "extrapolated" (from a measured table), "estimate"
+    source: PrefillSource
 
 
 @dataclass(frozen=True)
 class Hardware:
+    """One prefill instance (a hardware file; `prefill_profiles` fill `measured`)."""
+
     name: str
     num_gpus: int
     peak_tflops: float  # dense BF16 per GPU
     efficiency: float  # achieved fraction of the peak during prefill
     overhead_s: float  # length-independent cost of one prefill request
     measured: dict[str, MeasuredPrefill] = field(default_factory=dict)  # by model name
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise ConfigError(f"num_gpus: must be a positive integer, got {self.num_gpus}")
+        _in_range("peak_tflops", self.peak_tflops, 1e-9, 1e6)
+        _in_range("efficiency", self.efficiency, 1e-9, 1.0)
+        _in_range("overhead_s", self.overhead_s, 0.0, 1e3)
 
     def estimate_s(self, cfg: ModelConfig, length: int) -> float:
         rate = self.num_gpus * self.peak_tflops * 1e12 * self.efficiency
@@ -68,86 +107,27 @@ class Hardware:
         """T_prefill(length): the measured profile of ``cfg.name`` if any, else the estimate."""
         table = None if estimate else self.measured.get(cfg.name)
         if table is None:
-            return PrefillTime(self.estimate_s(cfg, length), "estimate")
+            return PrefillTime(self.estimate_s(cfg, length), PrefillSource.ESTIMATE)
         if length in table.lengths:
-            source = "measured"
+            source = PrefillSource.MEASURED
         elif table.lengths[0] < length < table.lengths[-1]:
-            source = "interpolated"
+            source = PrefillSource.INTERPOLATED
         else:
-            source = "extrapolated"
+            source = PrefillSource.EXTRAPOLATED
         return PrefillTime(table.profile(length), source)
 
 
-def _read(path: Path, what: str) -> dict[str, Any]:
-    try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except OSError as err:
-        raise ConfigError(f"cannot read {what} {path}: {err.strerror}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML: {err}") from None
-
-
-def _only(doc: dict[str, Any], path: Path, keys: tuple[str, ...]) -> None:
-    unknown = sorted(set(doc) - set(keys))
-    missing = sorted(set(keys) - set(doc))
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; expected {list(keys)}")
-    if missing:
-        raise ConfigError(f"{path}: missing key(s) {missing}")
-
-
-def _number(value: Any, path: Path, key: str, *, low: float, high: float) -> float:
-    """A finite number in [low, high] (bools, strings and NaN are rejected)."""
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not low <= value <= high:
-        raise ConfigError(f"{path}: '{key}' must be a number in [{low:g}, {high:g}], got {value!r}")
-    return float(value)
-
-
 def _measured(path: Path) -> MeasuredPrefill:
-    doc = _read(path, "prefill profile")
-    _only(doc, path, ("model", "source", "lengths", "prefill_s"))
-    for key in ("model", "source"):
-        if not isinstance(doc[key], str) or not doc[key]:
-            raise ConfigError(f"{path}: '{key}' must be a non-empty string")
-    lengths, seconds = doc["lengths"], doc["prefill_s"]
-    if not (isinstance(lengths, list) and all(type(x) is int and x > 0 for x in lengths)):
-        raise ConfigError(f"{path}: 'lengths' must be a list of positive token counts")
-    if any(b <= a for a, b in itertools.pairwise(lengths)):
-        raise ConfigError(f"{path}: 'lengths' must increase strictly")
-    if not (isinstance(seconds, list) and len(seconds) == len(lengths) >= 2):
-        raise ConfigError(f"{path}: 'prefill_s' must list one time per length (at least two)")
-    times = tuple(_number(t, path, "prefill_s", low=1e-9, high=1e6) for t in seconds)
-    return MeasuredPrefill(doc["model"], doc["source"], tuple(lengths), times)
+    return build(MeasuredPrefill, read(path, "prefill profile"), Where(str(path)))
 
 
 def load_hardware(name_or_path: str | os.PathLike[str]) -> Hardware:
     """A hardware file by name (``configs/hardware/<name>.toml``) or by path."""
-    path = Path(name_or_path)
-    if path.suffix != ".toml" and not path.exists():
-        path = config_dir() / "hardware" / f"{name_or_path}.toml"
-        if not path.exists():
-            known = sorted(p.stem for p in (config_dir() / "hardware").glob("*.toml"))
-            raise ConfigError(
-                f"unknown hardware {str(name_or_path)!r}; files in configs/hardware/: "
-                + ", ".join(known)
-            )
-    doc = _read(path, "hardware file")
-    keys = ("name", "num_gpus", "peak_tflops", "efficiency", "overhead_s", "prefill_profiles")
-    _only(doc, path, keys)
-    num_gpus = doc["num_gpus"]
-    if type(num_gpus) is not int or num_gpus < 1:
-        raise ConfigError(f"{path}: 'num_gpus' must be a positive integer, got {num_gpus!r}")
-    profiles = doc["prefill_profiles"]
-    if not isinstance(profiles, list) or not all(isinstance(p, str) for p in profiles):
-        raise ConfigError(f"{path}: 'prefill_profiles' must be a list of file paths")
-    measured = {m.model: m for m in (_measured(path.parent / p) for p in profiles)}
-    return Hardware(
-        name=str(doc["name"]),
-        num_gpus=num_gpus,
-        peak_tflops=_number(doc["peak_tflops"], path, "peak_tflops", low=1e-9, high=1e6),
-        efficiency=_number(doc["efficiency"], path, "efficiency", low=1e-9, high=1.0),
-        overhead_s=_number(doc["overhead_s"], path, "overhead_s", low=0.0, high=1e3),
-        measured=measured,
+    path = resolve("hardware", name_or_path)
+    where = Where(str(path))
+    doc, profiles = split(
+        read(path, "hardware file"), where, keys_of(Hardware, "measured"), ("prefill_profiles",)
     )
+    paths = value(profiles, "prefill_profiles", tuple[str, ...], where)
+    measured = {m.model: m for m in (_measured(path.parent / p) for p in paths)}
+    return build(Hardware, doc, where, measured=measured)

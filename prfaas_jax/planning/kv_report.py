@@ -11,10 +11,14 @@ formatters turn reports into tables for humans and JSON with stable keys::
 
 `--compare` wraps one such object per model as ``{"models": [...]}`` and adds ``bytes_ratio`` and
 ``kv_gbps_ratio`` (to the first model) to every row.
+
+`select_kv` turns the command's flags into a `KvSelection`: which view (one model, ``--compare``
+or ``--paper``), which models, which lengths, and whether the real prefill is traced.
 """
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,8 +27,11 @@ from typing import Protocol
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
 from prfaas_jax.planning.hardware import Hardware, PrefillTime
-from prfaas_jax.planning.paper_tables import MIB, kv_gbps
+from prfaas_jax.planning.paper_tables import MIB, TABLE3_GBPS, TABLE5_MODEL, kv_gbps
+from prfaas_jax.tables import table
 
+PAPER_MODELS = (*TABLE3_GBPS, TABLE5_MODEL)
+DEFAULT_LENGTHS = "1K,8K,32K,128K"  # the paper's
 MISMATCH = "MISMATCH: the real prefill or the codec disagrees with the formula (a bug)"
 _LENGTH = re.compile(r"(\d+)([kKmM]?)")
 _UNITS = {"": 1, "k": 2**10, "m": 2**20}
@@ -47,6 +54,46 @@ def parse_lengths(text: str) -> tuple[int, ...]:
 
 def format_length(length: int) -> str:
     return f"{length // 1024}K" if length % 1024 == 0 else f"{length:,}"
+
+
+class KvView(enum.StrEnum):
+    MODEL = "model"  # one model's full table
+    COMPARE = "compare"  # several models side by side, with ratios to the first
+    PAPER = "paper"  # the paper's models against its Tables 3 and 5 (planning/kv_vs_paper.py)
+
+
+@dataclass(frozen=True)
+class KvSelection:
+    view: KvView
+    models: tuple[str, ...]  # preset names or model TOML paths
+    lengths: tuple[int, ...]  # prompt lengths in tokens
+    measure: bool  # trace the real prefill at every length (engine/kvsize.py)
+
+
+def select_kv(
+    *,
+    model: str | None = None,
+    compare: str | None = None,
+    paper: bool = False,
+    lengths: str | None = None,
+    measure: bool = True,
+) -> KvSelection:
+    """What `prfaas kv` reports: ``model``, the comma-separated ``compare`` list (at least two)
+    or the ``paper``'s models, at ``lengths`` (default 1K,8K,32K,128K; the paper's only)."""
+    if paper:
+        if lengths is not None:
+            raise UserError("--paper uses the paper's lengths 1K,8K,32K,128K; drop --lengths")
+        # The paper's numbers come from the formula; tracing would add minutes and no check.
+        return KvSelection(KvView.PAPER, PAPER_MODELS, parse_lengths(DEFAULT_LENGTHS), False)
+    parsed = parse_lengths(DEFAULT_LENGTHS if lengths is None else lengths)
+    if compare is not None:
+        names = tuple(name.strip() for name in compare.split(",") if name.strip())
+        if len(names) < 2:
+            raise UserError("--compare needs at least two models, e.g. --compare A,B")
+        return KvSelection(KvView.COMPARE, names, parsed, measure)
+    if model is None:
+        raise UserError("say which model: --model, --compare or --paper")
+    return KvSelection(KvView.MODEL, (model,), parsed, measure)
 
 
 class SizeLike(Protocol):
@@ -143,20 +190,6 @@ def compare_json(reports: Sequence[ModelReport]) -> dict[str, object]:
 # --- tables for humans ----------------------------------------------------------------------
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> list[str]:
-    """Aligned columns (the first ``left`` left-aligned), a rule under the header."""
-    widths = [max(len(r[i]) for r in (header, *rows)) for i in range(len(header))]
-
-    def line(cells: Sequence[str]) -> str:
-        return "  ".join(
-            c.ljust(w) if i < left else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
-        ).rstrip()
-
-    head = line(header)
-    return [head, "-" * len(head), *(line(r) for r in rows)]
-
-
 def mib(nbytes: float) -> str:
     return f"{nbytes / MIB:,.2f}"
 
@@ -213,7 +246,7 @@ def format_report(report: ModelReport) -> str:
             f"prfaas kv: {describe(report.cfg)}",
             describe_hardware(report.hardware),
             "",
-            *table(header, rows),
+            table(rows, headers=header),
             "",
             "S_kv: canonical state of one sequence in MiB (2^20 B): growing = MLA/GQA caches,",
             "windowed = SWA caches, fixed = linear-attention states, then per layer kind.",
@@ -238,7 +271,7 @@ def format_compare(reports: Sequence[ModelReport]) -> str:
                 ratio = value(row) / value(base)
                 cells.append(text(value(row)) + ("" if report is first else f" ({ratio:.2f}×)"))
             rows.append(cells)
-        return [title, *table(["model", *lengths], rows), ""]
+        return [title, table(rows, headers=["model", *lengths]), ""]
 
     sources = sorted({row.prefill.source for report in reports for row in report.rows})
     lines = [f"prfaas kv --compare (ratios to {first.cfg.name})", ""]

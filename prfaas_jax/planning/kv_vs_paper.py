@@ -18,7 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from prfaas_jax.planning.kv_report import ModelReport, describe_hardware, format_length, table
+from prfaas_jax.planning.kv_report import (
+    PAPER_MODELS,
+    ModelReport,
+    describe_hardware,
+    format_length,
+)
 from prfaas_jax.planning.paper_tables import (
     EGRESS_FIGURES,
     MIB,
@@ -29,8 +34,8 @@ from prfaas_jax.planning.paper_tables import (
     cluster_egress_gbps,
     relative_error,
 )
+from prfaas_jax.tables import table
 
-PAPER_MODELS = (*TABLE3_GBPS, TABLE5_MODEL)
 TOLERANCE = 0.05  # the reproduction target for Table 5's S_kv and the §2.3 figures
 
 
@@ -196,15 +201,15 @@ def format_paper(reports: Mapping[str, ModelReport]) -> str:
             "prefill); MiB = 2^20 B, Gbps = 10^9 bit/s",
             "",
             f"Table 5: internal 1T hybrid (our stand-in preset {TABLE5_MODEL}), 8×H200, vLLM",
-            *table(t5_header, t5_rows),
+            table(t5_rows, headers=t5_header),
             f"S_kv within {worst5:.1%} of Table 5 at every length (target {TOLERANCE:.0%})",
             "",
             "Table 3: Φ_kv on 8×H200 (SGLang v0.5.9); T implied = our S_kv / the paper's Φ_kv",
-            *table(t3_header, t3_rows, left=2),
+            table(t3_rows, headers=t3_header, align="ll" + "r" * (len(t3_header) - 2)),
             f"RMS error of our Φ_kv: {rms3:.1%}",
             "",
             "§2.3: cluster egress B_out = (N / P) · Φ_kv (Eq. 2), at the paper's and at our Φ_kv",
-            *table(eg_header, eg_rows),
+            table(eg_rows, headers=eg_header),
             f"Eq. 2 on the paper's Φ_kv reproduces {reproduced} of {len(data['egress'])} figures "
             f"(within {TOLERANCE:.0%}, or below the stated bound)",
         ]

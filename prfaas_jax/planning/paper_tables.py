@@ -1,4 +1,4 @@
-"""The paper's KV-throughput numbers and its Eqs. 1–2 (arXiv 2604.15039 §1–2; research/paper.md §1).
+"""The paper's KV-throughput numbers and its Eqs. 1–2 (arXiv 2604.15039 §2.1–2.3, Tables 3, 5).
 
     Φ_kv(l) = S_kv(l) / T_prefill(l)                      (1)  `kv_gbps`
     B_out   ≈ (N / P) · Φ_kv(L_avg)                        (2)  `cluster_egress_gbps`
@@ -8,7 +8,7 @@ with S in bytes, T in s, Φ and B in Gbps (10⁹ bit/s). The tables use MiB (2²
 
 `TABLE3_GBPS` is Table 3 (Φ_kv on 8×H200, SGLang v0.5.9) keyed by our preset names, `TABLE5` the
 internal 1T model (our stand-in: the ``prfaas-1t`` preset), and `EGRESS_FIGURES` the §2.3 worked
-examples with the inputs Eq. 2 needs (P = 8, research/paper.md §1.2).
+examples with the inputs Eq. 2 needs (P = 8 GPUs per instance, as in the paper's Tables 3 and 5).
 """
 
 from __future__ import annotations

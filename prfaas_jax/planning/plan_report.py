@@ -21,6 +21,7 @@ from prfaas_jax.policy.throughput_model import (
     prefill_imbalance,
     producer_consumer_gap,
 )
+from prfaas_jax.tables import table
 
 _STAGE_TIME_TEXT = {
     StageTime.EXPECTED: "E[T(L) | class] (mean service time)",
@@ -127,22 +128,15 @@ def format_plan(plan: Plan, config: PlanConfig) -> str:
     """The plan as a table for humans, with the headline numbers underneath."""
     link = config.model.deployment.egress_gbps
     columns = [
-        ["", *_ROW_LABELS],
-        ["PrfaaS-PD", *_column(plan.best, plan, plan.cost, link)],
-        ["homogeneous PD", *_column(plan.homogeneous_pd, plan, plan.homogeneous_cost, 0.0)],
-        ["naive heterogeneous", *_column(plan.naive_heterogeneous, plan, plan.cost, link)],
+        _ROW_LABELS,
+        _column(plan.best, plan, plan.cost, link),
+        _column(plan.homogeneous_pd, plan, plan.homogeneous_cost, 0.0),
+        _column(plan.naive_heterogeneous, plan, plan.cost, link),
     ]
-    widths = [max(len(cell) for cell in column) for column in columns]
-    lines = [
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in zip(*columns, strict=True)
-    ]
+    headers = ["", "PrfaaS-PD", "homogeneous PD", "naive heterogeneous"]
     best, p = plan.best, plan.best.routing.offload_fraction
-    lines[1:1] = ["-" * len(lines[0])]
-    lines = [f"prfaas plan: {config.path}", "", *lines, ""]
+    rows = list(zip(*columns, strict=True))
+    lines = [f"prfaas plan: {config.path}", "", table(rows, headers), ""]
     lines += [
         f"speedup: {plan.speedup_vs_homogeneous:.2f}× vs homogeneous PD, "
         f"{plan.speedup_vs_naive:.2f}× vs naive heterogeneous",

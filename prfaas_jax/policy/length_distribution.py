@@ -1,7 +1,7 @@
 """Distributions of the uncached input length L: `LengthDistribution` and two implementations.
 
 Exposes the `LengthDistribution` protocol, which gives the routing statistics of a threshold t
-(research/paper.md §2.2, Table 4):
+(arXiv 2604.15039 §3.4, Table 4):
 
     p(t)       = P(L > t)              fraction of requests offloaded to PrfaaS
     l_long(t)  = E[L | L > t]          mean PrfaaS length

@@ -5,7 +5,7 @@ Exposes `LiveProfiles` (hardware and model constants of a running cluster), `Clu
 arrival times), `live_model` (a `ThroughputModel` of Eqs. 3–6 on the window's empirical
 lengths) and `solve_threshold`.
 
-`solve_threshold` is the short-timescale search of research/paper.md §4.1: among candidate
+`solve_threshold` is the short-timescale search of the paper's §3.4.3: among candidate
 thresholds t it maximises Λ_max (Eq. 6, ties to the most prefill headroom, then the smallest t,
 as `search.best_point`), subject to the link carrying the traffic that is actually arriving:
 

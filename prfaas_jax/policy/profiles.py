@@ -5,7 +5,7 @@ the prefill time T_prefill(l) in seconds, or the KV-cache size S_kv(l) in MiB (2
 `Profile` is a piecewise polynomial in l, built in one of two ways:
 
 - `Profile.polynomial(coeffs)`: f(l) = Σ_k c_k·l^k for every l — a fitted profile, e.g. the
-  quadratic T_prefill(l) = a + b·l + c·l² of research/paper.md §7;
+  quadratic T_prefill(l) = a + b·l + c·l² of docs/planning.md, "Calibration of the case study";
 - `Profile.table(lengths, values)`: linear interpolation between measured points, continued
   along the first and last segments outside them (e.g. paper Table 5's S_kv at 1K…128K).
 

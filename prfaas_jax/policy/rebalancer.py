@@ -1,4 +1,4 @@
-"""Long-timescale role rebalancing (research/paper.md §4.2): `Rebalancer`.
+"""Long-timescale role rebalancing (arXiv 2604.15039 §3.4.3): `Rebalancer`.
 
 Also exposes `RebalancerConfig`, `StageObservation` (what the router measures) and
 `RoleChange` (a PD node to convert, and why).

@@ -1,7 +1,8 @@
-"""Per-request routing (research/paper.md §4.1): `route(request, view, now) -> Decision`.
+"""Per-request routing (arXiv 2604.15039 §3.3, §3.4.3): `route(prompt_len, view, now) -> Decision`.
 
 Also exposes the roles and clusters (`Role`, `ClusterKind`), the router's view of the instances
-(`InstanceLoad`, `ClusterView`), and `pick_decode`, the decode-instance choice.
+(`InstanceLoad`, `ClusterView`), why a decision went where it did (`RouteReason`), and
+`pick_decode`, the decode-instance choice.
 
 Base rule, on the *incremental uncached* length l (prompt minus the prefix a cache already
 holds): l > t → PrfaaS, l ≤ t → PD prefill. With cache hits, l_total the prompt length and
@@ -51,6 +52,15 @@ class Role(enum.Enum):
         return self is not Role.PD_DECODE
 
 
+class RouteReason(enum.StrEnum):
+    """Why `route` sent a request where it did."""
+
+    THRESHOLD = "threshold"  # its uncached length against t
+    QUEUE_GUARD = "queue_guard"  # bound for PrfaaS, kept local: every PrfaaS queue is full
+    NO_PRFAAS = "no_prfaas"  # no PrfaaS instance can take it
+    NO_PD_PREFILL = "no_pd_prefill"  # no PD prefill instance can take it
+
+
 @dataclass(frozen=True)
 class InstanceLoad:
     """One prefill instance as the router sees it when a request arrives."""
@@ -92,7 +102,7 @@ class Decision:
     prefix_source: str | None  # instance holding the reused prefix; None: nothing reused
     cached_len: int  # tokens of the prompt that are not recomputed
     uncached_len: int  # tokens the chosen instance prefills
-    reason: str  # "threshold", "queue_guard", "no_prfaas" or "no_pd_prefill"
+    reason: RouteReason
     decided_at: float  # the caller's clock, for traces
 
     @property
@@ -125,7 +135,10 @@ def route(prompt_len: int, view: ClusterView, now: float) -> Decision:
     cap = prompt_len - 1
 
     def decide(
-        cluster: ClusterKind, pool: Sequence[InstanceLoad], prefix: InstanceLoad | None, why: str
+        cluster: ClusterKind,
+        pool: Sequence[InstanceLoad],
+        prefix: InstanceLoad | None,
+        why: RouteReason,
     ) -> Decision:
         target = _least_work(pool, prompt_len)
         if prefix is None or min(prefix.cached_len, cap) == 0:
@@ -136,9 +149,10 @@ def route(prompt_len: int, view: ClusterView, now: float) -> Decision:
         return Decision(cluster, target.name, source, cached, prompt_len - cached, why, now)
 
     if not view.prfaas:
-        return decide(ClusterKind.PD, view.pd_prefill, None, "no_prfaas")
+        return decide(ClusterKind.PD, view.pd_prefill, None, RouteReason.NO_PRFAAS)
     if not view.pd_prefill:
-        return decide(ClusterKind.PRFAAS, view.prfaas, _best_cached(view.prfaas), "no_pd_prefill")
+        best = _best_cached(view.prfaas)
+        return decide(ClusterKind.PRFAAS, view.prfaas, best, RouteReason.NO_PD_PREFILL)
 
     best_prfaas, best_pd = _best_cached(view.prfaas), _best_cached(view.pd_prefill)
     assert best_prfaas is not None and best_pd is not None
@@ -151,11 +165,11 @@ def route(prompt_len: int, view: ClusterView, now: float) -> Decision:
         goes_local = prompt_len - l_pd <= view.threshold
         local_prefix, remote_prefix = best_pd, best_prfaas
     if goes_local:
-        return decide(ClusterKind.PD, view.pd_prefill, local_prefix, "threshold")
+        return decide(ClusterKind.PD, view.pd_prefill, local_prefix, RouteReason.THRESHOLD)
     if all(inst.queue_depth >= view.prfaas_max_queue for inst in view.prfaas):
-        return decide(ClusterKind.PD, view.pd_prefill, best_pd, "queue_guard")
+        return decide(ClusterKind.PD, view.pd_prefill, best_pd, RouteReason.QUEUE_GUARD)
     open_prfaas = [inst for inst in view.prfaas if inst.queue_depth < view.prfaas_max_queue]
-    return decide(ClusterKind.PRFAAS, open_prfaas, remote_prefix, "threshold")
+    return decide(ClusterKind.PRFAAS, open_prfaas, remote_prefix, RouteReason.THRESHOLD)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Throughput-optimal configuration search (research/paper.md §2.4, §3.2): `search` → `Plan`.
+"""Throughput-optimal configuration search (arXiv 2604.15039 §3.4.2, §4.2): `search` → `Plan`.
 
 Exposes `threshold_grid` and `local_splits` (the candidates), `sweep` (every candidate
 evaluated), `best_point`, the two baselines `homogeneous_pd` and `naive_heterogeneous`, and

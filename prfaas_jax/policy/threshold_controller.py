@@ -1,4 +1,4 @@
-"""Short-timescale threshold control (research/paper.md §4.1): `ThresholdController`.
+"""Short-timescale threshold control (arXiv 2604.15039 §3.4.3): `ThresholdController`.
 
 Also exposes `ControllerConfig`, `LinkObservation` (what the router measures each control
 period) and `ThresholdUpdate` (a change of t and why).

@@ -1,4 +1,4 @@
-"""The paper's steady-state throughput model of PrfaaS-PD (research/paper.md §2, Eqs. 3–8).
+"""The paper's steady-state throughput model of PrfaaS-PD (arXiv 2604.15039 §3.4, Eqs. 3–8).
 
 Exposes the equations as functions of plain numbers, and `ThroughputModel`, which evaluates
 them for a `Deployment`, a `LengthDistribution` of uncached input lengths and a threshold t:
@@ -18,7 +18,8 @@ carries no traffic (p = 0 or p = 1) is +∞, which also covers the two baselines
 implicit: `EXPECTED` uses E[T(L) | class] (and E[S_kv(L) | L > t]); `AT_MEAN` uses T(E[L | class])
 as Eqs. 3–4 are printed. A server's throughput is the reciprocal of its *mean* service time, and
 T_prefill is convex in l, so T(E[L]) ≤ E[T(L)] (Jensen) and `AT_MEAN` overstates throughput; the
-paper's Θ_prfaas = 1.61 (Table 6) matches E[T(L)] (research/paper.md §7).
+paper's Θ_prfaas = 1.61 (Table 6) matches E[T(L)] (docs/planning.md, "Calibration of the case
+study").
 
 Units: lengths in tokens, times in s, S_kv in MiB (2^20 bytes), bandwidth in Gbps (1e9 bit/s).
 """

@@ -1,29 +1,48 @@
 """The sections of a toy-cluster config, one frozen dataclass each: `ModelSection`,
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
-`SecuritySection` and `ChaosSection`.
+`SecuritySection` and `ChaosSection`; and `EngineKind`, the `[model] engine` choice.
 
 Each field's default is the value a config that omits the key gets, and its type is the type
-the reader checks (serving/cluster_config.py, which reads the TOML file into these and
-validates them). Separate from that reader because most serving modules need one section
-(security, chaos, the link) and none of the parsing.
+the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
+checks its values in `__post_init__`, naming the key; `[security]`'s files are checked by the
+reader, which resolves them against the config's folder. Separate from that reader because
+most serving modules need one section (security, chaos, the link) and none of the parsing.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
-from typing import Any
 
+from prfaas_jax.errors import ConfigError
+from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.policy.rebalancer import RebalancerConfig
+from prfaas_jax.policy.threshold_controller import ControllerConfig
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+class EngineKind(enum.StrEnum):
+    JAX = "jax"  # the model in JAX
+    FAKE = "fake"  # engine/fake.py: tokens computable by hand, timed by [fake]
 
 
 @dataclass(frozen=True)
 class ModelSection:
     preset: str
     seed: int = 0
-    impl: str = "chunk"
-    engine: str = "jax"
+    impl: Impl = Impl.CHUNK
+    engine: EngineKind = EngineKind.JAX
+
+    def __post_init__(self) -> None:
+        _check(
+            self.impl in (Impl.CHUNK, Impl.REFERENCE), "model.impl", "must be chunk or reference"
+        )
 
 
 @dataclass(frozen=True)
@@ -39,11 +58,26 @@ class EngineSection:
     max_prefill_queue: int = 64  # per prefill worker: requests waiting for or on its engine
     max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
 
+    def __post_init__(self) -> None:
+        _check(self.max_len >= 2, "engine.max_len", "must be ≥ 2")
+        _check(self.chunk_len >= 1, "engine.chunk_len", "must be ≥ 1")
+        buckets = list(self.buckets)
+        ok = bool(buckets) and buckets == sorted(set(buckets)) and buckets[0] >= 1
+        _check(ok, "engine.buckets", "must be increasing positive sizes")
+        _check(self.max_slots >= 1, "engine.max_slots", "must be ≥ 1")
+        _check(self.max_prefill_queue >= 1, "engine.max_prefill_queue", "must be ≥ 1")
+        _check(self.max_pending_states >= 0, "engine.max_pending_states", "must be ≥ 0")
+        _check(self.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
+
 
 @dataclass(frozen=True)
 class FakeSection:
     prefill_s_per_token: float = 0.0
     decode_step_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        ok = min(self.prefill_s_per_token, self.decode_step_s) >= 0
+        _check(ok, "fake", "prefill_s_per_token and decode_step_s must be ≥ 0")
 
 
 @dataclass(frozen=True)
@@ -51,6 +85,12 @@ class InstancesSection:
     prfaas_prefill: int = 1
     pd_prefill: int = 1
     pd_decode: int = 1
+
+    def __post_init__(self) -> None:
+        _check(min(self.prfaas_prefill, self.pd_prefill) >= 0, "instances", "counts must be ≥ 0")
+        _check(self.pd_decode >= 1, "instances.pd_decode", "must be ≥ 1")
+        ok = self.prfaas_prefill + self.pd_prefill >= 1
+        _check(ok, "instances", "need a prefill instance")
 
 
 @dataclass(frozen=True)
@@ -60,6 +100,17 @@ class LinkSection:
     burst_kib: float = 16.0
     schedule: tuple[tuple[float, float], ...] = ()  # (seconds after start, bandwidth factor)
     repeat_s: float = 0.0  # > 0: the schedule repeats with this period
+
+    def __post_init__(self) -> None:
+        _check(self.bandwidth_mbps > 0, "link.bandwidth_mbps", "must be positive")
+        ok = self.latency_ms >= 0 and self.burst_kib > 0
+        _check(ok, "link", "needs latency_ms ≥ 0 and burst_kib > 0")
+        times = [at for at, _ in self.schedule]
+        ok = times == sorted(times) and all(at >= 0 and f > 0 for at, f in self.schedule)
+        _check(ok, "link.schedule", "must be [at_s ≥ 0, factor > 0] pairs in time order")
+        _check(self.repeat_s >= 0, "link.repeat_s", "must be ≥ 0")
+        ok = not self.schedule or not self.repeat_s or times[-1] < self.repeat_s
+        _check(ok, "link.repeat_s", "must exceed the last schedule time")
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -80,21 +131,46 @@ class RouterSection:
     max_in_flight: int = 256  # requests admitted at once; more are RESOURCE_EXHAUSTED
     ttft_slo_s: float = 0.0  # refuse a request whose predicted TTFT exceeds this (0: off)
 
+    def __post_init__(self) -> None:
+        _check(self.threshold >= 0, "router.threshold", "must be ≥ 0")
+        _check(self.prfaas_max_queue >= 1, "router.prfaas_max_queue", "must be ≥ 1")
+        _check(self.control_period_s > 0, "router.control_period_s", "must be positive")
+        _check(self.request_timeout_s > 0, "router.request_timeout_s", "must be positive")
+        _check(self.max_attempts >= 1, "router.max_attempts", "must be ≥ 1")
+        _check(self.retry_wait_s >= 0, "router.retry_wait_s", "must be ≥ 0")
+        _check(self.stall_timeout_s > 0, "router.stall_timeout_s", "must be positive")
+        _check(0 <= self.metrics_port < 65536, "router.metrics_port", "must be a port number")
+        _check(self.max_in_flight >= 1, "router.max_in_flight", "must be ≥ 1")
+        _check(self.ttft_slo_s >= 0, "router.ttft_slo_s", "must be ≥ 0")
+
 
 @dataclass(frozen=True)
 class ControllerSection:
+    """The policy's keys, every `ControllerConfig` field but `candidates`, share the table; the
+    candidates are every `threshold_step` tokens up to `engine.max_len`."""
+
+    config: ControllerConfig
     enabled: bool = True
     threshold_step: int = 16
     window: int = 256
-    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # ControllerConfig fields
+
+    def __post_init__(self) -> None:
+        _check(self.threshold_step >= 1, "controller.threshold_step", "must be ≥ 1")
+        _check(self.window >= 1, "controller.window", "must be ≥ 1")
 
 
 @dataclass(frozen=True)
 class RebalancerSection:
+    """The policy's keys, every `RebalancerConfig` field, share the table."""
+
     enabled: bool = False
     period_s: float = 5.0
     drain_timeout_s: float = 60.0
     config: RebalancerConfig = dataclasses.field(default_factory=RebalancerConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.period_s > 0, "rebalancer.period_s", "must be positive")
+        _check(self.drain_timeout_s > 0, "rebalancer.drain_timeout_s", "must be positive")
 
 
 @dataclass(frozen=True)
@@ -103,6 +179,11 @@ class ProfileSection:
     pd_prefill_s: tuple[float, ...] = (0.005, 2.5e-4)
     decode_step_s: float = 0.01
 
+    def __post_init__(self) -> None:
+        for key in ("prfaas_prefill_s", "pd_prefill_s"):
+            _check(bool(getattr(self, key)), f"profile.{key}", "needs at least one coefficient")
+        _check(self.decode_step_s > 0, "profile.decode_step_s", "must be positive")
+
 
 @dataclass(frozen=True)
 class PrefixCacheSection:
@@ -110,6 +191,11 @@ class PrefixCacheSection:
     capacity_mib: float = 64.0  # host-memory budget per prefill worker, KV and states together
     block_size: int = 16  # tokens per KV block (the match granularity of attention layers)
     checkpoint_every: int = 4  # linear-state checkpoint every this many blocks, and at prompt end
+
+    def __post_init__(self) -> None:
+        _check(self.capacity_mib >= 0, "prefix_cache.capacity_mib", "must be ≥ 0")
+        _check(self.block_size >= 1, "prefix_cache.block_size", "must be ≥ 1")
+        _check(self.checkpoint_every >= 1, "prefix_cache.checkpoint_every", "must be ≥ 1")
 
     @property
     def capacity_bytes(self) -> int:
@@ -133,11 +219,16 @@ class SecuritySection:
 
 @dataclass(frozen=True)
 class ChaosSection:
-    """Faults the prefill workers inject into their own state transfers (serving/worker/faults.py)."""
+    """Faults the prefill workers inject into their own state transfers
+    (serving/worker/faults.py)."""
 
     corrupt_frame_prob: float = 0.0  # flip one byte of one data frame: the receiver's CRC fails
     drop_transfer_prob: float = 0.0  # cancel the push midway, as a dead link would
     seed: int = 0  # each worker draws from seed + a hash of its name
+
+    def __post_init__(self) -> None:
+        for key in ("corrupt_frame_prob", "drop_transfer_prob"):
+            _check(0 <= getattr(self, key) <= 1, f"chaos.{key}", "must be in [0, 1]")
 
     @property
     def enabled(self) -> bool:

@@ -1,4 +1,4 @@
-"""The simulated hardware: `PrefillInstance`, `DecodeInstance`, `Link`, `PrefixCache`.
+"""The simulated hardware: `PrefillInstance`, `DecodeInstance`, `LinkModel`, `CacheModel`.
 
 - `PrefillInstance`: one prefill instance (PrfaaS or PD), first come first served, service time
   from its hardware's profile T(l). A prompt of l tokens whose first c tokens are cached costs
@@ -9,11 +9,11 @@
   waits for one when all are taken. The step time is T_decode · (f + (1 − f) · n / BS_max) with n
   running requests: f = 1 (the default) is the constant SLO-governed step of Eq. 5; f < 1 makes
   small batches faster.
-- `Link`: the PrfaaS → PD inter-cluster link, a bandwidth schedule of (time, Gbps) steps, shared
-  equally by the transfers in flight (`SharedServer`). It counts bytes offered and bytes sent.
-- `PrefixCache`: one cluster's prefix-cache pool, an LRU set of block hashes (Mooncake
-  `hash_ids`) holding at most `capacity_blocks`; a prompt's cached prefix is its longest run of
-  leading blocks in the set.
+- `LinkModel`: the PrfaaS → PD inter-cluster link, a bandwidth schedule of (time, Gbps) steps,
+  shared equally by the transfers in flight (`SharedServer`). It counts bytes offered and sent.
+- `CacheModel`: one cluster's prefix-cache pool (the simulated counterpart of
+  engine/prefix_cache.py), an LRU set of block hashes (Mooncake `hash_ids`) holding at most
+  `capacity_blocks`; a prompt's cached prefix is its longest run of leading blocks in the set.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ class DecodeInstance:
         return self.assigned == 0 and self.held == 0
 
 
-class Link:
+class LinkModel:
     """The PrfaaS → PD link: capacity follows `schedule` [(time_s, gbps), …] (module docstring)."""
 
     def __init__(self, loop: EventLoop, schedule: Sequence[tuple[float, float]]) -> None:
@@ -179,7 +179,7 @@ class Link:
         self.server.submit(num_bytes, done, arg)
 
 
-class PrefixCache:
+class CacheModel:
     """LRU pool of block hashes with room for `capacity_blocks` (module docstring)."""
 
     def __init__(self, capacity_blocks: int, block_len: int) -> None:

@@ -1,7 +1,7 @@
 """Simulator inputs from a TOML file: `load_sim_config(path) -> SimConfig`, the section
-dataclasses it holds (`LinkSpec`, `CacheSpec`, `RouterSpec`, `ControllerSpec`, `RebalancerSpec`,
-`SaturationSpec`, `DeploymentSpec`) and `with_overrides` (the command line's --seed, --requests,
---rate).
+dataclasses it reads (`LinkSpec`, `DecodeSpec`, `CacheSpec`, `RouterSpec`, `ControllerSpec`,
+`RebalancerSpec`, `SaturationSpec`, `ReportSpec`, `DeploymentSpec`) and `with_overrides` (the
+command line's --seed, --requests, --rate).
 
 A simulation config names a plan config (`prfaas plan`'s input: hardware profiles, decode
 constants, the input-length distribution, the output length) and adds what a steady-state
@@ -21,9 +21,9 @@ model leaves out. Sections (docs/simulator.md explains every key):
     [deployments.NAME]  prfaas, pd_prefill, pd_decode, threshold, controller, rebalancer,
                         bandwidth_abundant, prfaas_max_queue
 
-Each section is read into a frozen dataclass whose fields are its keys (`_read`); values are
-validated in `__post_init__`. Errors are `ConfigError`s naming the file and key, like the plan
-config's.
+Each section is read into a frozen dataclass whose fields are its keys (`toml_config.build`;
+`[workload]` into `sim/workload.py`'s `WorkloadSpec`); values are validated in `__post_init__`.
+Errors are `ConfigError`s naming the file and key, like the plan config's.
 """
 
 from __future__ import annotations
@@ -31,25 +31,19 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import tomllib
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
 
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.planning.plan_config import PlanConfig, _Section, _values_of, load_plan_config
+from prfaas_jax.planning.plan_config import PlanConfig, load_plan_config
 from prfaas_jax.policy.live_model import LiveProfiles
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates
-from prfaas_jax.sim.workload import PrefixSpec, WorkloadSpec, read_trace, trace_rate
+from prfaas_jax.sim.workload import Arrivals, TraceRecord, WorkloadSpec, read_trace, trace_rate
+from prfaas_jax.toml_config import Where, build, keys_of, located, read, split, toml_key, value
 
-T = TypeVar("T")
 SECTIONS = ("plan", "workload", "link", "decode", "cache", "router", "controller")
 SECTIONS += ("rebalancer", "saturation", "report", "deployments")
-
-
-def _key(name: str) -> dict[str, str]:
-    return {"key": name}
 
 
 @dataclass(frozen=True)
@@ -68,6 +62,17 @@ class LinkSpec:
             raise ValueError("the bandwidth schedule's Gbps must be positive")
         if self.chunks < 1 or not self.rdma_gbps > 0:
             raise ValueError("need chunks ≥ 1 and rdma_gbps > 0")
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    step_fixed_fraction: float = 1.0  # f of DecodeInstance's step time (sim/cluster.py)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.step_fixed_fraction <= 1:
+            raise ValueError(
+                f"step_fixed_fraction must be in (0, 1], got {self.step_fixed_fraction:g}"
+            )
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,11 @@ class RouterSpec:
 
 @dataclass(frozen=True)
 class ControllerSpec:
+    """The policy's keys, every `ControllerConfig` field but `candidates`, share the table; the
+    candidates are every `threshold_step` tokens up to the longest input length."""
+
     config: ControllerConfig
-    threshold_step: int = 1000  # candidate thresholds step, 1 … max length
+    threshold_step: int = 1000
     window: int = 256  # TrafficWindow size (requests)
     rate_memory_s: float = 60.0
 
@@ -106,6 +114,8 @@ class ControllerSpec:
 
 @dataclass(frozen=True)
 class RebalancerSpec:
+    """The policy's keys, every `RebalancerConfig` field, share the table."""
+
     config: RebalancerConfig
     period_s: float = 10.0
     switch_s: float = 5.0  # drained node to serving in its new role
@@ -128,14 +138,23 @@ class SaturationSpec:
 
 
 @dataclass(frozen=True)
+class ReportSpec:
+    bin_s: float = 10.0  # time-series bin
+
+    def __post_init__(self) -> None:
+        if not self.bin_s > 0:
+            raise ValueError(f"bin_s must be positive, got {self.bin_s:g}")
+
+
+@dataclass(frozen=True)
 class DeploymentSpec:
     name: str
     threshold: float  # ±inf when one prefill stage takes everything
-    num_pd_decode: int = field(metadata=_key("pd_decode"))
-    num_prfaas: int = field(default=0, metadata=_key("prfaas"))
-    num_pd_prefill: int = field(default=0, metadata=_key("pd_prefill"))
-    use_controller: bool = field(default=True, metadata=_key("controller"))
-    use_rebalancer: bool = field(default=True, metadata=_key("rebalancer"))
+    num_pd_decode: int = field(metadata=toml_key("pd_decode"))
+    num_prfaas: int = field(default=0, metadata=toml_key("prfaas"))
+    num_pd_prefill: int = field(default=0, metadata=toml_key("pd_prefill"))
+    use_controller: bool = field(default=True, metadata=toml_key("controller"))
+    use_rebalancer: bool = field(default=True, metadata=toml_key("rebalancer"))
     bandwidth_abundant: bool | None = None  # None: [router]'s
     prfaas_max_queue: int | None = None  # None: [router]'s
 
@@ -165,85 +184,48 @@ class SimConfig:
     bin_s: float = 10.0
 
 
-def _read(section: _Section, cls: type[T], *, extra: tuple[str, ...] = (), **given: object) -> T:
-    """`cls` (a dataclass) from the section's keys, one per field not `given` (named by the
-    field or its metadata "key"; the type from its annotation); `extra` keys are the caller's."""
-    fields = [f for f in dataclasses.fields(cls) if f.name not in given]
-    section.only(*extra, *(f.metadata.get("key", f.name) for f in fields))
-    values: dict[str, object] = {}
-    for f in fields:
-        key = f.metadata.get("key", f.name)
-        if key not in section.data:
-            if f.default is MISSING:
-                raise ConfigError(f"{section.path}: missing key '{section.key(key)}'")
-            continue
-        kind = str(f.type)
-        if kind.startswith("bool"):
-            value = section.data[key]
-            if not isinstance(value, bool):
-                raise section.error(key, f"must be true or false, got {value!r}")
-            values[f.name] = value
-        else:
-            values[f.name] = section.integer(key) if kind.startswith("int") else section.number(key)
-    with _values_of(section):
-        return cls(**values, **given)
+def _workload(
+    table: dict[str, object], where: Where, plan: PlanConfig, block_len: int, directory: Path
+) -> WorkloadSpec:
+    """`[workload]`: the lengths come from the plan; rate and requests default to a trace's."""
+    own_keys = keys_of(WorkloadSpec, "lengths", "block_len", "trace")
+    own, extra = split(table, where, own_keys, ("path",))
+    defaults: dict[str, object] = {
+        "arrivals": Arrivals.POISSON,
+        "output_len": round(plan.model.output_len),
+    }
+    trace: tuple[TraceRecord, ...] = ()
+    if value(own, "arrivals", Arrivals, where, default=Arrivals.POISSON) is Arrivals.TRACE:
+        trace = read_trace(directory / value(extra, "path", str, where))
+        defaults |= {"rate": trace_rate(trace), "requests": len(trace)}
+    computed = {"lengths": plan.model.lengths, "block_len": block_len, "trace": trace}
+    return build(WorkloadSpec, defaults | own, where, **computed)
 
 
-def _names(cls: type, *without: str) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls) if f.name not in without)
+def _controller(table: object, where: Where, plan: PlanConfig) -> ControllerSpec:
+    own_keys = keys_of(ControllerSpec, "config")
+    own, policy = split(table, where, own_keys, keys_of(ControllerConfig, "candidates"))
+    step = value(own, "threshold_step", int, where, default=ControllerSpec.threshold_step)
+    with located(where):
+        candidates = tuple(threshold_candidates(step, int(plan.model.lengths.support[1])))
+    config = build(ControllerConfig, policy, where, candidates=candidates)
+    return build(ControllerSpec, own, where, config=config)
 
 
-def _table(path: Path, doc: dict[str, object], name: str) -> _Section | None:
-    return _Section(path, name, doc[name]) if name in doc else None
+def _rebalancer(table: object, where: Where) -> RebalancerSpec:
+    own_keys = keys_of(RebalancerSpec, "config")
+    own, policy = split(table, where, own_keys, keys_of(RebalancerConfig))
+    return build(RebalancerSpec, own, where, config=build(RebalancerConfig, policy, where))
 
 
-def _schedule(section: _Section, default_gbps: float) -> tuple[tuple[float, float], ...]:
-    raw = section.data.get("schedule", [[0.0, default_gbps]])
-    pairs = raw if isinstance(raw, list) else [None]
-    numbers = (int, float)
-    if not all(
-        isinstance(p, list) and len(p) == 2 and all(type(v) in numbers for v in p) for p in pairs
-    ):
-        raise section.error("schedule", "must be a list of [time_s, gbps] pairs")
-    return tuple((float(at), float(gbps)) for at, gbps in pairs)
-
-
-def _workload(section: _Section, plan: PlanConfig, block_len: int) -> WorkloadSpec:
-    section.only(
-        "arrivals", "rate", "burstiness", "requests", "seed", "path", "output_len", "prefix"
-    )
-    arrivals = section.text("arrivals", ("poisson", "gamma", "trace"), "poisson")
-    prefix = _read(section.section("prefix"), PrefixSpec) if "prefix" in section.data else None
-    trace = ()
-    if arrivals == "trace":
-        trace = read_trace(section.path.parent / section.text("path"))
-        rate = section.number("rate", trace_rate(trace))
-        requests = section.integer("requests", len(trace))
-    else:
-        rate, requests = section.number("rate"), section.integer("requests")
-    with _values_of(section):
-        return WorkloadSpec(
-            arrivals=arrivals,
-            rate=rate,
-            requests=requests,
-            lengths=plan.model.lengths,
-            output_len=section.integer("output_len", round(plan.model.output_len)),
-            burstiness=section.number("burstiness", 1.0),
-            seed=section.integer("seed", 0),
-            block_len=block_len,
-            prefix=prefix,
-            trace=trace,
-        )
-
-
-def _deployment(section: _Section) -> DeploymentSpec:
-    both = {"prfaas", "pd_prefill"} <= {k for k, v in section.data.items() if v}
+def _deployment(table: object, where: Where, name: str) -> DeploymentSpec:
+    own_keys = keys_of(DeploymentSpec, "name", "threshold")
+    own, extra = split(table, where, own_keys, ("threshold",))
+    spec = build(DeploymentSpec, own, where, name=name, threshold=math.inf)
+    if spec.num_prfaas and spec.num_pd_prefill:
+        return dataclasses.replace(spec, threshold=value(extra, "threshold", float, where))
     # With one prefill stage t is forced: everything local (+∞) or everything remote (−∞).
-    threshold = section.number("threshold") if both else math.inf
-    if not both and section.data.get("prfaas"):
-        threshold = -math.inf
-    name = section.name.split(".")[-1]
-    return _read(section, DeploymentSpec, extra=("threshold",), name=name, threshold=threshold)
+    return dataclasses.replace(spec, threshold=-math.inf) if spec.num_prfaas else spec
 
 
 def _profiles(plan: PlanConfig) -> LiveProfiles:
@@ -259,81 +241,56 @@ def _profiles(plan: PlanConfig) -> LiveProfiles:
 
 
 def _parse(path: Path, doc: dict[str, object]) -> SimConfig:
-    root = _Section(path, "", doc).only(*SECTIONS)
-    plan = load_plan_config(path.parent / root.text("plan"))
+    where = Where(str(path))
+    (doc,) = split(doc, where, SECTIONS)
+    plan = load_plan_config(path.parent / value(doc, "plan", str, where))
 
-    def section(name: str) -> _Section:
-        return _Section(path, name, doc.get(name, {}))
+    def table(name: str) -> dict[str, object]:
+        return value(doc, name, dict, where, default={})
 
-    link = section("link")
-    schedule = _schedule(link, plan.model.deployment.egress_gbps)
-    link_spec = _read(link, LinkSpec, extra=("schedule",), schedule=schedule)
-    decode = section("decode").only("step_fixed_fraction")
-    fixed_fraction = decode.number("step_fixed_fraction", 1.0)
-    if not 0 < fixed_fraction <= 1:
-        raise decode.error("step_fixed_fraction", f"must be in (0, 1], got {fixed_fraction:g}")
-    cache = _table(path, doc, "cache")
-    cache_spec = _read(cache, CacheSpec) if cache is not None else None
-    workload = _workload(
-        root.section("workload"), plan, cache_spec.block_len if cache_spec else 512
-    )
-
-    controller_spec = None
-    if (controller := _table(path, doc, "controller")) is not None:
-        step = controller.integer("threshold_step", 1000)
-        with _values_of(controller):
-            candidates = tuple(threshold_candidates(step, int(plan.model.lengths.support[1])))
-        config = _read(
-            controller,
-            ControllerConfig,
-            extra=_names(ControllerSpec, "config"),
-            candidates=candidates,
-        )
-        controller_spec = _read(
-            controller, ControllerSpec, extra=_names(ControllerConfig, "candidates"), config=config
-        )
-    rebalancer_spec = None
-    if (rebalancer := _table(path, doc, "rebalancer")) is not None:
-        config = _read(rebalancer, RebalancerConfig, extra=_names(RebalancerSpec, "config"))
-        rebalancer_spec = _read(
-            rebalancer, RebalancerSpec, extra=_names(RebalancerConfig), config=config
-        )
-    saturation = _table(path, doc, "saturation")
-    report = section("report").only("bin_s")
-    bin_s = report.number("bin_s", 10.0)
-    if not bin_s > 0:
-        raise report.error("bin_s", f"must be positive, got {bin_s:g}")
-    deployments = root.section("deployments")
-    if not deployments.data:
-        raise ConfigError(f"{path}: [deployments] needs at least one deployment")
+    # Without a schedule the link runs at the plan's egress bandwidth throughout.
+    link = {"schedule": [[0.0, plan.model.deployment.egress_gbps]], **table("link")}
+    link_spec = build(LinkSpec, link, where.at("link"))
+    decode = build(DecodeSpec, table("decode"), where.at("decode"))
+    cache = build(CacheSpec, doc["cache"], where.at("cache")) if "cache" in doc else None
+    block_len = CacheSpec.block_len if cache is None else cache.block_len
+    workload_table = value(doc, "workload", dict, where)
+    workload = _workload(workload_table, where.at("workload"), plan, block_len, path.parent)
+    controller = rebalancer = saturation = None
+    if "controller" in doc:
+        controller = _controller(doc["controller"], where.at("controller"), plan)
+    if "rebalancer" in doc:
+        rebalancer = _rebalancer(doc["rebalancer"], where.at("rebalancer"))
+    if "saturation" in doc:
+        saturation = build(SaturationSpec, doc["saturation"], where.at("saturation"))
+    report = build(ReportSpec, table("report"), where.at("report"))
+    deployments = value(doc, "deployments", dict, where)
+    if not deployments:
+        raise where.at("deployments").error("needs at least one deployment")
     return SimConfig(
         path=path,
         plan=plan,
         profiles=_profiles(plan),
         workload=workload,
         link=link_spec,
-        router=_read(section("router"), RouterSpec),
-        deployments=tuple(_deployment(deployments.section(n)) for n in deployments.data),
-        decode_fixed_fraction=fixed_fraction,
-        cache=cache_spec,
-        controller=controller_spec,
-        rebalancer=rebalancer_spec,
-        saturation=_read(saturation, SaturationSpec) if saturation else None,
-        bin_s=bin_s,
+        router=build(RouterSpec, table("router"), where.at("router")),
+        deployments=tuple(
+            _deployment(spec, where.at("deployments").at(name), name)
+            for name, spec in deployments.items()
+        ),
+        decode_fixed_fraction=decode.step_fixed_fraction,
+        cache=cache,
+        controller=controller,
+        rebalancer=rebalancer,
+        saturation=saturation,
+        bin_s=report.bin_s,
     )
 
 
 def load_sim_config(path: str | Path) -> SimConfig:
     """Reads a simulation TOML (module docstring); the plan it names is read too."""
     path = Path(path)
-    try:
-        with path.open("rb") as f:
-            doc = tomllib.load(f)
-    except OSError as err:
-        raise ConfigError(f"cannot read simulation config {path}: {err.strerror}") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{path}: invalid TOML: {err}") from None
-    return _parse(path, doc)
+    return _parse(path, read(path, "simulation config"))
 
 
 def with_overrides(

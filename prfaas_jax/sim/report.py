@@ -6,7 +6,7 @@ the offloaded fraction, mean link egress (bytes sent over the run's length) and 
 `bin_s` average, queue depths, the threshold over time and its changes, role changes, prefix-cache
 hit rates; plus the analytic Λ_max and, when searched, the simulated saturation throughput.
 
-The JSON's stable keys are those of issue #10: per deployment `max_throughput`,
+The JSON's stable keys, which scripts may rely on: per deployment `max_throughput`,
 `analytic_lambda_max`, `ttft_mean`, `ttft_p50`, `ttft_p90`, `ttft_p99`, `offload_fraction`,
 `egress_gbps_mean`, and at the top `simulated_requests` and `wall_seconds`. The rest are extras.
 """
@@ -20,6 +20,7 @@ import numpy as np
 
 from prfaas_jax.sim.result import SimResult
 from prfaas_jax.sim.run import DeploymentRun, SimulationRun
+from prfaas_jax.tables import table
 
 MAX_SERIES_POINTS = 200  # longer series are thinned to every k-th sample in the JSON
 
@@ -241,22 +242,14 @@ def format_run(run: SimulationRun) -> str:
             lambda s: " / ".join(f"{v:.0%}" for v in s["cache_hit_rate"].values()) or "—",
         )
 
-    names = [d.spec.name for d in run.deployments]
-    label_width = max(len(label) for label, _ in rows)
-    widths = [max(len(n), *(len(cells[i]) for _, cells in rows)) for i, n in enumerate(names)]
+    headers = ["", *(d.spec.name for d in run.deployments)]
     workload = run.config.workload
+    rate = run.simulated_requests / run.wall_s if run.wall_s > 0 else 0.0
     lines = [
         f"prfaas simulate: {run.config.path} ({workload.arrivals}, {workload.rate:g} req/s, "
         f"{workload.requests:,} requests, seed {workload.seed})",
         "",
-        " " * label_width + "".join(f"  {n:>{w}}" for n, w in zip(names, widths, strict=True)),
-        "-" * (label_width + sum(w + 2 for w in widths)),
-    ]
-    for label, cells in rows:
-        padded = "".join(f"  {c:>{w}}" for c, w in zip(cells, widths, strict=True))
-        lines.append(f"{label:<{label_width}}{padded}")
-    rate = run.simulated_requests / run.wall_s if run.wall_s > 0 else 0.0
-    lines += [
+        table([(label, *cells) for label, cells in rows], headers),
         "",
         f"simulated {run.simulated_requests:,} requests in {run.wall_s:.1f} s "
         f"({rate:,.0f} requests/s of wall time)",

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from prfaas_jax.policy.live_model import ClusterShape
 from prfaas_jax.policy.routing import ClusterKind, ClusterView, Role, pick_decode, route
-from prfaas_jax.sim.cluster import DecodeInstance, Link, PrefillInstance, PrefixCache
+from prfaas_jax.sim.cluster import CacheModel, DecodeInstance, LinkModel, PrefillInstance
 from prfaas_jax.sim.config import DeploymentSpec, SimConfig
 from prfaas_jax.sim.control import SimControl
 from prfaas_jax.sim.events import EventLoop
@@ -73,14 +73,14 @@ class Simulator:
             self.decode_node(f"pd-{deployment.num_pd_prefill + i}")
             for i in range(deployment.num_pd_decode)
         ]
-        self.link = Link(loop, config.link.schedule)
-        self.ingress = Link(loop, config.link.schedule)  # PD → PrfaaS prefix moves
+        self.link = LinkModel(loop, config.link.schedule)
+        self.ingress = LinkModel(loop, config.link.schedule)  # PD → PrfaaS prefix moves
         self.caches = None
         if config.cache is not None:
             c = config.cache
             self.caches = {
-                ClusterKind.PRFAAS: PrefixCache(c.prfaas_blocks, c.block_len),
-                ClusterKind.PD: PrefixCache(c.pd_blocks, c.block_len),
+                ClusterKind.PRFAAS: CacheModel(c.prfaas_blocks, c.block_len),
+                ClusterKind.PD: CacheModel(c.pd_blocks, c.block_len),
             }
         self.abundant = (
             config.router.bandwidth_abundant

@@ -1,7 +1,8 @@
 """Request streams for the simulator: `Request`, `generate_requests`, `read_trace`,
-`sample_lengths`.
+`sample_lengths`, and the specs they read (`WorkloadSpec`, `Arrivals`, `PrefixSpec`,
+`TraceRecord`).
 
-Arrivals (research/serving.md §6):
+Arrivals (the conventions of vLLM's `bench serve`, as `prfaas bench` uses; docs/simulator.md):
 
 - Poisson: exponential gaps of mean 1/rate;
 - gamma: gaps ~ Gamma(shape = burstiness, scale = 1/(rate · burstiness)), vLLM's convention, so
@@ -20,6 +21,7 @@ any rate (common random numbers: a saturation search compares like with like).
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -77,6 +79,14 @@ class Request:
         self.body_done = self.prefill_done = False
 
 
+class Arrivals(enum.StrEnum):
+    """How request arrival times are drawn (module docstring)."""
+
+    POISSON = "poisson"
+    GAMMA = "gamma"
+    TRACE = "trace"
+
+
 @dataclass(frozen=True)
 class PrefixSpec:
     groups: int  # distinct shared prefixes
@@ -98,7 +108,7 @@ class TraceRecord:
 
 @dataclass(frozen=True)
 class WorkloadSpec:
-    arrivals: str  # "poisson", "gamma" or "trace"
+    arrivals: Arrivals
     rate: float  # requests/s; a trace is replayed with its timestamps rescaled to this rate
     requests: int
     lengths: LengthDistribution
@@ -110,13 +120,14 @@ class WorkloadSpec:
     trace: tuple[TraceRecord, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.arrivals not in ("poisson", "gamma", "trace"):
-            raise ValueError(f"arrivals must be poisson, gamma or trace, got {self.arrivals!r}")
+        if self.arrivals not in tuple(Arrivals):
+            choices = ", ".join(Arrivals)
+            raise ValueError(f"arrivals must be one of {choices}, got {self.arrivals!r}")
         if not (self.rate > 0 and self.burstiness > 0):
             raise ValueError("rate and burstiness must be positive")
         if min(self.requests, self.output_len, self.block_len) < 1:
             raise ValueError("requests, output_len and block_len must be at least 1")
-        if self.arrivals == "trace" and not self.trace:
+        if self.arrivals == Arrivals.TRACE and not self.trace:
             raise ValueError("trace arrivals need trace records")
 
 
@@ -175,7 +186,7 @@ def trace_rate(records: Sequence[TraceRecord]) -> float:
 
 
 def _gaps(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
-    if spec.arrivals == "gamma":
+    if spec.arrivals == Arrivals.GAMMA:
         return rng.gamma(spec.burstiness, 1.0 / (spec.rate * spec.burstiness), size=n)
     return rng.exponential(1.0 / spec.rate, size=n)
 
@@ -194,7 +205,7 @@ def _prefix_ids(spec: WorkloadSpec, group: int, prompt_len: int, unique: int) ->
 def generate_requests(spec: WorkloadSpec, *, rate: float | None = None) -> Iterator[Request]:
     """`spec.requests` requests in arrival order; `rate` rescales time (module docstring)."""
     target = spec.rate if rate is None else rate
-    if spec.arrivals == "trace":
+    if spec.arrivals == Arrivals.TRACE:
         yield from _replay(spec, trace_rate(spec.trace) / target)
         return
     scale = spec.rate / target

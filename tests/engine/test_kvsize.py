@@ -2,7 +2,7 @@
 Table 5 and the §2.3 egress figures; FLOP counts; hardware profiles; the command's JSON and errors.
 
 The hand calculations below are written from the configs in the canonical representation of
-DESIGN.md §3.2, independently of model/state.py: MLA caches kv_lora_rank + qk_rope_head_dim
+docs/design.md §3.2, independently of model/state.py: MLA caches kv_lora_rank + qk_rope_head_dim
 bf16 values per token, GQA 2·n_kv·head_dim (K and V dims may differ), SWA the same for the last
 min(L, W) tokens, KDA/GDN an fp32 S[H_v, d_k, d_v] plus 3 conv taps of bf16 channels, Lightning
 an fp32 S[H, d_k, d_v].

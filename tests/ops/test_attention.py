@@ -67,11 +67,15 @@ def test_gqa_matches_oracle(window, use_sinks):
     assert _rel_err(got, want) <= TOL
 
 
-def test_query_with_no_visible_key_is_finite():
+@pytest.mark.parametrize("sinks", [None, (0.3, -1.0)])
+def test_query_with_no_visible_key_is_zero(sinks):
+    """As on the blocked and flash paths: a row that sees nothing gives 0 (a sink adds no value)."""
     q = jnp.ones((1, 1, 2, 4))
     k = jnp.ones((1, 3, 1, 4))
-    out = attention(q, k, k, q_pos=jnp.array([[0]]), kv_pos=jnp.array([[-1, -1, -1]]), scale=0.5)
+    kw = {"q_pos": jnp.array([[0]]), "kv_pos": jnp.array([[-1, -1, -1]]), "scale": 0.5}
+    out = attention(q, k, k, **kw, sinks=None if sinks is None else jnp.array(sinks))
     assert bool(jnp.all(jnp.isfinite(out)))
+    assert float(jnp.max(jnp.abs(out))) == 0.0
 
 
 def test_mla_absorbed_equals_expanded():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from prfaas_jax.ops.attention import attention
-from prfaas_jax.ops.attention.gqa import BLOCK_LEN, blocked_attention
+from prfaas_jax.ops.attention.reference import BLOCK_LEN, blocked_attention
 
 TOL = 1e-5
 

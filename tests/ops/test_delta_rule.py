@@ -18,8 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from prfaas_jax.ops.gdn import gdn_chunk, gdn_reference
-from prfaas_jax.ops.kda import kda_chunk, kda_reference
+from prfaas_jax.ops.delta_rule import gdn_chunk, gdn_reference, kda_chunk, kda_reference
 
 from .linear_oracles import delta_rule_inputs, delta_rule_oracle, random_state, rel_rms
 

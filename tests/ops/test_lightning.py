@@ -24,7 +24,7 @@ C = 16
 LENGTHS = (1, C - 1, C, C + 1, 3 * C + 5)
 TOL = 1e-4
 H = 4
-# Ling/Ring-2.5 layer-0 decays: -2^(-8(h+1)/H) (research/models.md §B2, up to the layer factor).
+# Ling/Ring-2.5 layer-0 decays: -2^(-8(h+1)/H), up to the layer factor.
 SLOPE_DECAY = -(2.0 ** (-8.0 * np.arange(1, H + 1) / H)).astype(np.float32)
 EXTREME_DECAY = np.array([-2000.0, -30.0, -1e-3, 0.0], np.float32)
 

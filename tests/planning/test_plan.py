@@ -62,7 +62,7 @@ def test_case_study_optimum_satisfies_eq7_and_leaves_decode_slack(case_study):
 
 
 def test_case_study_h200_profile_is_the_least_squares_fit_of_table_5():
-    # research/paper.md §7: the [derived] H200 coefficients fit Table 5 at 1K…128K = 1024·k.
+    # docs/planning.md, calibration: the [derived] H200 coefficients fit Table 5 at 1024·k tokens.
     lengths = 1024 * np.array([1, 8, 32, 128])
     fit = np.polynomial.polynomial.polyfit(lengths, [0.44, 0.72, 1.84, 7.40], 2)
     profile = load_plan_config(CASE_STUDY).model.deployment.prfaas.prefill_s
@@ -70,7 +70,7 @@ def test_case_study_h200_profile_is_the_least_squares_fit_of_table_5():
 
 
 def test_case_study_time_at_mean_overstates_prfaas(case_study):
-    # research/paper.md §7: 4/T(l_long) = 1.645 req/s against 4/E[T(L) | L > t] = 1.607.
+    # docs/planning.md, calibration: 4/T(l_long) = 1.645 req/s against 4/E[T(L) | L > t] = 1.607.
     config, _ = case_study
     model = dataclasses.replace(config.model, stage_time=StageTime.AT_MEAN)
     assert model.evaluate(19400, 3, 5).stages.prfaas == pytest.approx(1.645, rel=2e-3)
@@ -169,12 +169,12 @@ def test_cli_unknown_key_exits_2_with_one_line(tmp_path, capsys):
     ("old", "new", "message"),
     [
         ("sigma = 1.00", "sigma = -1.0", "sigma must be positive"),
-        ("instances = 4", 'instances = "four"', "'prfaas.instances' must be an integer"),
-        ("instances = 8", "instances = 1", "'local.instances' must be at least 2"),
-        ("output_len = 1024", "", "missing key 'workload.output_len'"),
-        ('kind = "table"', 'kind = "spline"', "'kv_size_mib.kind' must be one of"),
+        ("instances = 4", 'instances = "four"', "prfaas.instances: expected an integer"),
+        ("instances = 8", "instances = 1", "local.instances: must be at least 2"),
+        ("output_len = 1024", "", "workload.output_len: missing key"),
+        ('kind = "table"', 'kind = "spline"', "kv_size_mib.kind: expected one of"),
         ("values = [190.8, 308.9, 701.3, 2316.3]", "values = [1.0]", "as many values"),
-        ('stage_time = "expected"', 'stage_time = "median"', "'search.stage_time'"),
+        ('stage_time = "expected"', 'stage_time = "median"', "search.stage_time: expected one of"),
         ("[baseline]", "[baseline", "invalid TOML"),
     ],
 )

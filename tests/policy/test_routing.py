@@ -1,4 +1,4 @@
-"""The routing rule (paper §3.3–3.4.3, research/paper.md §4.1) on literal numbers."""
+"""The routing rule (paper §3.3–3.4.3, docs/design.md §3.6) on literal numbers."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from prfaas_jax.policy.routing import (
     DecodeLoad,
     InstanceLoad,
     Role,
+    RouteReason,
     pick_decode,
     route,
 )
@@ -30,7 +31,7 @@ def test_threshold_on_the_uncached_length(prompt_len, cluster):
     decision = route(prompt_len, view(), now=5.0)
     assert decision.cluster is cluster
     assert decision.uncached_len == prompt_len and decision.cached_len == 0
-    assert decision.prefix_source is None and decision.reason == "threshold"
+    assert decision.prefix_source is None and decision.reason is RouteReason.THRESHOLD
     assert decision.decided_at == 5.0
 
 
@@ -40,7 +41,7 @@ def test_queue_guard_keeps_long_requests_local_when_prfaas_lags():
     assert (decision.cluster, decision.instance, decision.reason) == (
         ClusterKind.PD,
         "p0",
-        "queue_guard",
+        RouteReason.QUEUE_GUARD,
     )
     # One PrfaaS instance below the guard is enough, and it is the one chosen.
     open_one = (InstanceLoad("r0", queue_depth=2), InstanceLoad("r1", queue_depth=1))
@@ -49,9 +50,9 @@ def test_queue_guard_keeps_long_requests_local_when_prfaas_lags():
 
 
 def test_missing_clusters():
-    assert route(300, view(prfaas=()), 0.0).reason == "no_prfaas"
+    assert route(300, view(prfaas=()), 0.0).reason is RouteReason.NO_PRFAAS
     decision = route(10, view(pd=()), 0.0)
-    assert (decision.cluster, decision.reason) == (ClusterKind.PRFAAS, "no_pd_prefill")
+    assert (decision.cluster, decision.reason) == (ClusterKind.PRFAAS, RouteReason.NO_PD_PREFILL)
     with pytest.raises(ValueError):
         ClusterView(T, (), ())
 
@@ -191,7 +192,7 @@ def test_queue_guard_keeps_a_cached_request_local_with_pd_prefix():
     d = route(1000, view, 0.0)
     assert (d.cluster, d.reason, d.prefix_source, d.uncached_len) == (
         ClusterKind.PD,
-        "queue_guard",
+        RouteReason.QUEUE_GUARD,
         "p0",
         700,
     )

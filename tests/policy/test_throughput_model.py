@@ -163,7 +163,8 @@ def test_truncated_lognormal_matches_monte_carlo():
 
 
 def test_truncated_lognormal_case_study_statistics():
-    # research/paper.md §7: p(19,400) = 0.4957, E[L|L>t] ≈ 45.0K, E[L|L≤t] ≈ 10.2K, mean ≈ 27.5K.
+    # docs/planning.md, calibration: p(19,400) = 0.4957, E[L|L>t] ≈ 45.0K, E[L|L≤t] ≈ 10.2K,
+    # mean ≈ 27.5K.
     assert CASE.tail_prob(19400) == pytest.approx(0.4957, abs=1e-4)
     assert CASE.mean_above(19400) == pytest.approx(45_000, rel=5e-3)
     assert CASE.mean_below(19400) == pytest.approx(10_200, rel=5e-3)

@@ -12,6 +12,7 @@ import time
 
 import grpc
 import pytest
+from serving_support import serve_workers
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
@@ -27,8 +28,6 @@ from prfaas_jax.serving.transport.server import ServingServer
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.faults import FaultInjector, TransferFaults
 from prfaas_jax.serving.worker.prefill import PrefillService
-
-from .serving_helpers import serve_workers
 
 CFG = load_model_config("tiny")
 FRAME_BYTES = 1024  # many data frames per state, so the corrupted one is one of several
@@ -70,10 +69,10 @@ def test_chaos_section(tmp_path):
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("corrupt_frame_prob = 1.5\n", "'chaos.corrupt_frame_prob' must be in [0, 1]"),
-        ("drop_transfer_prob = -0.1\n", "'chaos.drop_transfer_prob' must be in [0, 1]"),
-        ("seed = 0.5\n", "'chaos.seed' must be an integer"),
-        ("kill_prob = 0.1\n", "unknown key 'chaos.kill_prob'"),
+        ("corrupt_frame_prob = 1.5\n", "chaos.corrupt_frame_prob: must be in [0, 1]"),
+        ("drop_transfer_prob = -0.1\n", "chaos.drop_transfer_prob: must be in [0, 1]"),
+        ("seed = 0.5\n", "chaos.seed: expected an integer"),
+        ("kill_prob = 0.1\n", "chaos.kill_prob: unknown key"),
     ],
 )
 def test_chaos_section_errors(tmp_path, text, message):

@@ -23,6 +23,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from serving_support import serve_workers
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
@@ -53,8 +54,6 @@ from prfaas_jax.serving.transport.messages import (
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.prefill import PrefillService
-
-from .serving_helpers import serve_workers
 
 CFG = load_model_config("tiny")
 VOCAB = CFG.vocab_size

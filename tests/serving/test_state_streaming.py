@@ -5,6 +5,9 @@ In process, on loopback: a `PrefillService` and a `DecodeService` (fake decode e
 gRPC server. The prefill engine runs the fake engine's prompt in chunks and, before its second
 chunk, waits until the decode worker has received a data frame (or gives up after a timeout),
 so a worker that only sends after prefill fails this test instead of racing it.
+
+The coupling holds both ways: a failed prefill cancels its push, and a failed push stops its
+prefill at the next chunk.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 import grpc
 import jax.numpy as jnp
 import pytest
+from serving_support import serve_workers
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.codec.format import DATA_MAGIC, HEADER_MAGIC, TRAILER_MAGIC
@@ -29,8 +33,6 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.prefill import PrefillService
-
-from .serving_helpers import serve_workers
 
 CFG = load_model_config("tiny")
 CHUNK = 16
@@ -186,3 +188,51 @@ def test_a_failed_prefill_cancels_the_push(workers) -> None:
         )
     assert err.value.code() == grpc.StatusCode.INTERNAL and "fell over" in err.value.details()
     assert decode.stats()["state_bytes_received"] == 0
+
+
+class ChunkedFakeEngine:
+    """The fake prefill, reported to `on_chunk` in `chunks` steps of `pause_s` each (as a real
+    engine reports its chunks); counts the chunks it got to."""
+
+    def __init__(self, chunks: int, pause_s: float) -> None:
+        self.inner = FakePrefillEngine(CFG)
+        self.chunks, self.pause_s, self.done = chunks, pause_s, 0
+
+    def prefill(self, tokens, *, on_chunk=None, **options):
+        result = self.inner.prefill(tokens, **options)
+        for _ in range(self.chunks):
+            time.sleep(self.pause_s)
+            if on_chunk is not None:
+                on_chunk(result.state, len(tokens))
+            self.done += 1
+        return result
+
+
+def test_a_failed_push_stops_the_prefill():
+    """The decode worker is unreachable: the push fails at once, and the prefill stops at its
+    next chunk instead of computing a state nobody will receive."""
+    engine = ChunkedFakeEngine(chunks=50, pause_s=0.02)
+    service = PrefillService(
+        engine=lambda: engine,
+        cfg=CFG,
+        max_len=512,
+        frame_bytes=16384,
+        shaper=None,
+        admit=lambda context: None,
+    )
+    server = serve_workers(service)
+    try:
+        stub = pb_grpc.PrefillWorkerStub(grpc.insecure_channel(server.address))
+        request = pb.PrefillRequest(
+            request_id="r",
+            prompt_token_ids=[(1 + 13 * i) % CFG.vocab_size for i in range(40)],
+            decode_address="127.0.0.1:1",
+        )
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Prefill(request, timeout=30)
+        assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+        assert "pushing the state" in err.value.details()
+        assert engine.done < 10, f"the prefill ran {engine.done} of 50 chunks"
+        assert not service.busy
+    finally:
+        server.stop(0)

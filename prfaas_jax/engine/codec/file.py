@@ -1,4 +1,4 @@
-"""The state file container: ``write_file`` and ``read_frames`` (spec: ``engine/codec/wire.py``).
+"""The state file container: ``write_file`` and ``read_frames`` (spec: docs/wire-format.md).
 
 A file holds the frames of one state stream (and, from ``prfaas prefill``, its handoff frame):
 b"PRFSFILE", a u32 container version, then per frame a u32 length and the frame's bytes.

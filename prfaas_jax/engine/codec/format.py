@@ -1,10 +1,10 @@
-"""Byte layouts of the state wire format whose spec is the docstring of ``engine/codec/wire.py``.
+"""Byte layouts of the state wire format (specified in docs/wire-format.md).
 
 The header (``StateHeader``, ``pack_header`` / ``parse_header``), the data-frame prefix
 (``pack_data`` / ``parse_data``) and the trailer (``StateTrailer``, ``pack_trailer`` /
 ``parse_trailer``), with the error they raise (``StateDecodeError``). Parsers check structure
 and checksums only; whether a header fits a given model is ``codec.decode``'s job (it compares
-the table with ``codec_layout.canonical_tensors``), as is matching frames to their stream.
+the table with ``layout.canonical_tensors``), as is matching frames to their stream.
 """
 
 from __future__ import annotations

@@ -2,13 +2,8 @@
 and the request's sampling settings — sent after the state's trailer (``Handoff``,
 ``pack_handoff``, ``split_handoff``).
 
-Handoff frame, sent after the state's trailer (integers unsigned little-endian)::
-
-    0     4  magic b"PRFH"
-    4     8  stream id: the state header's (engine/codec/wire.py), binding the handoff to that state
-    12    4  N: byte length of the JSON
-    16    N  UTF-8 JSON {"first_token": int, "sampling": {temperature, top_k, top_p, seed}}
-    16+N  4  CRC32 of bytes [0, 16+N)
+The frame repeats the state header's stream id, which binds it to that state; its byte layout
+is in docs/wire-format.md, "Handoff frame".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``StreamEncoder``: a state's frames (wire format: ``engine/codec/wire.py``) written as it is built.
+"""``StreamEncoder``: a state's frames (wire format: docs/wire-format.md) written as it is built.
 
 The header needs only the model and the token count ``L``, so it goes out before prefill starts.
 During a chunked prefill, ``ready_frames(state, tokens_done)`` emits the data frames of the

@@ -4,83 +4,17 @@ Also ``StreamEncoder`` (the same frames written during a chunked prefill: header
 rows as chunks finish), ``inspect`` (the header, without a model config), ``inspect_trailer``,
 ``payload_nbytes`` and a file container (``write_file`` / ``read_frames``). What travels is the
 canonical state of model/state.py, so the payload (the tensor bytes, prefixes excluded) is
-exactly ``state_nbytes(cfg, L)``. No pickle. Byte layouts live in ``codec_format``, the state ↔
-tensor mapping in ``codec_layout``, the encoder in ``codec_stream``, the file container in
-``codec_file``.
+exactly ``state_nbytes(cfg, L)``. No pickle.
 
-Wire format, version 2 (integers unsigned little-endian; CRC32 = ``zlib.crc32``)
-------------------------------------------------------------------------------
+Format version 2, specified byte by byte in docs/wire-format.md: a header frame (model
+fingerprint, L, stream id, tensor table) that can leave before the state exists, self-placing
+data frames with their own CRC32 in any order, and a trailer with each tensor's CRC32. Byte
+layouts live in ``format``, the state ↔ tensor mapping in ``layout``, the encoder in
+``stream``, the file container in ``file``.
 
-A state is a sequence of frames (gRPC messages, or records of a file): one header, data frames,
-one trailer. The header depends only on the model and the token count, so it can be sent before
-the state exists. Frame 0 is the header::
-
-    offset  size  field
-    0       8     magic b"PRFSTATE"
-    8       2     format version (2)
-    10      2     reserved, 0
-    12      8     stream id: random, chosen by the sender; every later frame repeats it
-    20      8     L: tokens of state
-    28      4     T: number of tensors
-    32      32    model fingerprint: the raw SHA-256 that ModelConfig.fingerprint() writes in hex
-    64      4     N: byte length of the tensor table
-    68      N     tensor table, UTF-8 JSON: {"tensors": [row_0, ..., row_{T-1}]}
-    68+N    4     CRC32 of bytes [0, 68+N)
-
-    row_i = [layer, kind, name, dtype, shape, token_axis, chunk_bytes]
-        layer        block index            kind   "mla" "gqa" "swa" "kda" "gdn" "lightning"
-        name         state field            dtype  "float32" "bfloat16" "float16"
-        shape        canonical shape, a list of sizes (C order)
-        token_axis   true when axis 0 counts positions (MLA, GQA, SWA)
-        chunk_bytes  c: payload bytes per data frame; a multiple of one token row (token_axis)
-                     or of the element size; the tensor's last frame may be shorter
-
-Data frames::
-
-    0       4     magic b"PRFD"
-    4       8     stream id
-    12      4     tensor id i (row index in the table)
-    16      8     byte offset o in tensor i's canonical buffer; o = k·c for some k ≥ 0
-    24      4     n = min(c, nbytes_i − o), payload length
-    28      4     CRC32 of bytes [0, 28) followed by the payload
-    32      n     payload: bytes [o, o+n) of the canonical buffer, raw little-endian elements
-
-The last frame is the trailer::
-
-    0       4     magic b"PRFT"
-    4       8     stream id
-    12      4     T: number of tensors
-    16      4·T   CRC32 of each tensor's whole canonical buffer, in table order (0 when empty)
-    16+4T   4     CRC32 of bytes [0, 16+4T)
-
-Tensors, in table order (layer by layer, fields in this order):
-
-    MLA        c_kv [L, kv_lora_rank], k_rope [L, qk_rope_head_dim]    model dtype
-    GQA        k [L, Hkv, Dk], v [L, Hkv, Dv]                          model dtype
-    SWA        k, v [min(L, W), Hkv, D]: positions L−min(L,W) … L−1     model dtype
-    KDA, GDN   recurrent [Hv, K, V] state dtype, conv [k−1, C] model dtype
-    Lightning  recurrent [H, K, V]                                     state dtype
-
-A tensor of b bytes has exactly ceil(b / c) data frames (none when b = 0). Every data frame
-names its tensor and offset, so a receiver places any frame the moment it arrives: data frames
-may come in any order between the header and the trailer, and decoding gives the identical
-state. Token-axis tensors are cut on a fixed grid of c / row_bytes positions, so a chunked
-prefill ships the frames of positions [k·rows, (k+1)·rows) of an MLA or GQA cache as soon as
-they are final (``StreamEncoder.ready_frames``) and the rest at the end (``finish``); ``encode``
-sends header, each tensor's frames by increasing offset, trailer. Each (tensor, offset) slot
-arrives exactly once. The stream id ties frames to their header (a fresh random u64 per stream,
-so frames of two streams of the same state do not mix), each frame's own CRC lets a receiver
-verify it on arrival, and the whole-tensor CRCs that can only be known at the end travel last.
-Every frame is ≤ ``max_frame_bytes``.
-
-File container: b"PRFSFILE", a u32 container version (1), then per frame a u32 length and the
-frame's bytes, until end of file.
-
-``decode`` trusts nothing: it checks magic, version, checksums, the fingerprint against the
-config, L against ``max_len``, every table row against the tensors the config implies for L,
-every frame's stream id, tensor id, offset, length and slot, that the trailer comes last (no
-frame after it) with this stream's id and one CRC per tensor, then that every tensor is
-complete and matches its CRC32. Any failure raises ``StateDecodeError`` naming the problem.
+``decode`` trusts nothing: magic, version, checksums, fingerprint, L against ``max_len``, the
+tensor table against the config, every frame's stream id, tensor, offset, length and slot, the
+trailer last, completeness. Any failure raises ``StateDecodeError`` naming the problem.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Delta-rule linear-attention layers: KDA (Kimi Delta Attention) and GDN (Gated DeltaNet).
 
-Both:
+Both (sources: docs/model-configs.md, "Layer math and its sources"):
 
     [q ‖ k ‖ v] = silu(short_conv([W_q x ‖ W_k x ‖ W_v x]))    (depthwise, kernel 4, carried tail)
     q, k ← l2_normalize per head;   β = sigmoid(W_b x)
-    o    = delta-rule recurrence(q, k, v, g, β)                   (ops/kda, ops/gdn)
+    o    = delta-rule recurrence(q, k, v, g, β)                   (ops/delta_rule)
     y    = W_o · (rms_norm_per_head(o) ⊙ act(gate))
 
 and differ in the decay and the output gate:

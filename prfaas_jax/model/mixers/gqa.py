@@ -4,8 +4,8 @@
     o = attention(q, cache_k, cache_v)   (· sigmoid(W_gate x) per head when output-gated)
 
 The attention sees the whole growing cache (GQA) or the previous ring contents plus the new tokens
-(SWA), masked by position (the attention op). Sink logits, when configured, are per head.
-``GqaMixer`` is the layer as a Flax NNX module.
+(SWA), masked by position (ops/attention/reference.py). Sink logits, when configured, are per
+head. ``GqaMixer`` is the layer as a Flax NNX module.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Lightning attention layer (MiniMax-01 style).
+"""Lightning attention layer (MiniMax-01 style; sources and slopes: docs/model-configs.md).
 
     [q ‖ k ‖ v] = silu(W_qkv x)
     o = lightning(q, k, v, decay_l)     S_t = exp(decay_h) S_{t−1} + k_t v_tᵀ,  o_t = S_tᵀ q_t

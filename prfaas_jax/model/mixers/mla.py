@@ -1,4 +1,4 @@
-"""Multi-head latent attention layer (DeepSeek-V3 / Kimi Linear / Ring-2.5).
+"""Multi-head latent attention layer (DeepSeek-V3 / Kimi Linear / Ring-2.5; docs/model-configs.md).
 
     q        = W_q x                 or  W_qb rms_norm(W_qa x)              (per head [nope ‖ rope])
     c ‖ k_r  = W_kva x;   c ← rms_norm(c);   k_r ← RoPE(k_r)   (k_r shared by every head)
@@ -8,9 +8,9 @@ With ``use_output_gate`` (Bailing) each head's output is scaled by ``sigmoid(w_h
 ``W_o``. The latent norms use ``MlaConfig.latent_norm_eps`` (HF checkpoints: 1e-6).
 
 Prefill expands the latent cache per head (``k = [W_UK c ‖ k_r]``, ``v = W_UV c``) and runs
-ordinary attention; decode uses the absorbed form over the latent cache (ops/attention/mla.py).
-Both produce the same numbers up to rounding — a test holds them to it. ``MlaMixer`` is the layer
-as a Flax NNX module.
+ordinary attention; decode uses the absorbed form over the latent cache. Both forms live in
+ops/attention/reference.py and give the same numbers up to rounding — a test holds them to it.
+``MlaMixer`` is the layer as a Flax NNX module.
 """
 
 from __future__ import annotations

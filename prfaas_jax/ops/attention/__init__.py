@@ -1,7 +1,25 @@
-"""Softmax attention: masked grouped-query attention over a positioned key buffer, and MLA decode
-in the absorbed form over the latent cache."""
+"""Softmax attention: masked grouped-query attention over a positioned key buffer (GQA, sliding
+windows, sinks) and MLA decode in the absorbed form over the latent cache.
 
-from prfaas_jax.ops.attention.gqa import attention
-from prfaas_jax.ops.attention.mla import mla_decode_absorbed
+- ``reference.py``: the ``jnp`` forms, ``attention`` (with its blocked online-softmax path
+  ``blocked_attention`` for long prefills) and ``mla_decode_absorbed``.
+- ``flash_pallas.py``: ``flash_attention``, the prefill kernel (``attention``'s contract), tiled
+  by ``FlashBlockSizes``.
+- ``mla_decode_pallas.py``: ``mla_decode_pallas``, the absorbed MLA decode kernel
+  (``mla_decode_absorbed``'s contract), tiled by ``MlaDecodeBlockSizes``.
+- ``online_softmax.py``: the online-softmax step both kernels share.
+"""
 
-__all__ = ["attention", "mla_decode_absorbed"]
+from prfaas_jax.ops.attention.flash_pallas import FlashBlockSizes, flash_attention
+from prfaas_jax.ops.attention.mla_decode_pallas import MlaDecodeBlockSizes, mla_decode_pallas
+from prfaas_jax.ops.attention.reference import attention, blocked_attention, mla_decode_absorbed
+
+__all__ = [
+    "FlashBlockSizes",
+    "MlaDecodeBlockSizes",
+    "attention",
+    "blocked_attention",
+    "flash_attention",
+    "mla_decode_absorbed",
+    "mla_decode_pallas",
+]

@@ -8,15 +8,20 @@ Per chunk, with G_i = sum_{s<=i} g_s:
     S <- exp(G_last) S + (exp(G_last - G_j) k_j)^T V
 
 Every exponent is a segment sum of g (<= 0), masked before ``exp``; the decay-matrix and chunk
-layout helpers are KDA's (``prfaas_jax.ops.kda.chunk``).
+layout helpers are the delta rule's too (``prfaas_jax.ops.recurrence``).
 """
 
 import jax
 import jax.numpy as jnp
 
-from prfaas_jax.ops.kda.chunk import from_chunks, log_decay_matrix, sum_after, to_chunks
-from prfaas_jax.ops.kda.reference import initial_state_or_zeros
 from prfaas_jax.ops.lightning.reference import prepare_lightning
+from prfaas_jax.ops.recurrence import (
+    from_chunks,
+    initial_state_or_zeros,
+    log_decay_matrix,
+    sum_after,
+    to_chunks,
+)
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 

@@ -13,9 +13,9 @@ to and including position i, per chunk of C tokens starting at c0 (n_first = n_{
 The exponents are an exact integer count times one log decay (<= 0): no prefix-sum rounding,
 nothing to overflow. Padding keys are zeroed, so padding neither decays nor feeds the state.
 
-Grid (B, H, V / block_v); each program walks its chunks with ``lax.fori_loop`` and carries S
-[K, block_v]. ``decay_h`` and ``valid_len[b]`` reach the kernel as 0-d blocks (scalar loads on
-Triton; SMEM scalars on Mosaic).
+Grid (B, H, V / block_v), C and block_v from ``StateBlockSizes``; each program walks its chunks
+with ``lax.fori_loop`` and carries S [K, block_v]. ``decay_h`` and ``valid_len[b]`` reach the
+kernel as 0-d blocks (scalar loads on Triton; SMEM scalars on Mosaic).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from prfaas_jax.ops.lightning.reference import prepare_lightning
 from prfaas_jax.ops.pallas_launch import (
     STATE_KERNEL_STATICS,
-    check_block,
+    StateBlockSizes,
     compiler_params,
     dot_f32,
     heads_first,
@@ -94,21 +94,19 @@ def lightning_pallas(
     initial_state: jax.Array | None = None,
     output_final_state: bool = False,
     valid_len: jax.Array | None = None,
-    chunk_size: int = 64,
-    block_v: int = 64,
+    block_sizes: StateBlockSizes | None = None,
     interpret: bool | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """Lightning through the Pallas kernel; same contract as ``lightning_reference``.
 
-    ``interpret=None`` interprets on CPU and compiles elsewhere; ``chunk_size`` and ``block_v``
-    must be powers of two (at least 16 to compile with Triton).
+    ``block_sizes`` defaults to ``StateBlockSizes.get_default()``; ``interpret=None``
+    interprets on CPU and compiles elsewhere.
     """
-    check_block("chunk_size", chunk_size)
-    check_block("block_v", block_v)
+    blocks = StateBlockSizes.get_default() if block_sizes is None else block_sizes
     q_BTHK, k_BTHK, v_BTHV, decay_H, _ = prepare_lightning(q, k, v, decay, scale, valid_len)
     B, T, H, K = q_BTHK.shape
     V = v.shape[-1]
-    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, chunk_size=chunk_size, block_v=block_v)
+    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, blocks)
     lengths_B = jnp.full((B,), T, jnp.int32)
     if valid_len is not None:
         lengths_B = jnp.minimum(jnp.asarray(valid_len, jnp.int32).reshape(B), T)
@@ -121,7 +119,7 @@ def lightning_pallas(
 
     state_spec = state_block_spec(K_pad, bv)
     o, S = pl.pallas_call(
-        functools.partial(_lightning_kernel, chunk_size=chunk_size),
+        functools.partial(_lightning_kernel, chunk_size=blocks.chunk_size),
         grid=(B, H, V_pad // bv),
         in_specs=[
             pl.BlockSpec((None,), lambda b, h, j: (h,)),

@@ -11,7 +11,7 @@ nor update the state, so the final state is exactly that of the unpadded row.
 import jax
 import jax.numpy as jnp
 
-from prfaas_jax.ops.kda.reference import initial_state_or_zeros
+from prfaas_jax.ops.recurrence import initial_state_or_zeros
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 

@@ -1,7 +1,8 @@
 """Start and stop a toy cluster of real processes on loopback: `ClusterProcesses` and `serve`.
 
 The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
-`write_json`) and the launcher's record of a child (`ChildProcess`) are serving/cluster/processes.py.
+`write_json`) are in serving/transport/lifecycle.py, the launcher's record of a child
+(`ChildProcess`) in serving/cluster/processes.py.
 
 `ClusterProcesses.start` launches one worker process per instance (serving/worker/main.py), waits
 until each listens and reports SERVING on its health service, then launches the router

@@ -1,7 +1,7 @@
 """`prfaas bench`: a load generator for a running router, with `vllm bench serve` conventions.
 
-Exposes `BenchOptions`, `arrival_times`, `input_lengths`, `run_bench`, `summarize` and
-`format_summary`.
+Exposes `BenchOptions`, `InputDist`, `arrival_times`, `input_lengths`, `run_bench`, `summarize`
+and `format_summary`.
 
 Arrivals (vLLM's `get_request`): inter-arrival gaps ~ Gamma(shape = burstiness,
 scale = 1 / (rate · burstiness)), so the mean gap is 1/rate for any burstiness (1: Poisson,
@@ -10,7 +10,7 @@ rate = inf sends everything at once. `max_concurrency` caps requests in flight.
 
 Input lengths: `fixed`, `uniform` (input_len · [1 − r, 1 + r]), `lognormal` (ln L ~ N(μ, σ²)
 truncated to [1, max]), or `paper`: the PrfaaS case study's truncated log-normal
-(μ = 9.90, σ = 1.00 on [128, 131072], research/paper.md §3.1) scaled by `length_scale`:
+(μ = 9.90, σ = 1.00 on [128, 131072], arXiv 2604.15039 §4.1) scaled by `length_scale`:
 μ + ln(scale) on [128·scale, 131072·scale], so its shape survives on a toy model. Prompts are
 random token ids.
 
@@ -28,11 +28,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import enum
+import itertools
 import math
-import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 import numpy as np
@@ -47,6 +48,15 @@ PAPER_MU, PAPER_SIGMA, PAPER_MIN, PAPER_MAX = 9.90, 1.00, 128, 131072
 METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
+class InputDist(enum.StrEnum):
+    """How prompt lengths are drawn (`--input-dist`; module docstring)."""
+
+    FIXED = "fixed"
+    UNIFORM = "uniform"
+    LOGNORMAL = "lognormal"
+    PAPER = "paper"
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchOptions:
     router: str
@@ -54,7 +64,7 @@ class BenchOptions:
     request_rate: float = math.inf
     burstiness: float = 1.0
     max_concurrency: int | None = None
-    input_dist: str = "paper"
+    input_dist: InputDist = InputDist.PAPER
     input_len: int = 64
     range_ratio: float = 0.5
     lognormal_mu: float = 4.0
@@ -65,7 +75,6 @@ class BenchOptions:
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
     goodput: dict[str, float] = dataclasses.field(default_factory=dict)  # metric → SLO in ms
     timeout_s: float = 300.0
-    progress: bool = True
     security: SecuritySection | None = None  # the router's CA, client cert, token (None: plain)
 
     def __post_init__(self) -> None:
@@ -75,8 +84,9 @@ class BenchOptions:
             raise UserError("--request-rate and --burstiness must be positive")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise UserError("--max-concurrency must be ≥ 1")
-        if self.input_dist not in ("fixed", "uniform", "lognormal", "paper"):
-            raise UserError(f"unknown --input-dist {self.input_dist!r}")
+        if self.input_dist not in tuple(InputDist):
+            choices = ", ".join(InputDist)
+            raise UserError(f"unknown --input-dist {self.input_dist!r} (choices: {choices})")
         if not 0 <= self.range_ratio < 1:
             raise UserError("--range-ratio must be in [0, 1)")
         for name in self.goodput:
@@ -98,14 +108,14 @@ def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generat
 
 def input_lengths(opts: BenchOptions, max_prompt: int, rng: np.random.Generator) -> np.ndarray:
     n = opts.num_prompts
-    if opts.input_dist == "fixed":
+    if opts.input_dist == InputDist.FIXED:
         lengths = np.full(n, opts.input_len)
-    elif opts.input_dist == "uniform":
+    elif opts.input_dist == InputDist.UNIFORM:
         low = max(1, int(opts.input_len * (1 - opts.range_ratio)))
         high = max(low, int(opts.input_len * (1 + opts.range_ratio)))
         lengths = rng.integers(low, high + 1, size=n)
     else:
-        if opts.input_dist == "paper":
+        if opts.input_dist == InputDist.PAPER:
             scale = opts.length_scale or max_prompt / PAPER_MAX
             mu, sigma = PAPER_MU + math.log(scale), PAPER_SIGMA
             low, high = max(1.0, PAPER_MIN * scale), PAPER_MAX * scale
@@ -124,7 +134,7 @@ def input_lengths(opts: BenchOptions, max_prompt: int, rng: np.random.Generator)
 
 
 @dataclasses.dataclass
-class RequestRecord:
+class BenchResult:
     prompt_len: int
     sent: float = 0.0
     ttft: float | None = None
@@ -137,9 +147,7 @@ class RequestRecord:
     error: str | None = None
 
 
-def _one(
-    stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: RequestRecord
-) -> None:
+def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: BenchResult) -> None:
     rec.sent = time.perf_counter()
     last = None
     request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=opts.output_len)
@@ -161,27 +169,13 @@ def _one(
         rec.error = f"{err.code().name}: {err.details()}"
 
 
-class _Progress:
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled, self.done = total, enabled, 0
-        self._lock = threading.Lock()
-        self._tty = sys.stderr.isatty()
+def run_bench(
+    opts: BenchOptions, *, on_done: Callable[[int, int], None] | None = None
+) -> tuple[list[BenchResult], dict]:
+    """Send the workload; returns the records and the run's context (duration, egress, t).
 
-    def tick(self) -> None:
-        with self._lock:
-            self.done += 1
-            if not self.enabled:
-                return
-            step = max(self.total // 10, 1)
-            if self._tty or self.done % step == 0 or self.done == self.total:
-                bar = "#" * (30 * self.done // self.total)
-                end = "\r" if self._tty and self.done < self.total else "\n"
-                sys.stderr.write(f"bench [{bar:<30}] {self.done}/{self.total}{end}")
-                sys.stderr.flush()
-
-
-def run_bench(opts: BenchOptions) -> tuple[list[RequestRecord], dict]:
-    """Send the workload; returns the records and the run's context (duration, egress, t)."""
+    ``on_done(done, total)`` is called as each request ends, from the sending threads.
+    """
     rng = np.random.default_rng(opts.seed)
     with router_channel(opts.router, opts.security) as channel:
         stub = pb_grpc.RouterStub(channel)
@@ -199,8 +193,15 @@ def run_bench(opts: BenchOptions) -> tuple[list[RequestRecord], dict]:
         lengths = input_lengths(opts, max_prompt, rng)
         offsets = arrival_times(opts.num_prompts, opts.request_rate, opts.burstiness, rng)
         prompts = [rng.integers(0, before.vocab_size, size=int(n)).tolist() for n in lengths]
-        records = [RequestRecord(int(n)) for n in lengths]
-        progress = _Progress(opts.num_prompts, opts.progress)
+        records = [BenchResult(int(n)) for n in lengths]
+        done = itertools.count(1)
+        lock = threading.Lock()
+
+        def ended(_: concurrent.futures.Future) -> None:
+            if on_done is not None:
+                with lock:
+                    on_done(next(done), opts.num_prompts)
+
         workers = min(opts.num_prompts, opts.max_concurrency or 256)
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -210,7 +211,7 @@ def run_bench(opts: BenchOptions) -> tuple[list[RequestRecord], dict]:
                 if delay > 0:
                     time.sleep(delay)
                 future = pool.submit(_one, stub, prompt, opts, rec)
-                future.add_done_callback(lambda _: progress.tick())
+                future.add_done_callback(ended)
                 futures.append(future)
             for future in futures:
                 future.result()
@@ -235,7 +236,7 @@ def _stats(values: Sequence[float], percentiles: Sequence[float]) -> dict[str, f
     return out
 
 
-def summarize(records: list[RequestRecord], context: dict, opts: BenchOptions) -> dict:
+def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> dict:
     done = [r for r in records if r.error is None and r.ttft is not None and r.e2el is not None]
     duration = context["duration_s"]
     tpot = [(r.e2el - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
@@ -246,7 +247,7 @@ def summarize(records: list[RequestRecord], context: dict, opts: BenchOptions) -
         "e2el": [r.e2el for r in done],
     }
 
-    def meets(r: RequestRecord) -> bool:
+    def meets(r: BenchResult) -> bool:
         per = {"ttft": r.ttft, "e2el": r.e2el}
         if r.output_tokens > 1:
             per["tpot"] = (r.e2el - r.ttft) / (r.output_tokens - 1)

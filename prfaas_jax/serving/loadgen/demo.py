@@ -3,9 +3,9 @@
 Exposes `run_demo`, `demo_workload` and `reference_tokens`.
 
 `run_demo` starts the cluster of `configs/clusters/toy.toml` (router and workers as separate
-processes on loopback, serving/cluster/launcher.py), sends a mixed workload of short and long prompts
-concurrently, and prints per request the route, the uncached length, the threshold t it was
-routed with, TTFT, decode tokens/s and the state bytes shipped beside `state_nbytes`. While
+processes on loopback, serving/cluster/launcher.py), sends a mixed workload of short and long
+prompts concurrently, and prints per request the route, the uncached length, the threshold t it
+was routed with, TTFT, decode tokens/s and the state bytes shipped beside `state_nbytes`. While
 the cluster starts, the same process generates every request once more without the serving
 plane — the model's `prefill` over the exact prompt, then `decode_step` token by token, greedy —
 and the demo checks:
@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from prfaas_jax.serving.cluster_config import load_cluster_config, resolve_clust
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.security import router_channel
+from prfaas_jax.tables import table
 
 # Short prompts (≤ the toy's t = 64, the boundary included) and long ones (> t), interleaved
 # so they overlap in flight; five distinct lengths keep the reference to five compiles.
@@ -144,31 +146,37 @@ def send(stub: pb_grpc.RouterStub, request_id: str, prompt: list[int], n: int) -
 
 
 def _table(results: list[DemoResult]) -> str:
-    head = ("request", "route", "prompt", "uncached", "t", "TTFT ms", "decode tok/s")
-    head += ("state B", "state_nbytes", "output")
-    rows = [head]
-    for r in results:
-        rows.append(
-            (
-                r.request_id,
-                r.report.route,
-                str(r.prompt_len),
-                str(r.report.uncached_len),
-                f"{r.report.threshold:.0f}",
-                f"{r.report.ttft_s * 1e3:.0f}",
-                f"{r.decode_tokens_per_s:.0f}",
-                str(r.report.state_bytes),
-                str(r.expected_state_bytes),
-                "match" if r.output_ok else "MISMATCH",
-            )
+    headers = ("request", "route", "prompt", "uncached", "t", "TTFT ms", "decode tok/s")
+    headers += ("state B", "state_nbytes", "output")
+    rows = [
+        (
+            r.request_id,
+            r.report.route,
+            r.prompt_len,
+            r.report.uncached_len,
+            f"{r.report.threshold:.0f}",
+            f"{r.report.ttft_s * 1e3:.0f}",
+            f"{r.decode_tokens_per_s:.0f}",
+            r.report.state_bytes,
+            r.expected_state_bytes,
+            "match" if r.output_ok else "MISMATCH",
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    lines = ("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows)
-    return "\n".join(lines)
+        for r in results
+    ]
+    return table(rows, headers, align="r" * len(headers))
 
 
-def run_demo(config: str = "toy", *, as_json: bool = False, log_dir: str | None = None) -> int:
-    """Run the demo on a cluster config (a name under configs/clusters/ or a path)."""
+def run_demo(
+    config: str = "toy",
+    *,
+    as_json: bool = False,
+    log_dir: str | None = None,
+    on_served: Callable[[int, int], None] | None = None,
+) -> int:
+    """Run the demo on a cluster config (a name under configs/clusters/ or a path).
+
+    ``on_served(served, total)`` is called when the workload starts and as each request ends.
+    """
     from prfaas_jax.model.state import state_nbytes
     from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 
@@ -220,10 +228,20 @@ def run_demo(config: str = "toy", *, as_json: bool = False, log_dir: str | None 
             warm_up = demo_workload(cfg.vocab_size, cluster_config.model.seed + 1)[1]
             for i, n in enumerate((8, len(warm_up))):
                 send(stub, f"warm-up-{i}", warm_up[:n], 2)
+            served, lock = itertools.count(1), threading.Lock()
+
+            def ended(_: concurrent.futures.Future) -> None:
+                if on_served is not None:
+                    with lock:
+                        on_served(next(served), len(prompts))
+
+            if on_served is not None:
+                on_served(0, len(prompts))
             with concurrent.futures.ThreadPoolExecutor(max_workers=len(prompts)) as pool:
                 futures = []
                 for i, prompt in enumerate(prompts):
                     futures.append(pool.submit(send, stub, f"req-{i:02d}", prompt, DEMO_NEW_TOKENS))
+                    futures[-1].add_done_callback(ended)
                     time.sleep(0.02)  # staggered arrivals, all in flight together
                 results = [f.result() for f in futures]
             # The router polls the link counters once per control period.

@@ -1,9 +1,10 @@
-"""A bounded soak under faults: `SoakOptions` and `run_soak` → `SoakReport`.
+"""A bounded soak under faults (`prfaas soak`): `SoakOptions` and `run_soak` → `SoakReport`,
+with `SoakProgress` for a progress display.
 
 `run_soak` starts a fake-engine cluster (serving/cluster/launcher.py, `restart_workers=True`; the
 config's `[chaos]` section makes the prefill workers corrupt frames and drop transfers,
-serving/worker/faults.py), sends Poisson arrivals at `rate` for `duration_s` — prompts half at or below
-the routing threshold t (uniform on [8, t]) and half above (uniform on (t, min(4t, max_len −
+serving/worker/faults.py), sends Poisson arrivals at `rate` for `duration_s` — prompts half at or
+below the routing threshold t (uniform on [8, t]) and half above (uniform on (t, min(4t, max_len −
 max_new_tokens)]), greedy, max_new_tokens uniform on [8, 32] — while a killer thread SIGKILLs a
 worker every `kill_every_s` (the roles in turn: PD decode, PrfaaS prefill, PD prefill; a random
 instance of the role, except that a decode kill picks the decode worker with the most requests
@@ -21,11 +22,9 @@ import functools
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
 
 import grpc
 
@@ -183,14 +182,27 @@ def _router_counts(stub: pb_grpc.RouterStub) -> dict[str, int]:
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class SoakProgress:
+    """Where a run stands, for a progress display."""
+
+    elapsed_s: float  # since arrivals began
+    sent: int
+    ended: int  # requests whose stream has ended, whatever the outcome
+    kills: int
+
+
 def run_soak(
     config_path: str | os.PathLike[str],
     options: SoakOptions,
     *,
     log_dir: str | os.PathLike[str] | None = None,
-    progress: TextIO | None = sys.stderr,
+    progress: Callable[[SoakProgress], None] | None = None,
 ) -> SoakReport:
-    """Start the cluster of `config_path` (fake engines), run the soak, stop the cluster."""
+    """Start the cluster of `config_path` (fake engines), run the soak, stop the cluster.
+
+    ``progress`` is called about twice a second while requests are sent and as they end.
+    """
     started = time.monotonic()
     with ClusterProcesses(config_path, log_dir=log_dir, restart_workers=True) as cluster:
         config = cluster.config
@@ -209,22 +221,19 @@ def run_soak(
                 busy = functools.partial(_active_slots, stub)
                 killer = _Killer(cluster, options.kill_every_s, options.seed, busy)
             threads, start = [], time.monotonic()
+
+            def report() -> None:
+                if progress is not None:
+                    ended = sum(r.end_s is not None for r in results)
+                    kills = len(killer.kills) if killer else 0
+                    progress(SoakProgress(time.monotonic() - start, len(results), ended, kills))
+
             if killer is not None:
                 killer.start()
-            next_note = 10.0
             for i, (offset, prompt, n) in enumerate(plan):
                 while (wait := start + offset - time.monotonic()) > 0:
                     time.sleep(min(wait, 0.5))
-                    if progress and time.monotonic() - start >= next_note:
-                        done = sum(r.end_s is not None for r in results)
-                        kills = len(killer.kills) if killer else 0
-                        print(
-                            f"soak: {next_note:.0f} s, {len(results)} sent, {done} ended, "
-                            f"{kills} kills",
-                            file=progress,
-                            flush=True,
-                        )
-                        next_note += 10.0
+                    report()
                 expected = fake_tokens(prompt, n, vocab)
                 result = RequestResult(prompt, n, expected, sent=time.monotonic())
                 results.append(result)
@@ -238,6 +247,7 @@ def run_soak(
                 killer.join()
             for thread in threads:
                 thread.join(options.deadline_s + 10)
+                report()
             router = _router_counts(stub)
         faults = count_faults(cluster.log_dir)
         restarts = cluster.restarts

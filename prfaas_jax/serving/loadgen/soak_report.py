@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from prfaas_jax.serving.worker.faults import CORRUPT_MARK, DROP_MARK
+from prfaas_jax.tables import table
 
 if TYPE_CHECKING:
     from prfaas_jax.serving.loadgen.soak import SoakOptions
@@ -181,41 +182,41 @@ class SoakReport:
         share = 100 * c["completed"] / max(c["accepted"], 1)
         codes = ", ".join(f"{k} {v}" for k, v in sorted(f["codes"].items())) or "-"
         worst = f["time_to_failure"]["p90_ms"]
+        if worst is not None:
+            codes += f"; P90 time to failure {worst / 1e3:.1f} s"
         roles = collections.Counter(k["role"] for k in self.kills)
         killed = ", ".join(f"{role} {n}" for role, n in sorted(roles.items())) or "-"
-        lines = [
-            f"{'requests sent':<34}{c['sent']:>8}",
-            f"{'rejected at admission':<34}{c['rejected']:>8}",
-            f"{'accepted':<34}{c['accepted']:>8}",
-            f"{'completed':<34}{c['completed']:>8}  ({share:.1f}% of accepted)",
-            f"{'failed fast':<34}{c['failed']:>8}  ({codes}"
-            + (f"; P90 time to failure {worst / 1e3:.1f} s)" if worst is not None else ")"),
-            f"{'lost (no answer)':<34}{c['lost']:>8}",
-            f"{'duplicated':<34}{c['duplicated']:>8}",
-            f"{'outputs wrong':<34}{c['wrong']:>8}",
-            f"{'workers killed (SIGKILL)':<34}{len(self.kills):>8}  ({killed})",
-            f"{'workers restarted':<34}{self.restarts:>8}",
-            f"{'frames corrupted (injected)':<34}{self.faults['corrupted_frames']:>8}",
-            f"{'transfers dropped (injected)':<34}{self.faults['dropped_transfers']:>8}",
-            f"{'router retries':<34}{self.router.get('retries', 0):>8}",
-            f"{'requests resumed mid-stream':<34}{self.router.get('resumed', 0):>8}",
-            "",
-            f"{'completed requests':<28}{'n':>5}{'TTFT mean':>11}{'P50':>8}{'P90':>8}"
-            f"{'E2E mean':>10}{'P50':>8}{'P90':>8}  (ms)",
+        counts = [
+            ("requests sent", c["sent"], ""),
+            ("rejected at admission", c["rejected"], ""),
+            ("accepted", c["accepted"], ""),
+            ("completed", c["completed"], f"({share:.1f}% of accepted)"),
+            ("failed fast", c["failed"], f"({codes})"),
+            ("lost (no answer)", c["lost"], ""),
+            ("duplicated", c["duplicated"], ""),
+            ("outputs wrong", c["wrong"], ""),
+            ("workers killed (SIGKILL)", len(self.kills), f"({killed})"),
+            ("workers restarted", self.restarts, ""),
+            ("frames corrupted (injected)", self.faults["corrupted_frames"], ""),
+            ("transfers dropped (injected)", self.faults["dropped_transfers"], ""),
+            ("router retries", self.router.get("retries", 0), ""),
+            ("requests resumed mid-stream", self.router.get("resumed", 0), ""),
         ]
         labels = {
             "clean": "1 attempt",
             "retried": "retried before 1st token",
             "resumed": "resumed mid-stream",
         }
+        latency = []
         for name, g in d["latency"].items():
             cells = [g["ttft"][k] for k in ("mean_ms", "p50_ms", "p90_ms")]
             cells += [g["e2e"][k] for k in ("mean_ms", "p50_ms", "p90_ms")]
-            text = ["-" if v is None else f"{v:.0f}" for v in cells]
-            lines.append(
-                f"{labels[name]:<28}{g['requests']:>5}{text[0]:>11}{text[1]:>8}{text[2]:>8}"
-                f"{text[3]:>10}{text[4]:>8}{text[5]:>8}"
+            latency.append(
+                (labels[name], g["requests"], *("-" if v is None else f"{v:.0f}" for v in cells))
             )
+        headers = ("completed requests (ms)", "n", "TTFT mean", "P50", "P90")
+        headers += ("E2E mean", "P50", "P90")
+        lines = [table(counts, align="lrl"), "", table(latency, headers)]
         cost = d["ttft_cost_of_retry_ms"]
         if cost["mean_ms"] is not None:
             lines.append(

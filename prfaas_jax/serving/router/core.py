@@ -22,9 +22,9 @@ mid-stream, a deadline — up to `max_attempts` in all, with backoff. A retry pr
 plus the tokens already streamed and decodes only what is still owed, sampling from the same
 key-schedule index, so the client sees every token exactly once and the same tokens as an
 uninterrupted run. An attempt whose decode stream stays silent for `stall_timeout_s` (a hung
-worker or link, serving/transport/watchdog.py) is cancelled and retried like a failed one. Each attempt
-uses a fresh wire id, so nothing of a failed attempt (a late state, a half-sent stream) can
-reach a later one. After a failure the router probes the two workers; one that does not answer
+worker or link, serving/transport/watchdog.py) is cancelled and retried like a failed one. Each
+attempt uses a fresh wire id, so nothing of a failed attempt (a late state, a half-sent stream)
+can reach a later one. After a failure the router probes the two workers; one that does not answer
 is left out of routing until the control loop hears from it again or its replacement registers
 (serving/router/control.py). A new request that finds no live instance fails at once
 (UNAVAILABLE); a request already in flight waits up to `retry_wait_s` for one.
@@ -35,8 +35,8 @@ stats. Draining instances (`RouterControl`) take no new requests. The router hol
 its own: routing, t and role changes come from `prfaas_jax.policy`.
 
 The module is longer than most because one request's life — admission, attempts, the stream,
-its bookkeeping — reads best in one place; what is separable lives beside it (request_record,
-watchdog, worker_handle).
+its bookkeeping — reads best in one place; what is separable lives beside it (record.py,
+handles.py) and in serving/transport/watchdog.py.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.handles import TtftPredictor, WorkerHandle, lookup_prefixes
 from prfaas_jax.serving.router.metrics import Histogram
-from prfaas_jax.serving.router.record import Failure, RequestRecord, backoff_s
+from prfaas_jax.serving.router.record import Failure, RequestRecord, Route, backoff_s
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
@@ -307,7 +307,7 @@ class RouterCore:
         """One prefill + decode of what the request still owes; its tokens go to the client as
         they come. Returns None once the request finished, else why this attempt failed."""
         decision, prefill, decode, threshold = plan
-        record.route = decision.cluster.value
+        record.route = Route(decision.cluster.value)
         context, owed, resumed_from = record.context, record.owed, len(record.streamed)
         timeout = self.config.router.request_timeout_s
         # Workers see a fresh id per attempt, so a retry never meets the leftovers of an

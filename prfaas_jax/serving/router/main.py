@@ -64,8 +64,9 @@ def main(argv: list[str] | None = None) -> int:
         max_workers=ROUTER_THREADS,
         # No valid request is larger: an oversized one is refused before it is parsed.
         max_receive_bytes=router_max_request_bytes(config.engine.max_len),
-        # The front door (serving/transport/security.py): TLS when certificates are set; a client proves
-        # itself by the bearer token when there is one, else by a CA-signed certificate.
+        # The front door (serving/transport/security.py): TLS when certificates are set; a
+        # client proves itself by the bearer token when there is one, else by a CA-signed
+        # certificate.
         credentials=server_credentials(config.security, require_client_auth=token is None),
         interceptors=[TokenAuth(token, [full_service_name("Router")])] if token else [],
     )

@@ -1,4 +1,5 @@
-"""The router's record of one request: `RequestRecord`, and `Failure` (why an attempt failed).
+"""The router's record of one request: `RequestRecord`, `Route` (where its latest attempt was
+prefilled) and `Failure` (why an attempt failed).
 
 A request may take several attempts — a prefill worker or its link dies mid-transfer, a state
 arrives corrupt, a decode worker dies mid-stream — and the client must still see each token
@@ -14,6 +15,7 @@ off, so no fault can make the stream longer than asked.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import threading
 
 import grpc
@@ -27,6 +29,15 @@ BACKOFF_CAP_S = 1.0
 def backoff_s(failures: int) -> float:
     """The pause before the next attempt after `failures` failed ones: 50 ms doubling to 1 s."""
     return min(BACKOFF_BASE_S * 2 ** max(failures - 1, 0), BACKOFF_CAP_S)
+
+
+class Route(enum.StrEnum):
+    """Where a request's latest attempt was prefilled: the `route` label of the router's metrics
+    and of each `RequestReport`."""
+
+    NONE = "none"  # not routed yet
+    PRFAAS = "prfaas"
+    PD = "pd"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +64,7 @@ class RequestRecord:
     received: float  # perf_counter at receipt
     streamed: list[int] = dataclasses.field(default_factory=list)
     attempts: int = 0
-    route: str = "none"  # the route of the latest attempt
+    route: Route = Route.NONE
     ttft_s: float | None = None
     _calls: tuple = ()
     _cancelled: bool = False

@@ -10,6 +10,10 @@ state longer than the node can decode, or one whose length differs from the prom
 router announced. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
 waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
 
+Each request's record moves only along the `LEGAL_TRANSITIONS` of its `Phase`
+(serving/worker/decode_request.py): parked or waiting, ready, taken, decoding, then finished,
+failed or cancelled.
+
 One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into
 free slots as they arrive, runs one `step` for all active slots, sends each request its token,
 and frees a slot when its request finishes or its client goes away. The first token (sampled by
@@ -21,58 +25,44 @@ Both queues are bounded, so a burst costs refusals, not memory: at most `max_pen
 states are held outside a slot (received or being received, waiting for their `Generate` or for
 a slot), and at most `max_waiting` `Generate` calls wait for a state or a slot. Beyond that, a
 push is refused before any of its frames is read, a call at once; both RESOURCE_EXHAUSTED.
+
+The module is over 400 lines: `PushState`, `Generate` and the engine thread share one lock and
+one request table, and are read together.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
+from prfaas_jax.engine.api import DecodeEngineLike
 from prfaas_jax.engine.codec.handoff import split_handoff
-from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
 
 _DONE = object()
 log = logging.getLogger("prfaas.decode")
-
-
-@dataclasses.dataclass(eq=False)
-class _Request:
-    request_id: str
-    created: float
-    registered: bool = False  # Generate has arrived
-    prompt_len: int = 0
-    max_new_tokens: int = 0
-    state: Any = None
-    has_state: bool = False  # stays True after the slot took the state (duplicate pushes)
-    first_token: int = 0
-    sampling: SamplingParams | None = None
-    state_bytes: int = 0
-    cancelled: bool = False
-    taken: bool = False  # the engine thread took it off the ready queue: it waits no more
-    out: queue.Queue = dataclasses.field(default_factory=queue.Queue)
 
 
 class DecodeService(pb_grpc.DecodeWorkerServicer):
     def __init__(
         self,
         *,
-        engine: Callable[[], Any],
+        engine: Callable[[], DecodeEngineLike],
         cfg: ModelConfig,
         max_len: int,
         admit: Callable[[grpc.ServicerContext], None],
@@ -87,9 +77,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         # Frames of the longest state this node decodes, with generous room for headers.
         self.max_push_bytes = 2 * state_nbytes(cfg, max_len) + 2**20
         self._cv = threading.Condition()
-        self._requests: dict[str, _Request] = {}
-        self._ready: collections.deque[_Request] = collections.deque()
-        self._slots: dict[int, _Request] = {}
+        self._requests: dict[str, DecodeRequest] = {}
+        self._ready: collections.deque[DecodeRequest] = collections.deque()
+        self._slots: dict[int, DecodeRequest] = {}
         self._thread: threading.Thread | None = None
         self._stop = False
         self.completed = self.tokens_generated = self.state_bytes_received = 0
@@ -98,7 +88,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
 
     def stats(self) -> dict[str, int]:
         with self._cv:
-            pending = sum(1 for r in self._requests.values() if r.registered and r.state is None)
+            pending = sum(1 for r in self._requests.values() if r.phase is Phase.WAITING)
             return {
                 "queue_depth": len(self._ready),
                 "active_slots": len(self._slots),
@@ -115,14 +105,13 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
 
     def _held_states(self) -> int:
         """States outside a slot, received or being received (caller holds `_cv`)."""
-        held = sum(1 for r in self._requests.values() if r.state is not None and not r.taken)
-        return held + self._receiving
+        held = (Phase.PARKED, Phase.READY)
+        return sum(1 for r in self._requests.values() if r.phase in held) + self._receiving
 
     def _waiting(self) -> int:
         """`Generate` calls waiting for a state or a slot (caller holds `_cv`)."""
-        return sum(
-            1 for r in self._requests.values() if r.registered and not (r.taken or r.cancelled)
-        )
+        waiting = (Phase.WAITING, Phase.READY)
+        return sum(1 for r in self._requests.values() if r.phase in waiting)
 
     # --- PushState ------------------------------------------------------------------------
 
@@ -184,28 +173,34 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         length = int(np.asarray(state.lengths)[0])
         with self._cv:
             req = self._requests.setdefault(
-                first.request_id, _Request(first.request_id, time.monotonic())
+                first.request_id, DecodeRequest(first.request_id, time.monotonic())
             )
-            if req.has_state:
+            if req.phase not in (Phase.NEW, Phase.WAITING):  # parked, or on its way by now
                 context.abort(
                     grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id}: state already received"
                 )
-            if req.registered and length != req.prompt_len:
+            if req.phase is Phase.WAITING and length != req.prompt_len:
                 self._fail(req, f"the state holds {length} tokens, the prompt has {req.prompt_len}")
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{req.request_id}: state length {length} ≠ prompt length {req.prompt_len}",
                 )
             req.state, req.first_token, req.sampling = state, handoff.first_token, handoff.sampling
-            req.has_state = True
             req.state_bytes = state_bytes
             self.state_bytes_received += state_bytes
-            if req.registered:
-                self._ready.append(req)
-                self._cv.notify_all()
+            if req.phase is Phase.WAITING:
+                self._make_ready(req)
+            else:
+                req.move(Phase.PARKED)
         return pb.PushStateReply(state_bytes=state_bytes, frames=len(frames))
 
-    def _fail(self, req: _Request, message: str) -> None:
+    def _make_ready(self, req: DecodeRequest) -> None:
+        """Both halves are here: queue it for a slot (caller holds `_cv`)."""
+        req.move(Phase.READY)
+        self._ready.append(req)
+        self._cv.notify_all()
+
+    def _fail(self, req: DecodeRequest, message: str) -> None:
         req.out.put((grpc.StatusCode.INVALID_ARGUMENT, message))
 
     def _reject(self, context: grpc.ServicerContext, request_id: str, message: str) -> NoReturn:
@@ -213,7 +208,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         fails now rather than at its timeout: its sender's push failed, so no state comes."""
         with self._cv:
             req = self._requests.get(request_id)
-            if req is not None and req.registered and not req.has_state:
+            if req is not None and req.phase is Phase.WAITING:
                 self._fail(req, f"{request_id}: its state was rejected: {message}")
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         raise AssertionError("context.abort returned")
@@ -239,7 +234,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         with self._cv:
             if self._waiting() >= self.max_waiting:
                 early = self._requests.get(request.request_id)
-                if early is not None and not early.registered:
+                if early is not None and early.phase is Phase.PARKED:
                     del self._requests[request.request_id]  # no Generate will claim its state
                 context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -247,14 +242,15 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                     "for a state or a slot, this node's limit",
                 )
             req = self._requests.setdefault(
-                request.request_id, _Request(request.request_id, time.monotonic())
+                request.request_id, DecodeRequest(request.request_id, time.monotonic())
             )
-            if req.registered:
+            if req.claimed:
                 context.abort(
                     grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id} is already decoding"
                 )
-            req.registered, req.prompt_len, req.max_new_tokens = True, request.prompt_len, n
-            if req.state is not None:
+            req.prompt_len, req.max_new_tokens = request.prompt_len, n
+            if req.phase is Phase.PARKED:
+                assert req.state is not None
                 length = int(np.asarray(req.state.lengths)[0])
                 if length != req.prompt_len:
                     del self._requests[req.request_id]
@@ -262,8 +258,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                         grpc.StatusCode.INVALID_ARGUMENT,
                         f"state length {length} ≠ prompt length {req.prompt_len}",
                     )
-                self._ready.append(req)
-                self._cv.notify_all()
+                self._make_ready(req)
+            else:
+                req.move(Phase.WAITING)
         context.add_callback(lambda: self._cancel(req))
         try:
             yield from self._stream(req, context)
@@ -271,7 +268,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             with self._cv:
                 self._requests.pop(req.request_id, None)
 
-    def _stream(self, req: _Request, context: grpc.ServicerContext) -> Iterator[pb.DecodeResponse]:
+    def _stream(
+        self, req: DecodeRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.DecodeResponse]:
         first = True
         deadline = time.monotonic() + self.state_timeout_s
         while True:
@@ -302,10 +301,11 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 return
             deadline = time.monotonic() + self.state_timeout_s
 
-    def _cancel(self, req: _Request) -> None:
+    def _cancel(self, req: DecodeRequest) -> None:
         """The RPC ended (finished, or its client went away): release what the request holds."""
         with self._cv:
-            req.cancelled = True
+            if not req.ended:
+                req.move(Phase.CANCELLED)
             if self._requests.get(req.request_id) is req:
                 del self._requests[req.request_id]
             self._cv.notify_all()
@@ -324,7 +324,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             self._stop = True
             self._cv.notify_all()
 
-    def _take_ready(self, free: int) -> list[_Request]:
+    def _take_ready(self, free: int) -> list[DecodeRequest]:
         with self._cv:
             self._reap()
             while not self._ready and not self._slots and not self._stop:
@@ -333,7 +333,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             taken = []
             while self._ready and len(taken) < free:
                 req = self._ready.popleft()
-                req.taken = True
+                self._advance(req, Phase.TAKEN)
                 taken.append(req)
             return taken
 
@@ -341,13 +341,21 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         """Drop states that no Generate claimed in time (the router gave up on them)."""
         limit = time.monotonic() - self.state_timeout_s
         for rid, req in list(self._requests.items()):
-            if not req.registered and req.created < limit:
+            if req.phase is Phase.PARKED and req.created < limit:
                 del self._requests[rid]
 
-    def _finish(self, req: _Request) -> None:
-        req.out.put(_DONE)
+    def _advance(self, req: DecodeRequest, to: Phase) -> None:
+        """The engine thread moves `req` on, unless its call was cancelled meanwhile: a cancel
+        may land between any two steps of this thread, and CANCELLED is final (caller holds
+        `_cv`)."""
+        if req.phase is not Phase.CANCELLED:
+            req.move(to)
+
+    def _finish(self, req: DecodeRequest) -> None:
         with self._cv:
+            self._advance(req, Phase.FINISHED)
             self.completed += 1
+        req.out.put(_DONE)
 
     def _run(self) -> None:
         engine = self._engine()
@@ -356,17 +364,21 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 self._iterate(engine)
             except Exception as err:  # a bug in a step must not hang every stream until timeout
                 log.exception("decode step failed")
-                for slot, req in list(self._slots.items()):
+                with self._cv:
+                    failed = list(self._slots.items())
+                    self._slots.clear()
+                    for _, req in failed:
+                        if req.phase is Phase.DECODING:  # a cancelled one stays cancelled
+                            req.move(Phase.FAILED)
+                for slot, req in failed:
                     req.out.put((grpc.StatusCode.INTERNAL, f"decode engine: {err}"))
                     with contextlib.suppress(Exception):
                         engine.free(slot)
-                with self._cv:
-                    self._slots.clear()
 
-    def _iterate(self, engine: Any) -> None:
+    def _iterate(self, engine: DecodeEngineLike) -> None:
         """Admit ready requests into free slots, then one step for every active slot."""
         for req in self._take_ready(engine.max_slots - len(self._slots)):
-            if req.cancelled:
+            if req.phase is Phase.CANCELLED:
                 continue
             req.out.put(req.first_token)
             with self._cv:
@@ -382,13 +394,16 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                     max_new_tokens=req.max_new_tokens - 1,
                 )
             except Exception as err:  # the engine refused the state: fail this request only
+                with self._cv:
+                    self._advance(req, Phase.FAILED)
                 req.out.put((grpc.StatusCode.INVALID_ARGUMENT, f"decode engine: {err}"))
                 continue
             req.state = None  # the slot holds it now; let the host copy go
             with self._cv:
-                self._slots[slot] = req
+                self._advance(req, Phase.DECODING)
+                self._slots[slot] = req  # a cancelled one too: the sweep below frees its slot
         for slot, req in list(self._slots.items()):
-            if req.cancelled:
+            if req.phase is Phase.CANCELLED:
                 engine.free(slot)
                 with self._cv:
                     del self._slots[slot]

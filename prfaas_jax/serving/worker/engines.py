@@ -3,11 +3,12 @@
 A worker builds the engine of its role on demand (at start, and again when the router switches
 the node's role) from the cluster config: the real JAX engines (engine/prefill.py,
 engine/decode.py) with the preset's seeded weights, or the hand-computable fakes
-(engine/fake.py). Warming compiles every executable a request can need — one prefill
-per length bucket at the fixed capacity `max_len`, the first-token sampler, the decode step and
-the slot insert — so that no request pays a compile. `enable_compile_cache` points JAX's
-persistent compilation cache at a directory shared by the worker processes: the first process
-to compile an executable stores it, the others load it.
+(engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
+compiles every executable a request can need — one prefill per length bucket at the fixed
+capacity `max_len`, the first-token sampler, the decode step and the slot insert — so that no
+request pays a compile. `enable_compile_cache` points JAX's persistent compilation cache at a
+directory shared by the worker processes: the first process to compile an executable stores it,
+the others load it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.serving.cluster_config import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -45,16 +46,16 @@ class EngineFactory:
     def __init__(self, config: ClusterConfig) -> None:
         self.config = config
         self.cfg: ModelConfig = load_model_config(config.model.preset)
-        self._params: Any = None
-        self._prefill: Any = None
-        self._decode: Any = None
+        self._params: dict | None = None
+        self._prefill: PrefillEngineLike | None = None
+        self._decode: DecodeEngineLike | None = None
         self._lock = threading.Lock()
 
     @property
     def fake(self) -> bool:
         return self.config.model.engine == "fake"
 
-    def _weights(self) -> Any:
+    def _weights(self) -> dict:
         if self._params is None:
             import jax
 
@@ -63,7 +64,7 @@ class EngineFactory:
             self._params = init_params(jax.random.PRNGKey(self.config.model.seed), self.cfg)
         return self._params
 
-    def prefill_engine(self) -> Any:
+    def prefill_engine(self) -> PrefillEngineLike:
         with self._lock:
             if self._prefill is None:
                 start = time.perf_counter()
@@ -71,7 +72,7 @@ class EngineFactory:
                 log.info("prefill engine ready in %.1f s", time.perf_counter() - start)
             return self._prefill
 
-    def decode_engine(self) -> Any:
+    def decode_engine(self) -> DecodeEngineLike:
         with self._lock:
             if self._decode is None:
                 start = time.perf_counter()
@@ -79,7 +80,7 @@ class EngineFactory:
                 log.info("decode engine ready in %.1f s", time.perf_counter() - start)
             return self._decode
 
-    def _build_prefill(self) -> Any:
+    def _build_prefill(self) -> PrefillEngineLike:
         engine_cfg = self.config.engine
         if self.fake:
             from prfaas_jax.engine.fake import FakePrefillEngine
@@ -110,7 +111,7 @@ class EngineFactory:
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
         return engine
 
-    def _build_decode(self) -> Any:
+    def _build_decode(self) -> DecodeEngineLike:
         engine_cfg = self.config.engine
         if self.fake:
             from prfaas_jax.engine.fake import FakeDecodeEngine

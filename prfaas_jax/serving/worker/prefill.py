@@ -2,11 +2,11 @@
 
 `PrefillService.Prefill` checks the request, waits for the engine (one prefill at a time: a
 prefill instance is compute-bound), then streams the state to the decode worker's `PushState`
-*while* the node's `PrefillEngine` computes it (codec v2, engine/codec/wire.py; frames of at most
+*while* the node's `PrefillEngine` computes it (codec v2, docs/wire-format.md; frames of at most
 `frame_bytes`): the header goes out as prefill starts, each chunk's `on_chunk` hands the MLA /
 GQA cache rows it made final to the stream (`StreamEncoder.ready_frames`), and after the last
 chunk come the rest of the state (recurrent states, conv tails, SWA windows, the last cache
-rows), the trailer and the handoff frame (first token and sampling, engine/decode.py).
+rows), the trailer and the handoff frame (first token and sampling, engine/codec/handoff.py).
 
 Two threads share the work through an `_Outbox`: the engine thread (this RPC's) makes frames,
 gRPC's request-stream thread sends them, so copying rows to the host is all a chunk waits for.
@@ -36,13 +36,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
 
 import grpc
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
+from prfaas_jax.engine.api import OnChunk, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
+from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.serving.cluster_sections import SecuritySection
@@ -77,7 +78,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
     def __init__(
         self,
         *,
-        engine: Callable[[], Any],
+        engine: Callable[[], PrefillEngineLike],
         cfg: ModelConfig,
         max_len: int,
         frame_bytes: int,
@@ -168,9 +169,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                         raise _AbandonedError
                     outbox.put_all(encoder.ready_frames(state, done))
 
-                result = self._prefill(
-                    tokens, prefix, sampling=sampling, max_len=self.max_len, on_chunk=on_chunk
-                )
+                result = self._prefill(tokens, prefix, sampling=sampling, on_chunk=on_chunk)
                 tail = encoder.finish(result.state)  # reads the state; frames built as sent
         except _AbandonedError:
             result = None
@@ -215,13 +214,22 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
         )
 
-    def _prefill(self, tokens: list[int], prefix: ModelState | None, **options: Any) -> Any:
+    def _prefill(
+        self,
+        tokens: list[int],
+        prefix: ModelState | None,
+        *,
+        sampling: SamplingParams,
+        on_chunk: OnChunk,
+    ) -> PrefillOutput:
         """Prefill through the node's prefix cache (engine/cached_prefill.py): only the part no
         cached (or fetched) prefix covers is computed; `on_chunk` still sees every chunk."""
-        engine = self._engine()
+        engine, max_len = self._engine(), self.max_len
         if self.prefixes is None:
-            return engine.prefill(tokens, **options)
-        return self.prefixes.reuse.prefill(engine, tokens, prefix=prefix, **options)
+            return engine.prefill(tokens, sampling=sampling, max_len=max_len, on_chunk=on_chunk)
+        return self.prefixes.reuse.prefill(
+            engine, tokens, prefix=prefix, sampling=sampling, max_len=max_len, on_chunk=on_chunk
+        )
 
     def _start_push(self, request: pb.PrefillRequest, outbox: _Outbox) -> grpc.Future:
         """Open the decode worker's `PushState`; it sends what `outbox` is given, as it comes."""

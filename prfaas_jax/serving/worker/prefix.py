@@ -1,12 +1,13 @@
 """A worker's hybrid prefix cache on the wire: `PrefixService` (`prfaas.v1.PrefixCache`: `Lookup`,
-`Export`; and `fetch`, the importing side) and `build_prefix_cache` (the `[prefix_cache]` section → `PrefixCache`, with the log line that says
-what can hit).
+`Export`; and `fetch`, the importing side) and `build_prefix_cache` (the `[prefix_cache]`
+section → `PrefixCache`, with the log line that says what can hit).
 
 Lookup — how the router learns each cluster's cached prefix. Per request, the router asks every
-serving prefill instance `Lookup(prompt)` in parallel and waits at most `LOOKUP_TIMEOUT_S` (`lookup_prefixes`, serving/router/handles.py); an
-instance that does not answer counts as holding nothing (it may still hit when it prefills). The
-answer is exact and current: the instance runs the same `match` its prefill will (KV blocks
-*and* a linear checkpoint at exactly that length), read-only. A router-side mirror of block
+serving prefill instance `Lookup(prompt)` in parallel and waits at most `LOOKUP_TIMEOUT_S`
+(`lookup_prefixes`, serving/router/handles.py); an instance that does not answer counts as
+holding nothing (it may still hit when it prefills). The answer is exact and current: the
+instance runs the same `match` its prefill will (KV blocks *and* a linear checkpoint at exactly
+that length), read-only. A router-side mirror of block
 hashes would save the round trip but go stale on every eviction and would have to mirror the
 exact-length checkpoints too, whose tails are not block aligned; on loopback a lookup costs
 well under a millisecond against a prefill of tens.
@@ -35,7 +36,8 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.cached_prefill import CachedPrefill, PrefillRunner
+from prfaas_jax.engine.api import PrefillEngineLike
+from prfaas_jax.engine.cached_prefill import CachedPrefill
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
@@ -116,7 +118,7 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
         with self._lock:
             setattr(self, name, getattr(self, name) + delta)
 
-    def warm(self, engine: PrefillRunner) -> None:
+    def warm(self, engine: PrefillEngineLike) -> None:
         """Run the prefix path once before serving (a scratch pool: one prompt, then a hit on
         it), so the first real hit pays no compile (host → device copies, row reads)."""
         if self.cache is None:

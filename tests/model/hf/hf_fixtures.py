@@ -572,7 +572,7 @@ def default_prompt(length: int = 20, *, vocab_size: int = 160, seed: int = 0) ->
 
 
 def _selfcheck(max_new_tokens: int = 24) -> None:  # pragma: no cover - manual smoke test
-    """python tests/hf/hf_fixtures.py : build, save, reload and generate with every family."""
+    """python tests/model/hf/hf_fixtures.py : build, save, reload and generate with every family."""
     import tempfile
     import time
 

@@ -1,0 +1,68 @@
+"""The ``prfaas`` command: `main` and `build_parser`.
+
+One module per command group declares its subcommands' flags and runs them:
+cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/planning_commands.py
+(plan, simulate, kv) and cli/serving_commands.py (demo, serve, bench, certs, soak); cli/flags.py
+holds the flag groups they share and cli/progress.py the progress display. Heavy imports (JAX,
+gRPC) happen only inside the run functions, so ``prfaas --help`` starts instantly.
+
+`main` turns a `UserError` into one line on stderr and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from prfaas_jax.cli import model_commands, planning_commands, serving_commands
+from prfaas_jax.errors import UserError
+
+Runner = Callable[[argparse.Namespace], int]
+
+# The order of `prfaas --help`: the main job first, then the model, planning and serving tools.
+_COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    serving_commands.add_demo,
+    model_commands.add_generate,
+    model_commands.add_prefill,
+    model_commands.add_decode,
+    model_commands.add_state,
+    model_commands.add_convert_hf,
+    planning_commands.add_plan,
+    planning_commands.add_simulate,
+    planning_commands.add_kv,
+    serving_commands.add_serve,
+    serving_commands.add_bench,
+    serving_commands.add_certs,
+    serving_commands.add_soak,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prfaas",
+        description="Prefill-as-a-Service for hybrid-attention LLMs, in JAX.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    run: Runner = args.run
+    try:
+        if getattr(args, "mesh", None):
+            from prfaas_jax.model.sharding import initialize_distributed
+
+            # Before any device is touched: a mesh may span hosts (docs/sharding.md).
+            initialize_distributed()
+        return run(args)
+    except UserError as err:
+        print(f"prfaas {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"prfaas {args.command}: interrupted", file=sys.stderr)
+        return 130

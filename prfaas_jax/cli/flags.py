@@ -1,0 +1,71 @@
+"""Flag groups several commands share, and what reads them back.
+
+`add_model_flags` (--model, --seed), `add_prompt_flags` (--prompt-ids | --prompt),
+`add_sampling_flags` (--temperature, --top-k, --top-p, --sample-seed), `add_impl_flag`,
+`add_mesh_flag` and `add_json_flag` declare them; `parse_int_list` is the type of comma-separated
+integer flags, `print_json` writes a ``--json`` payload to stdout. Declaring a group in one place
+keeps its names, defaults and help texts the same in every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def parse_int_list(text: str) -> list[int]:
+    """``"5,17,42"`` → [5, 17, 42]; an argparse type, so a bad value is a usage error."""
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def print_json(payload: object) -> None:
+    json.dump(payload, sys.stdout, indent=2, sort_keys=False)
+    sys.stdout.write("\n")
+
+
+def add_json_flag(p: argparse.ArgumentParser, help: str = "print machine-readable JSON") -> None:
+    p.add_argument("--json", action="store_true", help=help)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny", help="preset name or model TOML path (default: tiny)")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random weights (default: 0)")
+
+
+def add_prompt_flags(p: argparse.ArgumentParser) -> None:
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt-ids", type=parse_int_list, help="comma-separated token ids")
+    prompt.add_argument("--prompt", help="text, encoded with the byte-level tokenizer")
+
+
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 means greedy (default)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1.0: off)")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed for sampling (default: 0)")
+
+
+def add_impl_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--impl",
+        default="chunk",
+        # ops.dispatch.Impl's values, spelled out: importing it would load JAX for --help.
+        choices=["reference", "chunk", "pallas"],
+        help="op implementation: token-by-token reference, chunked (default) or Pallas kernels "
+        "(interpreted on CPU, compiled on GPU/TPU)",
+    )
+
+
+def add_mesh_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mesh",
+        metavar="SPEC",
+        help="shard the model over a device mesh, e.g. tensor=4 or tensor=2,expert=4[,data=K] "
+        "(default: one device; multi-host and CPU testing: docs/sharding.md)",
+    )

@@ -1,0 +1,127 @@
+"""What `prfaas generate` runs: `GenerateRequest` → `generate_from_preset` → `GenerateResult`.
+
+Weights come from a preset and a seed, or — ``--hf DIR`` / ``--checkpoint DIR`` — from a Hugging
+Face or orbax checkpoint (model/weights.py); the prompt from ``--prompt-ids``, ``--prompt`` (the
+byte-level tokenizer) or a default text. The tokens come from engine/generate.py's `generate`
+(prefill engine, then a one-slot decode engine); ``--dump-logits`` saves `prompt_logits`.
+`prompt_ids` and `sampling_params` also serve `prfaas prefill` (cli/state_files.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.generate import generate, prompt_logits
+from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.tokenizer import ByteTokenizer, check_byte_vocab
+from prfaas_jax.errors import UserError
+from prfaas_jax.model.sharding import make_mesh
+from prfaas_jax.model.weights import load_model
+from prfaas_jax.ops.dispatch import Impl
+from prfaas_jax.tables import key_value
+
+DEFAULT_PROMPT = "Prefill as a service"
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest:
+    model: str = "tiny"
+    seed: int = 0
+    prompt_ids: list[int] | None = None
+    prompt_text: str | None = None
+    max_new_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    sample_seed: int = 0
+    impl: str = "chunk"
+    hf_dir: str | None = None  # weights from a Hugging Face checkpoint instead of model/seed
+    checkpoint: str | None = None  # weights from an orbax checkpoint (prfaas convert-hf)
+    dump_logits: str | None = None  # .npy file for the prompt's logits [T, vocab] float32
+    mesh: str | None = None  # device mesh spec, e.g. "tensor=4,expert=2" (model/sharding.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateResult:
+    model: str
+    prompt_ids: list[int]
+    tokens: list[int]
+    text: str | None
+    prefill_seconds: float
+    decode_seconds: float
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_table(self) -> str:
+        rows = [
+            ("model", self.model),
+            ("prompt tokens", len(self.prompt_ids)),
+            ("new tokens", ",".join(map(str, self.tokens))),
+            ("prefill (s, incl. compile)", f"{self.prefill_seconds:.3f}"),
+            ("decode (s, incl. compile)", f"{self.decode_seconds:.3f}"),
+        ]
+        if self.text is not None:
+            rows.append(("text", repr(self.text)))
+        return key_value(rows)
+
+
+def prompt_ids(request: GenerateRequest, cfg: ModelConfig) -> list[int]:
+    """The request's prompt as token ids, each checked against ``cfg``'s vocabulary."""
+    if request.prompt_text is not None:
+        check_byte_vocab(cfg.vocab_size)
+        ids = ByteTokenizer().encode(request.prompt_text)
+    elif request.prompt_ids is not None:
+        ids = list(request.prompt_ids)
+    else:
+        ids = ByteTokenizer().encode(DEFAULT_PROMPT)[: cfg.vocab_size]
+    if not ids:
+        raise UserError("the prompt is empty")
+    bad = [t for t in ids if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise UserError(f"token id(s) {bad[:5]} outside the vocabulary [0, {cfg.vocab_size})")
+    return ids
+
+
+def sampling_params(request: GenerateRequest) -> SamplingParams:
+    return SamplingParams(
+        temperature=request.temperature,
+        top_k=request.top_k,
+        top_p=request.top_p,
+        seed=request.sample_seed,
+    )
+
+
+def _dump_logits(path: str, logits: np.ndarray) -> None:
+    try:
+        np.save(path, logits)
+    except OSError as err:
+        raise UserError(f"cannot write logits to {path}: {err.strerror or err}") from None
+
+
+def generate_from_preset(request: GenerateRequest) -> GenerateResult:
+    """``prfaas generate``: weights from a preset + seed, an HF checkpoint or an orbax one."""
+    cfg, params = load_model(
+        request.model, seed=request.seed, hf_dir=request.hf_dir, checkpoint=request.checkpoint
+    )
+    sampling = sampling_params(request)
+    prompt = prompt_ids(request, cfg)
+    mesh = make_mesh(request.mesh) if request.mesh else None
+    impl = Impl(request.impl)
+    tokens, prefill_s, decode_s = generate(
+        params, cfg, prompt, request.max_new_tokens, sampling, impl=impl, mesh=mesh
+    )
+    if request.dump_logits is not None:
+        _dump_logits(request.dump_logits, prompt_logits(params, cfg, prompt, impl=impl))
+    text = ByteTokenizer().decode(tokens) if request.prompt_text is not None else None
+    return GenerateResult(
+        model=cfg.name,
+        prompt_ids=prompt,
+        tokens=tokens,
+        text=text,
+        prefill_seconds=prefill_s,
+        decode_seconds=decode_s,
+    )

@@ -1,0 +1,211 @@
+"""The capacity-planning commands, pure Python except for kv's traces: `add_plan`, `add_simulate`
+and `add_kv`.
+
+Each ``add_<name>`` declares a subcommand's flags and sets its ``_run_<name>``, which imports
+the library when the command runs and prints a table or, with ``--json``, JSON. simulate and
+kv show their progress on stderr (cli/progress.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from prfaas_jax.cli.flags import add_json_flag, print_json
+from prfaas_jax.cli.progress import progress
+from prfaas_jax.errors import UserError
+
+
+def add_plan(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="search the throughput-optimal threshold and prefill/decode split (paper Eqs. 3-8)",
+        description="Evaluate the PrfaaS throughput model for every routing threshold t on the "
+        "config's grid and every N_p/N_d split of the local PD cluster, and print the best "
+        "configuration beside the homogeneous-PD and naive-heterogeneous baselines (the paper's "
+        "Table 6).",
+        epilog="example: prfaas plan --config configs/plans/case-study-1t.toml --bandwidth 5",
+    )
+    p.add_argument(
+        "--config", required=True, help="plan TOML (see configs/plans/ and docs/planning.md)"
+    )
+    p.add_argument(
+        "--bandwidth",
+        type=float,
+        metavar="GBPS",
+        help="PrfaaS egress bandwidth B_out in Gbps (default: the config's prfaas.egress_gbps)",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also save Λ_max and the stage bounds against N_p/N_d and t, and a heatmap over "
+        "(t, N_p), to this PNG (needs matplotlib)",
+    )
+    add_json_flag(p)
+    p.set_defaults(run=_run_plan)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    from prfaas_jax.planning.plan_config import load_plan_config
+    from prfaas_jax.planning.plan_report import draw_plan, format_plan, plan_to_json
+    from prfaas_jax.policy.search import search
+
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        raise UserError(f"--bandwidth must be a positive number of Gbps, got {args.bandwidth}")
+    config = load_plan_config(args.config, egress_gbps=args.bandwidth)
+    plan = search(config.model, config.baseline, thresholds=config.thresholds)
+    if args.plot:
+        draw_plan(plan, args.plot)
+    if args.json:
+        print_json(plan_to_json(plan, config))
+    else:
+        print(format_plan(plan, config))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def add_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="discrete-event cluster simulation driving the router's policy objects",
+        description="Simulate each deployment of the config under its workload (Poisson, gamma "
+        "or a Mooncake trace), with prefill queues, decode slots, a shared inter-cluster link and "
+        "prefix caches, routed by the router's own threshold rule, controller and rebalancer. "
+        "Prints TTFT, TPOT, offload, egress, queues, t and role changes per deployment, with the "
+        "simulated saturation throughput beside the analytic Λ_max.",
+        epilog="example: prfaas simulate --config configs/sim/case-study-1t.toml --plot sim.png",
+    )
+    p.add_argument(
+        "--config", required=True, help="simulation TOML (see configs/sim/ and docs/simulator.md)"
+    )
+    add_json_flag(p)
+    p.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also save TTFT CDFs, egress over time and t over time to this PNG (needs matplotlib)",
+    )
+    p.add_argument("--seed", type=int, help="workload seed (default: the config's)")
+    p.add_argument("--requests", type=int, help="requests per run (default: the config's)")
+    p.add_argument("--rate", type=float, help="offered requests/s (default: the config's)")
+    p.add_argument(
+        "--no-saturation", action="store_true", help="skip the saturation-throughput searches"
+    )
+    p.set_defaults(run=_run_simulate)
+
+
+def _run_simulate(args: argparse.Namespace) -> int:
+    from prfaas_jax.sim.config import load_sim_config, with_overrides
+    from prfaas_jax.sim.report import format_run, run_to_json
+    from prfaas_jax.sim.run import simulate
+
+    config = with_overrides(
+        load_sim_config(args.config), seed=args.seed, requests=args.requests, rate=args.rate
+    )
+    with progress("simulate", quiet=args.json) as shown:
+
+        def say(message: str) -> None:
+            shown.update(description=" ".join(["simulate", *message.split()]))
+
+        run = simulate(config, saturation=not args.no_saturation, progress=say)
+    if args.plot:
+        from prfaas_jax.sim.plot import draw_run
+
+        draw_run(run, args.plot)
+    if args.json:
+        print_json(run_to_json(run))
+    else:
+        print(format_run(run))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
+def add_kv(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "kv",
+        help="state (KV cache) size and KV throughput Φ_kv of real models, per prompt length",
+        description="Per prompt length: the canonical state of one sequence by formula (total, "
+        "growing, windowed, fixed, per layer kind), the bytes of the state the real prefill "
+        "returns for the full-size config (abstract evaluation: no weights are materialised), "
+        "the codec's payload, T_prefill (a measured profile of the hardware, or an estimate from "
+        "counted FLOPs) and Φ_kv = S_kv / T_prefill (paper Eq. 1). See docs/kv.md.",
+        epilog="examples: prfaas kv --model kimi-linear-48b · "
+        "prfaas kv --compare minimax-m2.5,mimo-v2-flash --lengths 32K · prfaas kv --paper",
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="preset name or model TOML path")
+    what.add_argument(
+        "--compare", metavar="A,B,...", help="several models side by side, with ratios to the first"
+    )
+    what.add_argument(
+        "--paper",
+        action="store_true",
+        help="our S_kv and Φ_kv next to the paper's Tables 3 and 5 and its §2.3 egress figures",
+    )
+    p.add_argument(
+        "--lengths",
+        help="comma-separated prompt lengths in tokens, K = 1024 (default: 1K,8K,32K,128K)",
+    )
+    p.add_argument(
+        "--hardware",
+        default="h200x8",
+        help="hardware name in configs/hardware/ or a TOML path (default: h200x8)",
+    )
+    p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="estimate T_prefill from counted FLOPs even where a measured profile exists",
+    )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="skip tracing the real prefill (measured_bytes is null); --paper never traces",
+    )
+    add_json_flag(p)
+    p.set_defaults(run=_run_kv)
+
+
+def _run_kv(args: argparse.Namespace) -> int:
+    from prfaas_jax.config import load_model_config
+    from prfaas_jax.engine.kvsize import state_sizes
+    from prfaas_jax.planning import kv_report, kv_vs_paper
+    from prfaas_jax.planning.hardware import load_hardware
+    from prfaas_jax.planning.kv_report import KvView
+
+    selection = kv_report.select_kv(
+        model=args.model,
+        compare=args.compare,
+        paper=args.paper,
+        lengths=args.lengths,
+        measure=not args.no_measure,
+    )
+    hardware = load_hardware(args.hardware)
+    configs = [load_model_config(name) for name in selection.models]
+    traces = len(configs) * len(selection.lengths)
+    quiet = args.json or not selection.measure
+    with progress("kv: tracing the prefill", total=traces, unit="traces", quiet=quiet) as shown:
+
+        def traced(cfg, length: int, seconds: float) -> None:
+            done = f"{cfg.name} at {kv_report.format_length(length)} in {seconds:.1f} s"
+            shown.update(advance=1, description=f"kv: traced {done}")
+
+        sizes = [
+            state_sizes(cfg, selection.lengths, measure=selection.measure, progress=traced)
+            for cfg in configs
+        ]
+    reports = [
+        kv_report.kv_report(cfg, cfg_sizes, hardware, estimate=args.estimate)
+        for cfg, cfg_sizes in zip(configs, sizes, strict=True)
+    ]
+    if selection.view is KvView.PAPER:
+        by_name = {report.cfg.name: report for report in reports}
+        payload, text = kv_vs_paper.paper_json(by_name), kv_vs_paper.format_paper(by_name)
+    elif selection.view is KvView.COMPARE:
+        payload, text = kv_report.compare_json(reports), kv_report.format_compare(reports)
+    else:
+        payload, text = kv_report.report_json(reports[0]), kv_report.format_report(reports[0])
+    if args.json:
+        print_json(payload)
+    else:
+        print(text)
+    return 0 if all(report.consistent for report in reports) else 1

@@ -1,0 +1,313 @@
+"""The commands that start or drive a cluster of processes: `add_demo`, `add_serve`, `add_bench`,
+`add_certs` and `add_soak`.
+
+Each ``add_<name>`` declares a subcommand's flags and sets its ``_run_<name>``, which imports
+the serving layer (and gRPC) only when the command runs. demo, bench and soak show their
+progress on stderr (cli/progress.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING
+
+from prfaas_jax.cli.flags import add_json_flag, parse_int_list, print_json
+from prfaas_jax.cli.progress import progress
+from prfaas_jax.errors import UserError
+
+if TYPE_CHECKING:
+    from prfaas_jax.serving.loadgen.bench import InputDist
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the main job: a toy PrfaaS-PD cluster of real processes serving a checked workload",
+        description="Start the toy cluster (router, PrfaaS prefill, PD prefill and decode "
+        "workers as separate processes on loopback, with an emulated inter-cluster link), send "
+        "a concurrent mix of short and long prompts, print each request's route, uncached "
+        "length, threshold, TTFT, decode tokens/s and state bytes against state_nbytes, and "
+        "check every output against single-process generation. Exit status 1 on any mismatch.",
+    )
+    p.add_argument(
+        "--config",
+        default="toy",
+        help="cluster config: a name under configs/clusters/ or a TOML path (default: toy)",
+    )
+    p.add_argument("--log-dir", help="where the processes' logs go (default: a temp dir)")
+    add_json_flag(p)
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from prfaas_jax.serving.loadgen.demo import run_demo
+
+    with progress("demo: starting the cluster", unit="requests", quiet=args.json) as shown:
+
+        def served(done: int, total: int) -> None:
+            shown.update(completed=done, total=total, description="demo: requests served")
+
+        return run_demo(args.config, as_json=args.json, log_dir=args.log_dir, on_served=served)
+
+
+def add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="run a toy cluster (router + workers as processes on loopback) until Ctrl-C",
+        description="Start the router and one worker process per instance of the cluster "
+        "config, wait until every server reports SERVING, write the ready file, and run until "
+        "SIGINT or SIGTERM, then stop every process.",
+        epilog="example: prfaas serve --config configs/clusters/toy.toml --ready-file ready.json",
+    )
+    p.add_argument("--config", required=True, help="cluster TOML (see configs/clusters/)")
+    p.add_argument(
+        "--ready-file",
+        help="write JSON {router, metrics, model, seed, workers: {name: {address, pid, role}}} "
+        "here once every server is SERVING (removed on shutdown)",
+    )
+    p.add_argument("--log-dir", help="where the processes' logs go (default: a temp dir)")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from prfaas_jax.serving.cluster.launcher import serve
+
+    return serve(args.config, args.ready_file, log_dir=args.log_dir)
+
+
+def _parse_goodput(items: list[str]) -> dict[str, float]:
+    slos = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise UserError(f"--goodput expects metric:milliseconds, got {item!r}") from None
+    return slos
+
+
+def _input_dist(text: str) -> InputDist:
+    """``--input-dist`` as bench's enum, imported only once a bench command line is parsed:
+    the serving layer is too heavy to load for ``--help``."""
+    from prfaas_jax.serving.loadgen.bench import InputDist
+
+    try:
+        return InputDist(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(InputDist)}") from None
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="load-test a running router (vllm bench serve conventions)",
+        description="Send prompts to a router at a Poisson or gamma arrival rate and report "
+        "TTFT, TPOT, ITL and end-to-end latency (mean, median, std, percentiles), goodput "
+        "against SLOs, the fraction offloaded to PrfaaS and the inter-cluster egress.",
+        epilog="example: prfaas bench --router 127.0.0.1:50051 --num-prompts 50 "
+        "--request-rate 4 --burstiness 0.5 --goodput ttft:500 tpot:50",
+    )
+    p.add_argument("--router", required=True, help="router address host:port (the ready file's)")
+    p.add_argument("--num-prompts", type=int, default=100, help="requests to send (default 100)")
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="mean arrivals per second; inf sends all at once (default)",
+    )
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the inter-arrival gaps: 1 Poisson, <1 burstier (default 1)",
+    )
+    p.add_argument("--max-concurrency", type=int, help="cap on requests in flight")
+    p.add_argument(
+        "--input-dist",
+        type=_input_dist,
+        default="paper",
+        metavar="DIST",
+        help="prompt lengths: paper (the paper's log-normal scaled to the model, default), "
+        "lognormal, uniform (around --input-len) or fixed",
+    )
+    p.add_argument("--input-len", type=int, default=64, help="fixed/uniform length (default 64)")
+    p.add_argument("--range-ratio", type=float, default=0.5, help="uniform: ±ratio (default 0.5)")
+    p.add_argument("--lognormal-mu", type=float, default=4.0, help="lognormal: mu (default 4.0)")
+    p.add_argument("--lognormal-sigma", type=float, default=1.0, help="lognormal: sigma")
+    p.add_argument(
+        "--length-scale",
+        type=float,
+        help="paper: scale of the 128..131072-token distribution (default: fit max_len)",
+    )
+    p.add_argument("--output-len", type=int, default=16, help="new tokens each (default 16)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument(
+        "--metric-percentiles",
+        type=parse_int_list,
+        default=[50, 90, 99],
+        help="comma-separated percentiles (default 50,90,99)",
+    )
+    p.add_argument(
+        "--goodput",
+        nargs="+",
+        default=[],
+        metavar="METRIC:MS",
+        help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:2000",
+    )
+    p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline in s")
+    p.add_argument(
+        "--ca-cert", default="", help="PEM CA that signed the router's certificate: use TLS"
+    )
+    p.add_argument(
+        "--token-file", default="", help="file holding the router's bearer token ([security])"
+    )
+    p.add_argument("--cert", default="", help="client certificate PEM, for a router without token")
+    p.add_argument("--key", default="", help="its private key PEM")
+    add_json_flag(p)
+    p.set_defaults(run=_run_bench)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from prfaas_jax.serving.loadgen.bench import (
+        BenchOptions,
+        format_summary,
+        run_bench,
+        summarize,
+    )
+    from prfaas_jax.serving.transport.security import client_section
+
+    opts = BenchOptions(
+        router=args.router,
+        num_prompts=args.num_prompts,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        input_dist=args.input_dist,
+        input_len=args.input_len,
+        range_ratio=args.range_ratio,
+        lognormal_mu=args.lognormal_mu,
+        lognormal_sigma=args.lognormal_sigma,
+        length_scale=args.length_scale,
+        output_len=args.output_len,
+        seed=args.seed,
+        percentiles=tuple(float(p) for p in args.metric_percentiles),
+        goodput=_parse_goodput(args.goodput),
+        timeout_s=args.timeout,
+        security=client_section(
+            ca_cert=args.ca_cert, cert=args.cert, key=args.key, token_file=args.token_file
+        ),
+    )
+    total = opts.num_prompts
+    with progress("bench", total=total, unit="requests", quiet=args.json) as shown:
+        records, context = run_bench(opts, on_done=lambda done, _: shown.update(completed=done))
+    summary = summarize(records, context, opts)
+    if args.json:
+        print_json(summary)
+    else:
+        print(format_summary(summary, opts))
+    return 0 if summary["failed"] == 0 else 1
+
+
+def add_certs(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "certs",
+        help="make a CA, a node certificate and a router token for a cluster's [security]",
+        description="Write ca.pem (a new CA), node.pem and node-key.pem (a certificate it "
+        "signed for 127.0.0.1 and localhost, for servers and clients alike; every process of "
+        "a toy cluster shares it) and router.token (a random bearer token); the key and the "
+        "token are readable by their owner only. The CA's key is not kept. Point the cluster "
+        "config's [security] section at them (docs/serving.md, Security).",
+        epilog="example: prfaas certs --out certs/ --days 30",
+    )
+    p.add_argument("--out", required=True, help="directory to write into (created if missing)")
+    p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    p.set_defaults(run=_run_certs)
+
+
+def _run_certs(args: argparse.Namespace) -> int:
+    from prfaas_jax.serving.transport.certs import write_cluster_credentials
+
+    if args.days < 1:
+        raise UserError("--days must be ≥ 1")
+    paths = write_cluster_credentials(args.out, days=args.days)
+    names = ", ".join(path.name for path in paths.values())
+    print(f"wrote {names} to {args.out}; for the cluster config:\n\n[security]")
+    for key, path in paths.items():
+        print(f'{key} = "{path.resolve()}"')
+    return 0
+
+
+def add_soak(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "soak",
+        help="a bounded soak of a fake-engine cluster under worker kills and transfer faults",
+        description="Start the cluster of --config with worker restarts on (default: "
+        "configs/clusters/chaos.toml: fake engines, 1 PrfaaS prefill, 2 PD prefill, 2 PD "
+        "decode, 3 % of state transfers get a corrupted frame and 3 % a dropped link), send "
+        "Poisson arrivals at --rate for --duration seconds while SIGKILLing a worker every "
+        "--kill-every seconds (the roles in turn; a decode kill picks a worker with requests "
+        "mid-stream), and wait for every request. Checks each request as its client saw it: "
+        "accepted or rejected at admission; completed, failed fast (a status code) or lost "
+        "(no answer within --deadline); duplicated (tokens delivered twice); wrong (tokens "
+        "other than the fake engine's, which depend on the whole sequence, so a resume from "
+        "the wrong place shows). Prints a table of those counts, the faults (kills, restarts, "
+        "corrupted frames, dropped transfers, router retries and resumes) and the latency of "
+        "clean, retried and resumed requests, then the same as JSON. Exit status 1 when a "
+        "request was lost, duplicated or wrong.",
+        epilog="example: prfaas soak --duration 60 --kill-every 10 --json",
+    )
+    p.add_argument(
+        "--config",
+        default="chaos",
+        help="cluster config with fake engines: a name under configs/clusters/ or a TOML path "
+        "(default: chaos)",
+    )
+    p.add_argument(
+        "--duration", type=float, default=180.0, help="seconds of arrivals (default 180)"
+    )
+    p.add_argument(
+        "--rate", type=float, default=2.0, help="requests per second, Poisson (default 2)"
+    )
+    p.add_argument(
+        "--kill-every", type=float, default=20.0, help="seconds between kills; 0: none (default 20)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="workload and kill choices (default 0)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        default=150.0,
+        help="seconds before an unanswered request counts as lost (default 150)",
+    )
+    p.add_argument("--log-dir", help="keep the cluster's logs here (default: a temp dir)")
+    add_json_flag(p, help="print the JSON only")
+    p.set_defaults(run=_run_soak)
+
+
+def _run_soak(args: argparse.Namespace) -> int:
+    from prfaas_jax.serving.loadgen.soak import SoakOptions, SoakProgress, run_soak
+
+    options = SoakOptions(
+        duration_s=args.duration,
+        rate=args.rate,
+        kill_every_s=args.kill_every,
+        seed=args.seed,
+        deadline_s=args.deadline,
+    )
+    starting = "soak: starting the cluster"
+    with progress(starting, total=options.duration_s, unit="s", quiet=args.json) as shown:
+
+        def tick(now: SoakProgress) -> None:
+            shown.update(
+                completed=min(now.elapsed_s, options.duration_s),
+                description=f"soak: {now.sent} sent, {now.ended} ended, {now.kills} kills",
+            )
+
+        report = run_soak(args.config, options, log_dir=args.log_dir, progress=tick)
+    if not args.json:
+        print(report.format_table())
+        print()
+    # One line, so a log of many runs holds one JSON object per line.
+    print(json.dumps(report.to_dict()))
+    counts = report.counts()
+    return 1 if counts["lost"] or counts["duplicated"] or counts["wrong"] else 0

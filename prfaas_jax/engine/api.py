@@ -1,0 +1,99 @@
+"""The engine interface the serving plane drives: `PrefillEngineLike` and `DecodeEngineLike`.
+
+Also exposes `PrefillOutput` (what a prefill returns that its callers read) and `OnChunk` (the
+per-chunk callback). Two engines satisfy each protocol: the JAX engines
+(engine/prefill.py: `PrefillEngine`, engine/decode.py: `DecodeEngine`) and the hand-computable
+fakes (engine/fake.py), so a worker, the prefix cache's `CachedPrefill` and the tests accept
+either. The protocols hold only what those callers use, in the JetStream vocabulary:
+
+    prefill(tokens, prefix=…) → state, first_token        one prompt, batch 1
+    insert(state, first_token, sampling) → slot            a slot of the decode batch
+    step() → [(slot, token), …]                            one token per active slot
+    is_finished(slot), free(slot)                          a slot's end
+
+The protocols are `runtime_checkable`: `isinstance` sees whether the members exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.model.state import ModelState
+
+OnChunk = Callable[[ModelState, int], None]
+"""`on_chunk(state, tokens_done)`: after each prefill call, with every position absorbed so far."""
+
+
+@runtime_checkable
+class PrefillOutput(Protocol):
+    """The result of one prefill, as its callers read it."""
+
+    @property
+    def state(self) -> ModelState:
+        """Batch 1, holding the prefix and the prompt."""
+        ...
+
+    @property
+    def first_token(self) -> int:
+        """Sampled from the prompt's last position: token 0 of the request."""
+        ...
+
+    @property
+    def prefix_len(self) -> int:
+        """Positions taken from the `prefix` state (not computed)."""
+        ...
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt tokens computed."""
+        ...
+
+
+@runtime_checkable
+class PrefillEngineLike(Protocol):
+    """One prompt at a time: its state (for the codec) and its first token."""
+
+    def prefill(
+        self,
+        tokens: Sequence[int],
+        *,
+        prefix: ModelState | None = None,
+        on_chunk: OnChunk | None = None,
+        sampling: SamplingParams = GREEDY,
+        max_len: int | None = None,
+    ) -> PrefillOutput:
+        """Absorb `tokens` after `prefix`; `max_len` fixes the state's capacity."""
+        ...
+
+
+@runtime_checkable
+class DecodeEngineLike(Protocol):
+    """`max_slots` requests decoded together, one token per active slot per `step`."""
+
+    max_slots: int
+
+    def insert(
+        self,
+        state: ModelState,
+        first_token: int,
+        sampling: SamplingParams = GREEDY,
+        *,
+        max_new_tokens: int,
+        eos_id: int | None = None,
+    ) -> int:
+        """Start decoding a prefilled request in a free slot; returns the slot."""
+        ...
+
+    def step(self) -> list[tuple[int, int]]:
+        """One `(slot, token)` for every active slot."""
+        ...
+
+    def is_finished(self, slot: int) -> bool:
+        """True once the slot's request produced its last token (it keeps the slot)."""
+        ...
+
+    def free(self, slot: int) -> None:
+        """Release the slot, finished or not."""
+        ...

@@ -1,0 +1,166 @@
+"""Worker faults on a fake-engine cluster of real processes: a PrfaaS prefill worker SIGKILLed
+mid-transfer and a decode worker SIGKILLed mid-stream. Every request still completes, each token
+exactly once, with the output of one uninterrupted run (`fake_tokens`: each fake token depends
+on the whole sequence before it, so a skipped, repeated or misplaced token changes every token
+after it); the launcher replaces the dead worker and the router routes to the replacement."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+from serving_support import fake_config, generate
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+VOCAB = load_model_config("tiny").vocab_size
+# 100 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over half a second.
+OVERRIDES = {
+    "fake": {"prefill_s_per_token": 0.0005, "decode_step_s": 0.02},
+    "link": {"bandwidth_mbps": 0.8, "latency_ms": 2.0},
+    "router": {"retry_wait_s": 60.0, "stall_timeout_s": 4.0},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    path = fake_config(root / "cluster.toml", **OVERRIDES)
+    with ClusterProcesses(path, log_dir=root / "logs", restart_workers=True) as cluster:
+        ready = cluster.start()
+        with grpc.insecure_channel(ready["router"]) as channel:
+            yield cluster, pb_grpc.RouterStub(channel)
+
+
+def prompt(n: int, offset: int) -> list[int]:
+    return [(offset + 13 * i) % VOCAB for i in range(n)]
+
+
+def kill(cluster: ClusterProcesses, name: str) -> None:
+    pid = cluster.worker_pid(name)
+    assert pid is not None, f"{name} is not running"
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_replaced(cluster: ClusterProcesses, restarts: int) -> None:
+    deadline = time.monotonic() + 60
+    while cluster.restarts < restarts and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cluster.restarts >= restarts, "the dead worker was not replaced"
+
+
+def routed_to(stub: pb_grpc.RouterStub, length: int, instance: str) -> bool:
+    """Whether a request of `length` tokens reaches `instance` within a few control periods
+    (the router adopts a replacement at its next workers-file check)."""
+    for k in range(40):
+        reply = generate(stub, prompt(length, k), 2)
+        assert reply.tokens == fake_tokens(prompt(length, k), 2, VOCAB)
+        if instance in (reply.report.prefill_instance, reply.report.decode_instance):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_prefill_worker_killed_mid_transfer(cluster):
+    cluster, stub = cluster
+    prompts = [prompt(300, k) for k in range(4)]
+    restarts = cluster.restarts
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        futures = [pool.submit(generate, stub, p, 6) for p in prompts]
+        time.sleep(0.3)  # prefilled, their states on the slow link
+        kill(cluster, "prfaas-0")
+        replies = [f.result(timeout=120) for f in futures]
+    for p, reply in zip(prompts, replies, strict=True):
+        assert reply.tokens == fake_tokens(p, 6, VOCAB)
+        assert reply.report.resumed_from == 0  # nothing had reached the client yet
+    retried = [r for r in replies if r.report.attempts > 1]
+    assert retried, "no request was on the killed worker"
+    # While PrfaaS is down the retries prefill locally.
+    assert all(r.report.prefill_instance == "pd-0" for r in retried)
+    wait_replaced(cluster, restarts + 1)
+    assert routed_to(stub, 100, "prfaas-0")
+
+
+def test_decode_worker_killed_mid_stream(cluster):
+    cluster, stub = cluster
+    n = 120
+    restarts = cluster.restarts
+    prompts = [prompt(20 + 10 * k, 50 + k) for k in range(4)]
+    streams = [
+        stub.Generate(pb.GenerateRequest(prompt_token_ids=p, max_new_tokens=n), timeout=120)
+        for p in prompts
+    ]
+    received: list[list[int]] = [[] for _ in prompts]
+    reports: list[pb.RequestReport | None] = [None] * len(prompts)
+
+    def read(i: int) -> None:
+        for message in streams[i]:
+            received[i].extend(message.token_ids)
+            if message.finished:
+                reports[i] = message.report
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while min(len(r) for r in received) < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert min(len(r) for r in received) >= 5, "the streams did not start"
+    kill(cluster, "pd-1")
+    for thread in threads:
+        thread.join(timeout=120)
+    for p, tokens, report in zip(prompts, received, reports, strict=True):
+        assert report is not None
+        assert tokens == fake_tokens(p, n, VOCAB)
+        assert report.attempts >= 2 and report.resumed_from >= 5
+    stats = stub.GetStats(pb.GetStatsRequest())
+    assert stats.resumed >= len(prompts) and stats.retries >= len(prompts)
+    wait_replaced(cluster, restarts + 1)
+    assert routed_to(stub, 10, "pd-1")
+
+
+def test_client_cancel_frees_the_request(cluster):
+    cluster, stub = cluster
+    call = stub.Generate(
+        pb.GenerateRequest(request_id="gone", prompt_token_ids=prompt(30, 3), max_new_tokens=200),
+        timeout=60,
+    )
+    next(call)
+    call.cancel()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = stub.GetStats(pb.GetStatsRequest())
+        decode = {w.name: w for w in stats.workers}["pd-1"]
+        if stats.requests_in_flight == 0 and decode.active_slots == 0:
+            break
+        time.sleep(0.1)
+    assert stats.requests_in_flight == 0 and decode.active_slots == 0
+
+
+def test_hung_prefill_worker_is_bypassed(cluster):
+    """A stopped (SIGSTOP) PrfaaS worker keeps its connections open: no error ever comes. The
+    router's stall watchdog cancels the silent attempt and the retry prefills locally."""
+    cluster, stub = cluster
+    pid = cluster.worker_pid("prfaas-0")
+    assert pid is not None
+    long_prompt = prompt(300, 77)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        reply = generate(stub, long_prompt, 4)
+        waited = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert reply.tokens == fake_tokens(long_prompt, 4, VOCAB)
+    assert reply.report.attempts == 2 and reply.report.prefill_instance == "pd-0"
+    assert waited < 4.0 + 5.0  # the stall limit, then a local prefill
+    assert routed_to(stub, 100, "prfaas-0")  # back in routing once it answers again

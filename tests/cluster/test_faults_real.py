@@ -1,0 +1,115 @@
+"""Worker faults on the real model (`tiny` KDA + MLA, JAX engines, real processes): the PrfaaS
+prefill worker SIGKILLed while its states are on the inter-cluster link, then the decode worker
+SIGKILLed while it streams. Every request completes with exactly the tokens of single-process
+greedy generation (the model's `prefill` + `decode_step`, computed here): the router re-prefills
+the lost prefills locally and resumes the lost streams from prompt + the tokens already sent."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import time
+
+import grpc
+import numpy as np
+import pytest
+from serving_support import generate, toml
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.loadgen.demo import reference_tokens
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+MAX_LEN = 512
+SECTIONS = {
+    "model": {"preset": "tiny", "seed": 0},
+    "engine": {"max_len": MAX_LEN, "chunk_len": 128, "buckets": [32, 128], "max_slots": 8},
+    "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
+    # 50 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over a second.
+    "link": {"bandwidth_mbps": 0.4, "latency_ms": 2.0},
+    "router": {"threshold": 64, "control_period_s": 0.25, "retry_wait_s": 300.0},
+    "controller": {"enabled": False},
+    "prefix_cache": {"enabled": True},
+}
+LONG, SHORT, NEW_LONG, NEW_SHORT = 300, 40, 8, 160
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import jax
+
+    from prfaas_jax.model import init_params
+    from prfaas_jax.serving.worker.engines import default_compile_cache_dir, enable_compile_cache
+
+    root = tmp_path_factory.mktemp("faults-real")
+    path = root / "cluster.toml"
+    path.write_text(toml(SECTIONS))
+    cfg = load_model_config("tiny")
+    rng = np.random.default_rng(11)
+    prompts = {
+        "long": [rng.integers(0, cfg.vocab_size, LONG).tolist() for _ in range(2)],
+        "short": [rng.integers(0, cfg.vocab_size, SHORT).tolist() for _ in range(3)],
+    }
+    with ClusterProcesses(path, log_dir=root / "logs", restart_workers=True) as cluster:
+        ready = cluster.start()
+        enable_compile_cache(default_compile_cache_dir())
+        params = init_params(jax.random.PRNGKey(0), cfg)
+        expected = {
+            "long": reference_tokens(cfg, params, prompts["long"], NEW_LONG, MAX_LEN),
+            "short": reference_tokens(cfg, params, prompts["short"], NEW_SHORT, MAX_LEN),
+        }
+        with grpc.insecure_channel(ready["router"]) as channel:
+            yield cluster, ready, pb_grpc.RouterStub(channel), prompts, expected
+
+
+def kill(cluster: ClusterProcesses, name: str) -> None:
+    pid = cluster.worker_pid(name)
+    assert pid is not None, f"{name} is not running"
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_prfaas_worker_killed_mid_transfer(setup):
+    cluster, ready, stub, prompts, expected = setup
+    worker = grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"])
+    control = pb_grpc.WorkerControlStub(worker)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(generate, stub, p, NEW_LONG) for p in prompts["long"]]
+        deadline = time.monotonic() + 120
+        while control.GetStats(pb.GetStatsRequest(), timeout=5).egress_bytes == 0:
+            assert time.monotonic() < deadline, "no state went on the link"
+            time.sleep(0.02)
+        kill(cluster, "prfaas-0")  # a state is on the link now
+        replies = [f.result(timeout=300) for f in futures]
+    worker.close()
+    assert [r.tokens for r in replies] == expected["long"]
+    assert any(r.report.attempts > 1 for r in replies)
+
+
+@pytest.mark.slow
+def test_decode_worker_killed_mid_stream(setup):
+    cluster, _, stub, prompts, expected = setup
+    received: list[list[int]] = [[] for _ in prompts["short"]]
+    reports: list[pb.RequestReport | None] = [None] * len(received)
+
+    def read(i: int) -> None:
+        request = pb.GenerateRequest(prompt_token_ids=prompts["short"][i], max_new_tokens=NEW_SHORT)
+        for message in stub.Generate(request, timeout=300):
+            received[i].extend(message.token_ids)
+            if message.finished:
+                reports[i] = message.report
+
+    with concurrent.futures.ThreadPoolExecutor(len(received)) as pool:
+        futures = [pool.submit(read, i) for i in range(len(received))]
+        deadline = time.monotonic() + 120
+        while min(map(len, received)) < 3:
+            assert time.monotonic() < deadline, "the streams did not start"
+            time.sleep(0.005)
+        kill(cluster, "pd-1")
+        for future in futures:
+            future.result(timeout=300)
+    assert received == expected["short"]
+    assert all(r is not None for r in reports)
+    assert any(r.resumed_from > 0 for r in reports if r is not None)

@@ -1,0 +1,131 @@
+"""The prefix cache in a fake-engine cluster of real processes: lookups, cache-affine routing,
+the two bandwidth cases, cross-cluster prefix transfer, stats and metrics.
+
+The fake engines read a prefix's tokens back *from the state the cache serves* (and decode reads
+the whole prompt back from the state it receives), so a wrong prefix state — from the local
+cache or fetched across clusters — shows up as wrong output tokens.
+
+The conversation: turn 1 is 100 tokens (> t = 64: PrfaaS, cold); turn 2 = turn 1 + its reply
+(4 tokens) + 12 new = 116 tokens, 100 of them cached on prfaas-0.
+  scarce:    l_total − l_pd = 116 − 0 > 64 → PrfaaS, reusing its own 100 (computes 16);
+  abundant:  l_total − max(100, 0) = 16 ≤ 64 → PD, the 100-token prefix moves from prfaas-0
+             to pd-0 over the link; turn 3 then hits pd-0's own copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+from serving_support import fake_config, generate
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.model.state import state_nbytes
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+
+CFG = load_model_config("tiny")
+REPLY = 4
+
+
+@contextlib.contextmanager
+def cluster(tmp_path, **router) -> Iterator[tuple[pb_grpc.RouterStub, dict]]:
+    config = fake_config(
+        tmp_path / "cluster.toml",
+        prefix_cache={"enabled": True, "capacity_mib": 4.0, "block_size": 8},
+        router=router,
+    )
+    with (
+        ClusterProcesses(config, log_dir=tmp_path / "logs") as processes,
+        grpc.insecure_channel(processes.start()["router"]) as channel,
+    ):
+        yield pb_grpc.RouterStub(channel), processes.ready
+
+
+def worker_stats(ready: dict, name: str) -> pb.WorkerStats:
+    address = ready["workers"][name]["address"]
+    with grpc.insecure_channel(address) as channel:
+        return pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+
+
+def turn(router, prompt: list[int]) -> tuple[pb.RequestReport, list[int]]:
+    reply = generate(router, prompt, REPLY)
+    assert reply.tokens == fake_tokens(prompt, REPLY, CFG.vocab_size)
+    return reply.report, reply.tokens
+
+
+def conversation(router) -> tuple[list[int], list[int]]:
+    """Turn 1 (100 tokens, served cold by PrfaaS) and the 116-token prompt of turn 2."""
+    first = [(7 * i + 3) % CFG.vocab_size for i in range(100)]
+    report, tokens = turn(router, first)
+    assert (report.route, report.cached_len, report.prefill_instance) == ("prfaas", 0, "prfaas-0")
+    return first, first + tokens + [(5 * i) % CFG.vocab_size for i in range(12)]
+
+
+def test_bandwidth_scarce_reuses_the_prefix_where_it_is(tmp_path):
+    with cluster(tmp_path) as (router, ready):
+        _, second = conversation(router)
+        report, _ = turn(router, second)
+        assert (report.route, report.prefill_instance) == ("prfaas", "prfaas-0")
+        assert (report.cached_len, report.uncached_len) == (100, 16)
+        prfaas = worker_stats(ready, "prfaas-0").prefix_cache
+        assert prfaas.enabled and (prfaas.lookups, prfaas.hits) == (2, 1)
+        assert (prfaas.prompt_tokens, prfaas.reused_tokens, prfaas.computed_tokens) == (
+            216,
+            100,
+            116,
+        )
+        assert 0 < prfaas.used_bytes <= prfaas.capacity_bytes == 4 * 2**20
+        assert prfaas.exports == 0 and prfaas.block_size == 8
+        # A prompt the cache has never seen is routed and computed in full.
+        cold, _ = turn(router, [9] * 30)
+        assert (cold.route, cold.cached_len) == ("pd", 0)
+
+
+def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
+    with cluster(tmp_path, bandwidth_abundant=True) as (router, ready):
+        _, second = conversation(router)
+        egress_before = worker_stats(ready, "prfaas-0").egress_bytes
+        report, _ = turn(router, second)
+        assert (report.route, report.prefill_instance) == ("pd", "pd-0")
+        assert (report.cached_len, report.uncached_len) == (100, 16)
+        prfaas = worker_stats(ready, "prfaas-0")
+        pd = worker_stats(ready, "pd-0").prefix_cache
+        assert (prfaas.prefix_cache.exports, pd.imports, pd.import_failures) == (1, 1, 0)
+        assert prfaas.prefix_cache.export_bytes == pd.import_bytes == state_nbytes(CFG, 100)
+        # The prefix crossed the shaped link (turn 2's own state went PD-internal, unshaped).
+        assert (
+            state_nbytes(CFG, 100)
+            < prfaas.egress_bytes - egress_before
+            < 1.1 * state_nbytes(CFG, 100)
+        )
+        assert (pd.reused_tokens, pd.computed_tokens) == (100, 16)
+        stats = router.GetStats(pb.GetStatsRequest())
+        assert (stats.prefix_moves, stats.prompt_tokens, stats.cached_tokens) == (1, 216, 100)
+
+        # Turn 3 hits pd-0's own copy of turn 2: no move.
+        third = [*second, 1, 2, 3]
+        report, _ = turn(router, third)
+        assert (report.route, report.prefill_instance, report.cached_len) == ("pd", "pd-0", 116)
+        assert router.GetStats(pb.GetStatsRequest()).prefix_moves == 1
+        metrics = urllib.request.urlopen(f"http://{ready['metrics']}/metrics", timeout=10).read()
+        lines = set(metrics.decode().splitlines())
+        assert "prfaas_cached_tokens_total 216" in lines and "prfaas_prefix_moves_total 1" in lines
+
+
+def test_disabled_cache_computes_everything(tmp_path):
+    config = fake_config(tmp_path / "cluster.toml", prefix_cache={"enabled": False})
+    with (
+        ClusterProcesses(config, log_dir=tmp_path / "logs") as processes,
+        grpc.insecure_channel(processes.start()["router"]) as channel,
+    ):
+        router = pb_grpc.RouterStub(channel)
+        _, second = conversation(router)
+        report, _ = turn(router, second)
+        assert (report.cached_len, report.uncached_len, report.route) == (0, 116, "prfaas")
+        stats = worker_stats(processes.ready, "prfaas-0").prefix_cache
+        assert not stats.enabled and (stats.prompt_tokens, stats.computed_tokens) == (216, 216)
