@@ -71,13 +71,17 @@ def config_dir() -> Path:
 
 
 def presets(kind: str) -> list[str]:
-    """The preset names of one config kind: the files in ``configs/<kind>/``."""
-    return sorted(p.stem for p in (config_dir() / kind).glob("*.toml"))
+    """The preset names of one config kind: the files in ``configs/<kind>/``, and the folders
+    there that hold a ``config.toml`` (model checkpoints shipped as presets)."""
+    folder = config_dir() / kind
+    files = [p.stem for p in folder.glob("*.toml")]
+    return sorted(files + [p.parent.name for p in folder.glob("*/config.toml")])
 
 
 def resolve(kind: str, name_or_path: str | os.PathLike[str]) -> Path:
     """A config file: ``name_or_path`` itself when it names a ``.toml`` file or anything that
-    exists, else the preset ``configs/<kind>/<name>.toml``."""
+    exists, else the preset ``configs/<kind>/<name>.toml`` or the preset folder
+    ``configs/<kind>/<name>/`` (a checkpoint: its ``config.toml`` beside the weights)."""
     path = Path(name_or_path)
     # Preset names may contain dots ("qwen3.5-397b"), so only ".toml" marks a path; a missing
     # .toml file is left for `read` to report.
@@ -86,6 +90,9 @@ def resolve(kind: str, name_or_path: str | os.PathLike[str]) -> Path:
     preset = config_dir() / kind / f"{name_or_path}.toml"
     if preset.exists():
         return preset
+    folder = config_dir() / kind / str(name_or_path)
+    if (folder / "config.toml").is_file():
+        return folder
     names = ", ".join(presets(kind)) or "(none)"
     raise ConfigError(
         f"{str(name_or_path)!r} is neither a file nor a preset in {config_dir() / kind}; "

@@ -1,9 +1,10 @@
 """The ``prfaas`` command: `main` and `build_parser`.
 
 One module per command group declares its subcommands' flags and runs them:
-cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/planning_commands.py
-(plan, simulate, kv) and cli/serving_commands.py (demo, serve, bench, certs, soak); cli/flags.py
-holds the flag groups they share and cli/progress.py the progress display. Heavy imports (JAX,
+cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/training_commands.py
+(train), cli/planning_commands.py (plan, simulate, kv) and cli/serving_commands.py (demo, serve,
+bench, certs, soak); cli/flags.py holds the flag groups they share and cli/progress.py the
+progress display. Heavy imports (JAX,
 gRPC) happen only inside the run functions, so ``prfaas --help`` starts instantly.
 
 `main` turns a `UserError` into one line on stderr and exit status 2, never a traceback.
@@ -15,7 +16,12 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from prfaas_jax.cli import model_commands, planning_commands, serving_commands
+from prfaas_jax.cli import (
+    model_commands,
+    planning_commands,
+    serving_commands,
+    training_commands,
+)
 from prfaas_jax.errors import UserError
 
 Runner = Callable[[argparse.Namespace], int]
@@ -28,6 +34,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     model_commands.add_decode,
     model_commands.add_state,
     model_commands.add_convert_hf,
+    training_commands.add_train,
     planning_commands.add_plan,
     planning_commands.add_simulate,
     planning_commands.add_kv,

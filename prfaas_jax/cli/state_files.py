@@ -15,8 +15,6 @@ import hashlib
 import os
 import time
 
-import jax
-
 from prfaas_jax.cli.generation import GenerateRequest, prompt_ids, sampling_params
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
@@ -25,8 +23,8 @@ from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.generate import decode_alone
 from prfaas_jax.engine.prefill import DEFAULT_CHUNK_LEN, PrefillEngine, default_buckets, pick_bucket
 from prfaas_jax.errors import UserError
-from prfaas_jax.model import init_params
 from prfaas_jax.model.sharding import make_mesh
+from prfaas_jax.model.weights import load_model
 from prfaas_jax.tables import key_value, table
 
 
@@ -69,9 +67,8 @@ def prefill_to_file(
     A file holds one stream, so nothing can mix with it: its stream id is a hash of the state
     rather than random, and the same prefill writes the same bytes.
     """
-    cfg = load_model_config(request.model)
+    cfg, params = load_model(request.model, seed=request.seed)
     prompt, sampling = prompt_ids(request, cfg), sampling_params(request)
-    params = init_params(jax.random.PRNGKey(request.seed), cfg)
     mesh = make_mesh(request.mesh) if request.mesh else None
     engine = PrefillEngine(cfg, params, impl=request.impl, chunk_len=chunk_len, mesh=mesh)
     result = engine.prefill(prompt, sampling=sampling)
@@ -151,7 +148,7 @@ def decode_file(
     max_len = min(pick_bucket(default_buckets(cfg.max_len), length + max_new_tokens), cfg.max_len)
     # Every byte is checked against the model here, before any weights exist.
     state = codec.decode(state_frames, cfg, max_len=max_len)
-    params = init_params(jax.random.PRNGKey(seed), cfg)
+    _, params = load_model(model, seed=seed)
     device_mesh = make_mesh(mesh) if mesh else None
     engine = DecodeEngine(cfg, params, max_slots=1, max_len=max_len, impl=impl, mesh=device_mesh)
     load_s = time.perf_counter() - start

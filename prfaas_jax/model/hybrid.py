@@ -42,6 +42,7 @@ from prfaas_jax.model.mlp import MoE, SwiGLU
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.state import LayerState, ModelState
 from prfaas_jax.ops.dispatch import Impl
+from prfaas_jax.ops.precision import upcast
 
 Params = dict
 Mixer = DeltaMixer | LightningMixer | MlaMixer | GqaMixer
@@ -126,8 +127,8 @@ class HybridLM(nnx.Module):
         # Logits in fp32 so sampling and cross-implementation comparisons see the same numbers.
         logits = jnp.einsum(
             "btd,dv->btv",
-            h.astype(jnp.float32),
-            head.astype(jnp.float32),
+            upcast(h),
+            upcast(head),
             precision=jax.lax.Precision.HIGHEST,
         )
         return logits, ModelState(lengths=ctx.new_lengths, layers=tuple(new_layers))

@@ -37,7 +37,7 @@ def log_uniform(rngs: nnx.Rngs, shape: tuple[int, ...], low: float, high: float)
 def softplus_inverse_of_log_uniform(
     rngs: nnx.Rngs, shape: tuple[int, ...], low: float, high: float
 ) -> nnx.Param:
-    """A bias ``b`` with ``softplus(b) = dt``, ``dt`` log-uniform in ``[low, high]`` (``dt_bias``)."""
+    """A bias ``b`` with ``softplus(b) = dt``, ``dt`` log-uniform in [low, high] (``dt_bias``)."""
     dt = jnp.exp(
         jax.random.uniform(rngs.params(), shape, jnp.float32, math.log(low), math.log(high))
     )

@@ -26,6 +26,7 @@ from flax import nnx
 
 from prfaas_jax.config import MoeConfig, MoeScoring
 from prfaas_jax.model import initializers as init
+from prfaas_jax.ops.precision import upcast
 
 
 class SwiGLU(nnx.Module):
@@ -45,12 +46,12 @@ def route(
 ) -> tuple[jax.Array, jax.Array]:
     """Top-k expert ids ``[N, k]`` and their combine weights ``[N, k]`` (fp32)."""
     # Router logits in fp32: near-ties between experts must not depend on the model dtype.
-    logits = x_ND.astype(jnp.float32) @ router_DE.astype(jnp.float32)
+    logits = upcast(x_ND) @ upcast(router_DE)
     if moe.scoring is MoeScoring.SOFTMAX:
         scores = jax.nn.softmax(logits, axis=-1)
     else:
         scores = jax.nn.sigmoid(logits)
-    select = scores + score_bias_E.astype(jnp.float32) if score_bias_E is not None else scores
+    select = scores + upcast(score_bias_E) if score_bias_E is not None else scores
     if moe.num_groups > 1:
         select = _limit_to_top_groups(select, moe)
     _, expert_ids = jax.lax.top_k(select, moe.top_k)

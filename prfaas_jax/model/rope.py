@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from prfaas_jax.config import RopeKind
+from prfaas_jax.ops.precision import upcast
 
 
 def apply_rope(
@@ -23,7 +24,7 @@ def apply_rope(
     freqs = theta ** (-jnp.arange(half, dtype=jnp.float32) * 2.0 / rotary_dim)
     angles = positions_BT.astype(jnp.float32)[..., None, None] * freqs  # [B, T, 1, half]
     cos, sin = jnp.cos(angles), jnp.sin(angles)
-    rot = x_BTHD[..., :rotary_dim].astype(jnp.float32)
+    rot = upcast(x_BTHD[..., :rotary_dim])
     if kind is RopeKind.NEOX:
         a, b = rot[..., :half], rot[..., half:]
         rot = jnp.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)

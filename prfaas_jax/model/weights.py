@@ -2,7 +2,8 @@
 orbax checkpoint to ``(ModelConfig, Params)``.
 
 * ``hf_dir``: a Hugging Face checkpoint directory, imported (model/hf/importer.py);
-* ``checkpoint``, or ``model`` naming a directory that holds ``config.toml`` + ``params/``: an
+* ``checkpoint``, or ``model`` naming a directory that holds ``config.toml`` + ``params/`` (a
+  path, or a preset folder ``configs/models/<name>/`` such as the trained ``recall-tiny``): an
   orbax checkpoint (model/checkpoint.py);
 * otherwise ``model`` is a preset name or TOML path and the weights are drawn from ``seed``.
 """
@@ -16,6 +17,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.model.checkpoint import is_checkpoint, load_checkpoint
 from prfaas_jax.model.hf import load_hf
 from prfaas_jax.model.hybrid import Params, init_params
+from prfaas_jax.toml_config import resolve
 
 
 def load_model(
@@ -32,7 +34,8 @@ def load_model(
         return load_hf(hf_dir)
     if checkpoint is not None:
         return load_checkpoint(checkpoint)
-    if is_checkpoint(model):
-        return load_checkpoint(model)
-    cfg = load_model_config(model)
+    found = resolve("models", model)
+    if is_checkpoint(found):
+        return load_checkpoint(found)
+    cfg = load_model_config(found)
     return cfg, init_params(jax.random.PRNGKey(seed), cfg)

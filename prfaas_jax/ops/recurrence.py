@@ -13,14 +13,15 @@ import jax.numpy as jnp
 
 
 def initial_state_or_zeros(
-    initial_state: jax.Array | None, shape: tuple[int, int, int, int]
+    initial_state: jax.Array | None, shape: tuple[int, int, int, int], dtype: jnp.dtype
 ) -> jax.Array:
-    """The carried state as fp32 [B, HV, K, V]; ``None`` means a fresh (zero) state."""
+    """The carried state [B, HV, K, V] in ``dtype`` (the recurrence's compute dtype, fp32 or
+    wider); ``None`` means a fresh (zero) state."""
     if initial_state is None:
-        return jnp.zeros(shape, jnp.float32)
+        return jnp.zeros(shape, dtype)
     if initial_state.shape != shape:
         raise ValueError(f"initial_state has shape {initial_state.shape}, expected {shape}")
-    return initial_state.astype(jnp.float32)
+    return initial_state.astype(dtype)
 
 
 def to_chunks(x_BTHD: jax.Array, chunk_size: int) -> jax.Array:

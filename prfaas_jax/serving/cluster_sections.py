@@ -224,12 +224,16 @@ class ChaosSection:
 
     corrupt_frame_prob: float = 0.0  # flip one byte of one data frame: the receiver's CRC fails
     drop_transfer_prob: float = 0.0  # cancel the push midway, as a dead link would
+    # Ship a well-formed state of zeros (right length, checksums and all): nothing on the wire
+    # can tell, only the tokens decoded from it. A check that the checks can fail.
+    blank_state_prob: float = 0.0
     seed: int = 0  # each worker draws from seed + a hash of its name
 
     def __post_init__(self) -> None:
-        for key in ("corrupt_frame_prob", "drop_transfer_prob"):
+        for key in ("corrupt_frame_prob", "drop_transfer_prob", "blank_state_prob"):
             _check(0 <= getattr(self, key) <= 1, f"chaos.{key}", "must be in [0, 1]")
 
     @property
     def enabled(self) -> bool:
-        return self.corrupt_frame_prob > 0 or self.drop_transfer_prob > 0
+        probs = (self.corrupt_frame_prob, self.drop_transfer_prob, self.blank_state_prob)
+        return any(p > 0 for p in probs)

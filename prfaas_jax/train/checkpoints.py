@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
 from prfaas_jax.config import ModelConfig
@@ -77,9 +79,16 @@ class RunDir:
         step = self.manager.latest_step()
         if step is None:
             return None
-        target = jax.eval_shape(lambda: initial_state(self.cfg, self.config))
-        abstract = {"params": target.params, "opt_state": target.opt_state}
+
+        def fresh() -> dict:
+            state = initial_state(self.cfg, self.config)
+            return {"params": state.params, "opt_state": state.opt_state}
+
+        abstract = jax.eval_shape(fresh)
         restored = self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+        # Orbax hands back arrays committed to a device; uncommitted ones, like a fresh run's, keep
+        # the compiled train step's cache key (committed inputs would compile it again).
+        restored = jax.tree.map(lambda a: jnp.asarray(np.asarray(a)), restored)
         return TrainState(params=restored["params"], opt_state=restored["opt_state"], step=step)
 
     def save_state(self, state: TrainState) -> None:

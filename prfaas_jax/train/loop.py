@@ -1,12 +1,13 @@
 """Training a hybrid model on a synthetic task: ``TrainConfig``, ``train_step``, ``evaluate`` and
 ``Trainer``.
 
-The model trained is the one the engines serve: the loss runs ``model.prefill`` (the ``chunk``
-ops, or the token-by-token ``reference``) from an empty state over each example, so what is
-learned is exactly what the prefill and decode engines compute. The optimizer is optax's AdamW
+The model trained is the one the engines serve: the loss runs ``model.prefill`` with the
+``chunk`` ops (the form whose gradients tests/model/test_gradients.py checks against finite
+differences) from an empty state over each example, so what is learned is exactly what the
+prefill and decode engines compute. The optimizer is optax's AdamW
 behind global-norm clipping, with a linear warm-up to ``lr`` and a cosine decay to
 ``lr · final_lr_ratio``. Cross-entropy and accuracy are taken only where the task scores an
-answer (``Batch.mask``).
+answer (``Batch.mask``; accuracy counts the answers, ``Batch.answer``).
 
 Determinism. Parameters come from ``PRNGKey(seed)``; the batch of step ``s`` is
 ``make_batch(fold_in(train_key, s))`` and the evaluation set is drawn once from a separate key,
@@ -33,7 +34,7 @@ from prfaas_jax.model.hybrid import Params
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.tasks import Batch, TaskSpec, make_batch
 
-TRAINABLE_IMPLS = (Impl.CHUNK, Impl.REFERENCE)
+TRAINABLE_IMPLS = (Impl.CHUNK,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +57,8 @@ class TrainConfig:
         object.__setattr__(self, "impl", Impl(self.impl))
         if self.impl not in TRAINABLE_IMPLS:
             raise UserError(
-                f"training runs the chunk or reference ops; impl {self.impl.value!r} has no "
-                "gradient (its kernels define no backward pass)"
+                f"training runs the chunk ops; --impl {self.impl.value} is for serving (its "
+                "gradients are not checked, and Pallas kernels define no backward pass)"
             )
         for name in ("steps", "batch_size", "eval_examples", "eval_every"):
             if getattr(self, name) < 1:
@@ -66,6 +67,11 @@ class TrainConfig:
             raise UserError(f"--lr must be positive, got {self.lr}")
         if self.warmup_steps < 0:
             raise UserError(f"warm-up steps must be ≥ 0, got {self.warmup_steps}")
+
+    def for_step(self) -> TrainConfig:
+        """The fields one step depends on, the others at fixed values: runs that differ only in
+        seed or evaluation share one compiled ``train_step``."""
+        return dataclasses.replace(self, seed=0, eval_examples=1, eval_every=1)
 
 
 def optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -85,15 +91,15 @@ def optimizer(config: TrainConfig) -> optax.GradientTransformation:
 def loss_and_accuracy(
     params: Params, cfg: ModelConfig, batch: Batch, impl: Impl = Impl.CHUNK
 ) -> tuple[jax.Array, jax.Array]:
-    """Mean cross-entropy and accuracy over the scored positions of ``batch``."""
+    """Mean cross-entropy over the scored positions of ``batch``, and accuracy over its answers."""
     batch_size, seq_len = batch.tokens.shape
     state = init_state(cfg, batch_size, seq_len)
     logits, _ = prefill(params, cfg, batch.tokens, state, impl=impl)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch.targets)
-    weight = batch.mask.astype(jnp.float32)
-    count = jnp.maximum(weight.sum(), 1.0)
-    correct = (jnp.argmax(logits, axis=-1) == batch.targets).astype(jnp.float32)
-    return (nll * weight).sum() / count, (correct * weight).sum() / count
+    scored, answers = batch.mask.astype(nll.dtype), batch.answer.astype(nll.dtype)
+    correct = (jnp.argmax(logits, axis=-1) == batch.targets).astype(nll.dtype)
+    loss = (nll * scored).sum() / jnp.maximum(scored.sum(), 1.0)
+    return loss, (correct * answers).sum() / jnp.maximum(answers.sum(), 1.0)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "spec", "config"), donate_argnums=(0, 1))
@@ -122,7 +128,7 @@ def _eval_batch(params: Params, batch: Batch, *, cfg: ModelConfig, impl: Impl) -
     """``[B]`` number of correct answers per example."""
     state = init_state(cfg, *batch.tokens.shape)
     logits, _ = prefill(params, cfg, batch.tokens, state, impl=impl)
-    correct = (jnp.argmax(logits, axis=-1) == batch.targets) & batch.mask
+    correct = (jnp.argmax(logits, axis=-1) == batch.targets) & batch.answer
     return correct.sum(axis=1)
 
 
@@ -135,12 +141,12 @@ def eval_set(spec: TaskSpec, config: TrainConfig) -> Batch:
 def evaluate(
     params: Params, cfg: ModelConfig, batch: Batch, *, impl: Impl = Impl.CHUNK, chunk: int = 128
 ) -> float:
-    """Accuracy over every scored position of ``batch`` (evaluated ``chunk`` examples at a time)."""
+    """Accuracy over every answer of ``batch`` (evaluated ``chunk`` examples at a time)."""
     total = 0
     for start in range(0, batch.tokens.shape[0], chunk):
-        part = jax.tree.map(lambda a: a[start : start + chunk], batch)
+        part = jax.tree.map(lambda a, s=start: a[s : s + chunk], batch)
         total += int(_eval_batch(params, part, cfg=cfg, impl=impl).sum())
-    return total / int(np.asarray(batch.mask).sum())
+    return total / int(np.asarray(batch.answer).sum())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +203,12 @@ class Trainer:
             start = time.perf_counter()
             key = jax.random.fold_in(train_key, state.step)
             params, opt_state, loss, accuracy = train_step(
-                state.params, state.opt_state, key, cfg=self.cfg, spec=self.spec, config=config
+                state.params,
+                state.opt_state,
+                key,
+                cfg=self.cfg,
+                spec=self.spec,
+                config=config.for_step(),
             )
             loss, accuracy = float(loss), float(accuracy)
             state = TrainState(params=params, opt_state=opt_state, step=state.step + 1)

@@ -1,4 +1,5 @@
-"""Synthetic recall tasks, generated in JAX: ``Task``, ``TaskSpec``, ``Batch`` and ``make_batch``.
+"""Synthetic recall tasks, generated in JAX: ``Task``, ``TaskSpec``, ``Batch``, ``make_batch`` and
+``recall_prompt``.
 
 ``mqar`` — multi-query associative recall in the standard (Zoology) form. A sequence of ``L``
 tokens over a vocabulary of ``V``: first ``N`` key–value pairs ``k₁ v₁ … k_N v_N`` (keys drawn
@@ -8,11 +9,14 @@ gaps ``g`` drawn without replacement with probability ∝ ``a·g^(a−1)`` (``a 
 queries come soon, some come late). Every other position holds a random token. The target at a
 query's position is its value; no other position is scored.
 
-``needle`` — long-context retrieval. ``L − 1`` random filler tokens from ``[1, V/2)`` hold
-``N`` key–value pairs at random non-overlapping places (keys from ``[1, V/2)``, distinct from
-each other and from the filler at no other place, values from ``[V/2, V)``); the last position
-repeats one of the keys and its target is that key's value. Answering needs a memory of the
-whole prompt, not of its recent past.
+``needle`` — long-context retrieval, asked the way a served request asks it. Filler tokens from
+``[1, V/2)`` (never one of the keys) hide ``N`` key–value pairs at random places before a query
+point ``q`` (uniform in ``[L/4, L − 3Q]``); from ``q`` on come ``Q`` questions ``k SEP v`` about
+distinct keys (``SEP`` = token 0), then filler. The model is scored on ``SEP`` after each asked key
+and on the value after each ``SEP``; accuracy counts the values. A prompt that ends with an asked
+key (``recall_prompt``) is answered by the *second* generated token: the first (``SEP``) comes
+from prefill, the answer from the first decode step — so in a disaggregated cluster the answer is
+right only if the state shipped to the decode worker really holds the prompt.
 
 A batch is a pure function of its key, so training data is ``make_batch(fold_in(key, step))``
 and a resumed run sees exactly the batches an uninterrupted one would.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -42,7 +47,8 @@ class TaskSpec:
     vocab_size: int = 256
     seq_len: int = 64
     num_pairs: int = 4
-    power_a: float = 0.01
+    num_queries: int = 2  # needle: questions per example
+    power_a: float = 0.01  # mqar: the gaps' power law
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", Task(self.task))
@@ -55,24 +61,38 @@ class TaskSpec:
             raise UserError(f"{n} pairs need {n} distinct keys, but keys come from [1, {v // 2})")
         if self.task is Task.MQAR and 4 * n > l:
             raise UserError(f"mqar needs --seq-len ≥ 4·num_pairs = {4 * n}, got {l}")
-        if self.task is Task.NEEDLE and 2 * n + 1 > l:
-            raise UserError(f"needle needs --seq-len ≥ 2·num_pairs + 1 = {2 * n + 1}, got {l}")
+        if self.task is Task.NEEDLE:
+            if not 1 <= self.num_queries <= n:
+                raise UserError(f"needle asks 1 to num_pairs questions, got {self.num_queries}")
+            if not _needle_fits(self, l):
+                need = next(m for m in itertools.count(l) if _needle_fits(self, m))
+                raise UserError(
+                    f"needle with {n} pairs and {self.num_queries} questions needs --seq-len ≥ "
+                    f"{need}, got {l}"
+                )
         if not 0 < self.power_a <= 1:
             raise UserError(f"power_a must be in (0, 1], got {self.power_a}")
 
     @property
     def answers_per_example(self) -> int:
-        return self.num_pairs if self.task is Task.MQAR else 1
+        return self.num_pairs if self.task is Task.MQAR else self.num_queries
+
+
+def _needle_fits(spec: TaskSpec, length: int) -> bool:
+    """Room for the pairs before the earliest query point and for the questions after it."""
+    return length // 4 >= 2 * spec.num_pairs and length - length // 4 >= 3 * spec.num_queries
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Batch:
-    """``tokens [B, L]`` int32 input; ``targets [B, L]`` int32, scored where ``mask [B, L]``."""
+    """``tokens [B, L]`` int32 input; ``targets [B, L]`` int32, in the loss where ``mask [B, L]``;
+    the answers (the accuracy's positions) where ``answer [B, L]``."""
 
     tokens: jax.Array
     targets: jax.Array
     mask: jax.Array
+    answer: jax.Array
 
 
 def _pairs(key: jax.Array, spec: TaskSpec) -> tuple[jax.Array, jax.Array]:
@@ -85,7 +105,9 @@ def _pairs(key: jax.Array, spec: TaskSpec) -> tuple[jax.Array, jax.Array]:
     return keys.astype(jnp.int32), values.astype(jnp.int32)
 
 
-def _mqar_example(key: jax.Array, spec: TaskSpec) -> tuple[jax.Array, jax.Array, jax.Array]:
+def _mqar_example(
+    key: jax.Array, spec: TaskSpec
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     n, length = spec.num_pairs, spec.seq_len
     k_pairs, k_gaps, k_noise = jax.random.split(key, 3)
     keys, values = _pairs(k_pairs, spec)
@@ -99,28 +121,56 @@ def _mqar_example(key: jax.Array, spec: TaskSpec) -> tuple[jax.Array, jax.Array,
     tokens = tokens.at[: 2 * n].set(context).at[where].set(keys)
     targets = jnp.zeros((length,), jnp.int32).at[where].set(values)
     mask = jnp.zeros((length,), bool).at[where].set(True)
-    return tokens, targets, mask
+    return tokens, targets, mask, mask
 
 
-def _needle_example(key: jax.Array, spec: TaskSpec) -> tuple[jax.Array, jax.Array, jax.Array]:
-    n, length, half = spec.num_pairs, spec.seq_len, spec.vocab_size // 2
-    k_pairs, k_slots, k_noise, k_ask = jax.random.split(key, 4)
+SEP = 0  # needle: the token between an asked key and its value
+
+
+def _needle_example(
+    key: jax.Array, spec: TaskSpec, point: int | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    n, q, length, half = spec.num_pairs, spec.num_queries, spec.seq_len, spec.vocab_size // 2
+    k_pairs, k_point, k_slots, k_noise, k_ask = jax.random.split(key, 5)
     keys, values = _pairs(k_pairs, spec)
-    # Filler never repeats a key, so the only earlier occurrence of the query is its pair.
+    # Filler never repeats a key, so the only earlier occurrence of an asked key is its pair.
     filler = jax.random.randint(k_noise, (length,), 1, half - n, jnp.int32)
     filler = filler + jnp.sum(filler[:, None] >= jnp.sort(keys)[None, :] - jnp.arange(n), axis=1)
-    slots = jax.random.choice(k_slots, (length - 1) // 2, (n,), replace=False)
+    if point is None:
+        point = jax.random.randint(k_point, (), length // 4, length - 3 * q + 1)
+    # The pairs sit at even offsets before the query point, each in a slot of its own.
+    slot_ok = jnp.arange(length // 2) < point // 2
+    slots = jax.random.choice(k_slots, length // 2, (n,), replace=False, p=slot_ok / slot_ok.sum())
     tokens = filler.at[2 * slots].set(keys).at[2 * slots + 1].set(values)
-    ask = jax.random.randint(k_ask, (), 0, n)
-    tokens = tokens.at[length - 1].set(keys[ask])
-    targets = jnp.zeros((length,), jnp.int32).at[length - 1].set(values[ask])
-    mask = jnp.zeros((length,), bool).at[length - 1].set(True)
-    return tokens, targets, mask
+    asked = jax.random.choice(k_ask, n, (q,), replace=False)
+    at = point + 3 * jnp.arange(q)
+    tokens = tokens.at[at].set(keys[asked]).at[at + 1].set(SEP).at[at + 2].set(values[asked])
+    targets = jnp.zeros((length,), jnp.int32).at[at].set(SEP).at[at + 1].set(values[asked])
+    mask = jnp.zeros((length,), bool).at[at].set(True).at[at + 1].set(True)
+    answer = jnp.zeros((length,), bool).at[at + 1].set(True)
+    return tokens, targets, mask, answer
 
 
 def make_batch(key: jax.Array, spec: TaskSpec, batch_size: int) -> Batch:
     """``batch_size`` independent examples of ``spec``, a pure function of ``key``."""
     example = _mqar_example if spec.task is Task.MQAR else _needle_example
     keys = jax.random.split(key, batch_size)
-    tokens, targets, mask = jax.vmap(lambda k: example(k, spec))(keys)
-    return Batch(tokens=tokens, targets=targets, mask=mask)
+    tokens, targets, mask, answer = jax.vmap(lambda k: example(k, spec))(keys)
+    return Batch(tokens=tokens, targets=targets, mask=mask, answer=answer)
+
+
+def recall_prompt(
+    key: jax.Array, spec: TaskSpec, length: int | None = None
+) -> tuple[list[int], int]:
+    """A ``needle`` prompt that ends with an asked key, and the value it asks for: the answer is
+    the second token a model generates (after ``SEP``). ``length`` (default: drawn as in
+    training) must be one a training example can have, in ``[L/4 + 1, L − 3Q + 1]``."""
+    if spec.task is not Task.NEEDLE:
+        raise UserError(f"recall prompts are needle prompts, not {spec.task.value}")
+    low, high = spec.seq_len // 4 + 1, spec.seq_len - 3 * spec.num_queries + 1
+    if length is not None and not low <= length <= high:
+        raise UserError(f"a recall prompt of this task has {low} to {high} tokens, not {length}")
+    point = None if length is None else length - 1
+    tokens, targets, _, answer = _needle_example(key, spec, point)
+    first = int(jnp.argmax(answer))  # the first value's position; its asked key is 1 before
+    return [int(t) for t in tokens[:first]], int(targets[first])

@@ -36,6 +36,7 @@ from prfaas_jax.model.norms import gated_rms_norm, l2_normalize
 from prfaas_jax.model.state import DeltaState
 from prfaas_jax.ops.conv import short_conv
 from prfaas_jax.ops.dispatch import linear_op
+from prfaas_jax.ops.precision import upcast
 
 
 class DeltaMixer(nnx.Module):
@@ -79,11 +80,9 @@ class DeltaMixer(nnx.Module):
         else:
             f = x_BTD @ self.f_a[...] @ self.f_b[...]
             gate = x_BTD @ self.g_a[...] @ self.g_b[...]
-        raw = rearrange(
-            f.astype(jnp.float32) + self.dt_bias[...], "b t (h k) -> b t h k", k=lin.head_dim
-        )
+        raw = rearrange(upcast(f) + self.dt_bias[...], "b t (h k) -> b t h k", k=lin.head_dim)
         # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
-        rate = jnp.exp(self.A_log[...].astype(jnp.float32))[:, None]
+        rate = jnp.exp(upcast(self.A_log[...]))[:, None]
         if lin.kda_gate is KdaGate.SAFE:
             g = lin.gate_lower_bound * jax.nn.sigmoid(rate * raw)
         else:
@@ -112,12 +111,12 @@ class DeltaMixer(nnx.Module):
             act = jax.nn.sigmoid
         else:
             # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
-            rate = -jnp.exp(self.A_log[...].astype(jnp.float32))
-            raw = (x_BTD @ self.a_proj[...]).astype(jnp.float32) + self.dt_bias[...]
+            rate = -jnp.exp(upcast(self.A_log[...]))
+            raw = upcast(x_BTD @ self.a_proj[...]) + self.dt_bias[...]
             g = rate * jax.nn.softplus(raw)
             gate = rearrange(x_BTD @ self.z_proj[...], heads, d=lin.v_head_dim)
             act = jax.nn.silu
-        beta = jax.nn.sigmoid((x_BTD @ self.b_proj[...]).astype(jnp.float32))
+        beta = jax.nn.sigmoid(upcast(x_BTD @ self.b_proj[...]))
 
         valid = ctx.valid
         g = jnp.where(valid.reshape(valid.shape + (1,) * (g.ndim - 2)), g, 0.0)

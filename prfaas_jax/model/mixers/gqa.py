@@ -28,6 +28,7 @@ from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import KvState, WindowKvState
 from prfaas_jax.ops.dispatch import attention_op
+from prfaas_jax.ops.precision import upcast
 
 
 def attention_section(cfg: ModelConfig, kind: LayerKind) -> AttentionConfig:
@@ -94,8 +95,6 @@ class GqaMixer(nnx.Module):
         )
         if att.use_output_gate:
             gate = rearrange(x_BTD @ self.gate_proj[...], heads, d=att.value_dim)
-            out = (out.astype(jnp.float32) * jax.nn.sigmoid(gate.astype(jnp.float32))).astype(
-                out.dtype
-            )
+            out = (upcast(out) * jax.nn.sigmoid(upcast(gate))).astype(out.dtype)
         y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype)
         return y @ self.o_proj[...], state

@@ -29,6 +29,7 @@ from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.norms import gated_rms_norm
 from prfaas_jax.model.state import LightningState
 from prfaas_jax.ops.dispatch import linear_op
+from prfaas_jax.ops.precision import upcast
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -77,7 +78,7 @@ class LightningMixer(nnx.Module):
         qk_out = lin.num_heads * lin.head_dim
         heads = "b t (h d) -> b t h d"
         # The projection and activation run in fp32, as MiniMax computes them.
-        qkv = jax.nn.silu((x_BTD @ self.qkv_proj[...]).astype(jnp.float32))
+        qkv = jax.nn.silu(upcast(x_BTD @ self.qkv_proj[...]))
         q = rearrange(qkv[..., :qk_out], heads, d=lin.head_dim)
         k = rearrange(qkv[..., qk_out : 2 * qk_out], heads, d=lin.head_dim)
         v = rearrange(qkv[..., 2 * qk_out :], heads, d=lin.v_head_dim)

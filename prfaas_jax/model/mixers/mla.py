@@ -28,6 +28,7 @@ from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import MlaState
 from prfaas_jax.ops.dispatch import attention_op, mla_decode_op
+from prfaas_jax.ops.precision import upcast
 
 
 class MlaMixer(nnx.Module):
@@ -104,7 +105,7 @@ class MlaMixer(nnx.Module):
                 queries, keys, values, q_pos=positions, kv_pos=kv_pos, scale=scale
             )
         if mla.use_output_gate:
-            gate = jax.nn.sigmoid((x_BTD @ self.gate_proj[...]).astype(jnp.float32))
-            out = (out.astype(jnp.float32) * gate[..., None]).astype(out.dtype)
+            gate = jax.nn.sigmoid(upcast(x_BTD @ self.gate_proj[...]))
+            out = (upcast(out) * gate[..., None]).astype(out.dtype)
         y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]
         return y, state

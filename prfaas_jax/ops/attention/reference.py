@@ -12,7 +12,7 @@ and sliding-window ring buffers (whose slots hold positions out of order). Optio
 *sink* logits join the softmax denominator without contributing a value (attention sinks). A
 query that sees no key gets 0.
 
-Everything is computed in fp32; the output takes ``v``'s dtype.
+Everything is computed in at least fp32 (ops/precision.py); the output takes ``v``'s dtype.
 
 Prefill over more than ``BLOCK_LEN`` key slots takes a blocked path with the same result up to
 rounding: blocks of ``BLOCK_LEN`` queries walk blocks of ``BLOCK_LEN`` slots with an online
@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from prfaas_jax.ops.precision import compute_dtype
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 BLOCK_LEN = 512  # queries and key slots per block of the blocked path
@@ -70,10 +72,9 @@ def attention(
     batch, seq_len, num_heads, _ = q_BTHD.shape
     num_groups = k_BSGD.shape[2]
     per_group = num_heads // num_groups
-    q = q_BTHD.astype(jnp.float32).reshape(batch, seq_len, num_groups, per_group, -1)
-    logits = jnp.einsum(
-        "btgrd,bsgd->bgrts", q, k_BSGD.astype(jnp.float32), precision=_HIGHEST
-    ) * jnp.float32(scale)
+    f32 = compute_dtype(q_BTHD, k_BSGD, v_BSGV)
+    q = q_BTHD.astype(f32).reshape(batch, seq_len, num_groups, per_group, -1)
+    logits = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGD.astype(f32), precision=_HIGHEST) * scale
 
     qp = q_pos[:, :, None]
     kp = kv_pos[:, None, :]
@@ -85,7 +86,7 @@ def attention(
     if sinks is None:
         peak = jnp.max(logits, axis=-1, keepdims=True)
     else:
-        sink = sinks.astype(jnp.float32).reshape(1, num_groups, per_group, 1, 1)
+        sink = sinks.astype(f32).reshape(1, num_groups, per_group, 1, 1)
         peak = jnp.maximum(jnp.max(logits, axis=-1, keepdims=True), sink)
     # A query with nothing visible (only possible for padding rows) must not produce NaN.
     peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
@@ -93,8 +94,8 @@ def attention(
     denom = jnp.sum(weights, axis=-1, keepdims=True)
     if sinks is not None:
         denom = denom + jnp.exp(sink - peak)
-    probs = weights / jnp.maximum(denom, jnp.finfo(jnp.float32).tiny)
-    out = jnp.einsum("bgrts,bsgv->btgrv", probs, v_BSGV.astype(jnp.float32), precision=_HIGHEST)
+    probs = weights / jnp.maximum(denom, jnp.finfo(f32).tiny)
+    out = jnp.einsum("bgrts,bsgv->btgrv", probs, v_BSGV.astype(f32), precision=_HIGHEST)
     return out.reshape(batch, seq_len, num_heads, -1).astype(v_BSGV.dtype)
 
 
@@ -132,7 +133,7 @@ def blocked_attention(
     per_group = num_heads // num_groups
     q_len = min(block_len, seq_len)
     rows = per_group * q_len  # query rows per group and block: (head in group, position)
-    f32 = jnp.float32
+    f32 = compute_dtype(q_BTHD, k_BSGD, v_BSGV)
     q = q_BTHD.astype(f32).reshape(batch, seq_len, num_groups, per_group, -1)
     q_blocks = _blocks(q, q_len).transpose(0, 1, 3, 4, 2, 5)  # [NQ, B, G, R, C, D]
     q_blocks = q_blocks.reshape(*q_blocks.shape[:3], rows, -1)
@@ -164,7 +165,7 @@ def blocked_attention(
             visible = (kp >= 0) & (kp <= qp)
             if window:
                 visible &= qp - kp < window
-            logits = jnp.where(visible, logits * jnp.float32(scale), -jnp.inf)
+            logits = jnp.where(visible, logits * scale, -jnp.inf)
             m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
             # −∞ while a row has seen nothing: subtract 0 instead, so exp gives 0, not NaN.
             m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -210,7 +211,7 @@ def mla_decode_absorbed(
     as stored, so XLA:CPU reads it in place instead of concatenating ``c_kv ‖ k_rope`` and
     transposing the whole cache every step (over 10x slower at 32 slots of 576 on 2 cores).
     """
-    f32 = jnp.float32
+    f32 = compute_dtype(q_nope_BTHN, c_kv_BSR)
     c_kv = c_kv_BSR.astype(f32)
     q_latent = jnp.einsum(
         "bthn,rhn->bthr", q_nope_BTHN.astype(f32), w_uk_RHN.astype(f32), precision=_HIGHEST
@@ -221,7 +222,7 @@ def mla_decode_absorbed(
     )
     kp = kv_pos[:, :, None, None]
     visible = (kp >= 0) & (kp <= q_pos[:, None, :, None])
-    logits_BSTH = jnp.where(visible, logits_BSTH * jnp.float32(scale), -jnp.inf)
+    logits_BSTH = jnp.where(visible, logits_BSTH * scale, -jnp.inf)
     peak = jnp.max(logits_BSTH, axis=1, keepdims=True)
     # A query with nothing visible (only possible for padding rows) must not produce NaN.
     peak = jnp.where(jnp.isfinite(peak), peak, 0.0)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from prfaas_jax.ops.precision import compute_dtype
+
 
 def _tail_after(x_ext: jax.Array, valid_len: jax.Array, width: int) -> jax.Array:
     """Rows ``x_ext[b, valid_len[b] : valid_len[b] + width]`` (``x_ext`` already holds the tail)."""
@@ -43,8 +45,8 @@ def short_conv(
         valid_len = jnp.full((batch,), seq_len, jnp.int32)
     # Accumulate in fp32: the conv output feeds an L2 norm and the delta rule.
     x_ext = jnp.concatenate([tail.astype(x_BTC.dtype), x_BTC], axis=1)
-    x32 = x_ext.astype(jnp.float32)
-    w32 = weight_WC.astype(jnp.float32)
+    f32 = compute_dtype(x_BTC, weight_WC)
+    x32, w32 = x_ext.astype(f32), weight_WC.astype(f32)
     y = sum(x32[:, j : j + seq_len] * w32[j] for j in range(width))
     return y.astype(x_BTC.dtype), _tail_after(x_ext, valid_len, width - 1)
 
@@ -63,13 +65,14 @@ def short_conv_reference(
         tail = jnp.zeros((batch, width - 1, channels), x_BTC.dtype)
     if valid_len is None:
         valid_len = jnp.full((batch,), seq_len, jnp.int32)
-    w32 = weight_WC.astype(jnp.float32)
+    f32 = compute_dtype(x_BTC, weight_WC)
+    w32 = weight_WC.astype(f32)
 
     def step(carry, inputs):
         window, final = carry  # window: [B, W−1, C] most recent inputs, oldest first
         x_t, t = inputs
         full = jnp.concatenate([window, x_t[:, None]], axis=1)
-        y_t = jnp.einsum("bwc,wc->bc", full.astype(jnp.float32), w32)
+        y_t = jnp.einsum("bwc,wc->bc", full.astype(f32), w32)
         window = full[:, 1:]
         # Freeze the carried tail once a row runs past its valid tokens.
         final = jnp.where((t < valid_len)[:, None, None], window, final)

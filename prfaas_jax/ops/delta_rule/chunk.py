@@ -111,9 +111,9 @@ def delta_rule_chunk(
     check_shapes(q, k, v, g, beta)
     q_BTHK, k_BTHK, v_BTHV = prepare_qkv(q, k, v, scale)
     B, T, HV, K = q_BTHK.shape
-    S0_BHKV = initial_state_or_zeros(initial_state, (B, HV, K, v.shape[-1]))
+    S0_BHKV = initial_state_or_zeros(initial_state, (B, HV, K, v.shape[-1]), q_BTHK.dtype)
     # Zero padding is neutral: g = 0 keeps the state, beta = 0 and k = 0 add nothing to it.
-    gates = (g.astype(jnp.float32), beta.astype(jnp.float32)[..., None])
+    gates = (g.astype(q_BTHK.dtype), beta.astype(q_BTHK.dtype)[..., None])
     xs = tuple(to_chunks(x, chunk_size) for x in (q_BTHK, k_BTHK, v_BTHV, *gates))
     step = functools.partial(_chunk_step, sub_size=math.gcd(chunk_size, _SUB_CHUNK))
     S_BHKV, o_NBHCV = jax.lax.scan(step, S0_BHKV, xs)

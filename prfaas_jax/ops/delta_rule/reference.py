@@ -21,6 +21,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from prfaas_jax.ops.precision import compute_dtype
 from prfaas_jax.ops.recurrence import initial_state_or_zeros
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -64,7 +65,8 @@ def gate_form(core: DeltaRuleOp, *, per_channel: bool) -> DeltaRuleOp:
 def prepare_qkv(
     q_BTHK: jax.Array, k_BTHK: jax.Array, v_BTHV: jax.Array, scale: float | None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Upcasts to fp32, scales q and repeats q/k heads onto the value heads (GVA).
+    """Upcasts to fp32 (or wider: ops/precision.py), scales q and repeats q/k heads onto the value
+    heads (GVA).
 
     Value head j reads q/k head j // (HV // H), torch ``repeat_interleave`` semantics.
     """
@@ -72,9 +74,10 @@ def prepare_qkv(
         scale = q_BTHK.shape[-1] ** -0.5
     group = v_BTHV.shape[2] // q_BTHK.shape[2]
     # All recurrence math runs in fp32 whatever the model dtype: the state accumulates over T.
-    q = jnp.repeat(q_BTHK.astype(jnp.float32) * scale, group, axis=2)
-    k = jnp.repeat(k_BTHK.astype(jnp.float32), group, axis=2)
-    return q, k, v_BTHV.astype(jnp.float32)
+    f32 = compute_dtype(q_BTHK, k_BTHK, v_BTHV)
+    q = jnp.repeat(q_BTHK.astype(f32) * scale, group, axis=2)
+    k = jnp.repeat(k_BTHK.astype(f32), group, axis=2)
+    return q, k, v_BTHV.astype(f32)
 
 
 def delta_rule_reference(
@@ -96,7 +99,7 @@ def delta_rule_reference(
     check_shapes(q, k, v, g, beta)
     q_BTHK, k_BTHK, v_BTHV = prepare_qkv(q, k, v, scale)
     B, _, HV, K = q_BTHK.shape
-    S0_BHKV = initial_state_or_zeros(initial_state, (B, HV, K, v.shape[-1]))
+    S0_BHKV = initial_state_or_zeros(initial_state, (B, HV, K, v.shape[-1]), q_BTHK.dtype)
 
     def step(S_BHKV, xs):
         q_BHK, k_BHK, v_BHV, g_BHD, beta_BH = xs
@@ -110,7 +113,7 @@ def delta_rule_reference(
         S_BHKV = decay_BHD[..., None] * S_BHKV + k_BHK[..., None] * err_BHV[..., None, :]
         return S_BHKV, o_BHV
 
-    xs = (q_BTHK, k_BTHK, v_BTHV, g.astype(jnp.float32), beta.astype(jnp.float32))
+    xs = (q_BTHK, k_BTHK, v_BTHV, g.astype(q_BTHK.dtype), beta.astype(q_BTHK.dtype))
     S_BHKV, o_TBHV = jax.lax.scan(step, S0_BHKV, tuple(jnp.moveaxis(x, 1, 0) for x in xs))
     o_BTHV = jnp.moveaxis(o_TBHV, 0, 1).astype(v.dtype)
     return o_BTHV, (S_BHKV if output_final_state else None)

@@ -58,7 +58,7 @@ def lightning_chunk(
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     q_BTHK, k_BTHK, v_BTHV, decay_H, valid_BT = prepare_lightning(q, k, v, decay, scale, valid_len)
     B, T, H, K = q_BTHK.shape
-    S0_BHKV = initial_state_or_zeros(initial_state, (B, H, K, v.shape[-1]))
+    S0_BHKV = initial_state_or_zeros(initial_state, (B, H, K, v.shape[-1]), q_BTHK.dtype)
     # Padding gets g = 0 and k = 0: the state passes through it unchanged.
     g_BTH1 = jnp.where(valid_BT[:, :, None], decay_H, 0.0)[..., None]
     k_BTHK = jnp.where(valid_BT[:, :, None, None], k_BTHK, 0.0)

@@ -11,6 +11,7 @@ nor update the state, so the final state is exactly that of the unpadded row.
 import jax
 import jax.numpy as jnp
 
+from prfaas_jax.ops.precision import compute_dtype
 from prfaas_jax.ops.recurrence import initial_state_or_zeros
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -33,8 +34,9 @@ def prepare_lightning(
     valid_BT = jnp.ones((B, T), bool)
     if valid_len is not None:
         valid_BT = jnp.arange(T)[None, :] < jnp.asarray(valid_len).reshape(B, 1)
-    # The state accumulates over T tokens, so the recurrence runs in fp32 whatever the model dtype.
-    f32 = jnp.float32
+    # The state accumulates over T tokens: the recurrence runs in fp32 (or wider, ops/precision.py)
+    # whatever the model dtype.
+    f32 = compute_dtype(q, k, v)
     return q.astype(f32) * scale, k.astype(f32), v.astype(f32), decay.astype(f32), valid_BT
 
 
@@ -56,7 +58,7 @@ def lightning_reference(
     """
     q_BTHK, k_BTHK, v_BTHV, decay_H, valid_BT = prepare_lightning(q, k, v, decay, scale, valid_len)
     B, _, H, K = q_BTHK.shape
-    S0_BHKV = initial_state_or_zeros(initial_state, (B, H, K, v.shape[-1]))
+    S0_BHKV = initial_state_or_zeros(initial_state, (B, H, K, v.shape[-1]), q_BTHK.dtype)
     lam_H11 = jnp.exp(decay_H)[:, None, None]
 
     def step(S_BHKV, xs):

@@ -1,6 +1,6 @@
 """`prfaas demo`, the main job: a toy PrfaaS-PD cluster serving a mixed workload, checked.
 
-Exposes `run_demo`, `demo_workload` and `reference_tokens`.
+Exposes `run_demo`, `demo_workload`, `recall_task` and `reference_tokens`.
 
 `run_demo` starts the cluster of `configs/clusters/toy.toml` (router and workers as separate
 processes on loopback, serving/cluster/launcher.py), sends a mixed workload of short and long
@@ -12,7 +12,18 @@ and the demo checks:
 
     every output equals that single-process generation;
     state_bytes == state_nbytes(cfg, prompt_len);
-    the route follows the rule: uncached length > t ⇔ PrfaaS.
+    the route follows the rule: uncached length > t ⇔ PrfaaS;
+    with a model trained on long-context retrieval (the default, `recall-tiny`), the recall
+    accuracy through the cluster equals the single-process accuracy, per route.
+
+Recall. When the served model is a checkpoint trained by `prfaas train --task needle` (its
+`run.json` says so), every prompt is a retrieval question of that task, ending with an asked key:
+the first generated token is the separator, computed by the prefill worker, and the second is
+the answer, computed by the decode worker from the state it was shipped. An answer is right only
+if the state that crossed the link holds the prompt's key–value pairs; the demo reports the
+recall accuracy per route beside the single-process accuracy, and fails when they differ
+(`[chaos] blank_state_prob` ships well-formed states of zeros, and the PrfaaS route's answers
+collapse). A model with random weights gets random prompts and no recall column.
 
 It exits 0 when every check holds and 1 otherwise, and stops every process it started either
 way. The reference compiles one prefill per distinct prompt length, so the workload draws its
@@ -40,16 +51,44 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.security import router_channel
 from prfaas_jax.tables import table
+from prfaas_jax.toml_config import resolve
+from prfaas_jax.train.tasks import Task, TaskSpec, recall_prompt
 
 # Short prompts (≤ the toy's t = 64, the boundary included) and long ones (> t), interleaved
-# so they overlap in flight; five distinct lengths keep the reference to five compiles.
+# so they overlap in flight; five distinct lengths keep the reference to five compiles. Recall
+# prompts stay within the lengths the model was trained on (needle, 128 tokens: 33 to 123).
 DEMO_LENGTHS = (24, 300, 64, 120, 48, 300, 24, 120, 64, 48)
+RECALL_LENGTHS = (40, 120, 64, 96, 48, 120, 40, 96, 64, 48)
 DEMO_NEW_TOKENS = 12
 
 
-def demo_workload(vocab_size: int, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab_size, size=n).tolist() for n in DEMO_LENGTHS]
+def recall_task(preset: str) -> TaskSpec | None:
+    """The retrieval task a trained model preset was trained on (its ``run.json``), or None."""
+    found = resolve("models", preset)
+    run = found / "run.json"
+    if not found.is_dir() or not run.is_file():
+        return None
+    try:
+        spec = TaskSpec(**json.loads(run.read_text())["task"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise UserError(f"{run}: cannot read the training task: {err}") from None
+    return spec if spec.task is Task.NEEDLE else None
+
+
+def demo_workload(
+    vocab_size: int, seed: int = 0, task: TaskSpec | None = None
+) -> tuple[list[list[int]], list[int | None]]:
+    """The prompts and, for a recall task, each prompt's answer (else None)."""
+    if task is None:
+        rng = np.random.default_rng(seed)
+        return [rng.integers(0, vocab_size, size=n).tolist() for n in DEMO_LENGTHS], [None] * 10
+    import jax
+
+    key = jax.random.PRNGKey(seed)
+    asked = [
+        recall_prompt(jax.random.fold_in(key, i), task, n) for i, n in enumerate(RECALL_LENGTHS)
+    ]
+    return [prompt for prompt, _ in asked], [answer for _, answer in asked]
 
 
 def reference_tokens(
@@ -88,6 +127,7 @@ class DemoResult:
     decode_tokens_per_s: float
     expected_tokens: list[int] | None = None
     expected_state_bytes: int = 0
+    answer: int | None = None  # the recall answer, the second generated token (recall prompts)
 
     @property
     def route_ok(self) -> bool:
@@ -101,6 +141,18 @@ class DemoResult:
     @property
     def bytes_ok(self) -> bool:
         return self.report.state_bytes == self.expected_state_bytes
+
+    @property
+    def recalled(self) -> bool | None:
+        """The cluster's answer is right (None without a recall answer)."""
+        return None if self.answer is None else self.tokens[1:2] == [self.answer]
+
+    @property
+    def recalled_alone(self) -> bool | None:
+        """The single-process generation's answer is right."""
+        if self.answer is None or self.expected_tokens is None:
+            return None
+        return self.expected_tokens[1:2] == [self.answer]
 
     def to_json(self) -> dict:
         r = self.report
@@ -121,6 +173,9 @@ class DemoResult:
             "tokens": self.tokens,
             "output_matches": self.output_ok,
             "route_follows_rule": self.route_ok,
+            "answer": self.answer,
+            "recalled": self.recalled,
+            "recalled_single_process": self.recalled_alone,
         }
 
 
@@ -146,8 +201,9 @@ def send(stub: pb_grpc.RouterStub, request_id: str, prompt: list[int], n: int) -
 
 
 def _table(results: list[DemoResult]) -> str:
+    recall = any(r.answer is not None for r in results)
     headers = ("request", "route", "prompt", "uncached", "t", "TTFT ms", "decode tok/s")
-    headers += ("state B", "state_nbytes", "output")
+    headers += ("state B", "state_nbytes", "output") + (("recall",) if recall else ())
     rows = [
         (
             r.request_id,
@@ -160,6 +216,7 @@ def _table(results: list[DemoResult]) -> str:
             r.report.state_bytes,
             r.expected_state_bytes,
             "match" if r.output_ok else "MISMATCH",
+            *((("right" if r.recalled else "wrong"),) if recall else ()),
         )
         for r in results
     ]
@@ -187,13 +244,12 @@ def run_demo(
             f'{cluster_config.path}: the demo checks real model outputs: it needs engine = "jax"'
         )
     cfg = load_model_config(cluster_config.model.preset)
-    prompts = demo_workload(cfg.vocab_size, cluster_config.model.seed)
+    task = recall_task(cluster_config.model.preset)
+    prompts, answers = demo_workload(cfg.vocab_size, cluster_config.model.seed, task)
     expected: dict[str, list[list[int]]] = {}
 
     def compute_reference() -> None:
-        import jax
-
-        from prfaas_jax.model import init_params
+        from prfaas_jax.model.weights import load_model
         from prfaas_jax.serving.worker.engines import (
             default_compile_cache_dir,
             enable_compile_cache,
@@ -201,7 +257,7 @@ def run_demo(
 
         if cluster_config.engine.compile_cache:
             enable_compile_cache(default_compile_cache_dir())
-        params = init_params(jax.random.PRNGKey(cluster_config.model.seed), cfg)
+        _, params = load_model(cluster_config.model.preset, seed=cluster_config.model.seed)
         expected["tokens"] = reference_tokens(
             cfg, params, prompts, DEMO_NEW_TOKENS, cluster_config.engine.max_len
         )
@@ -225,7 +281,7 @@ def run_demo(
             # One untimed request per route first, as benchmarks warm up: first-use costs
             # (connections, allocator growth) are not what the table should show. Its prompt
             # shares no prefix with the workload, so the prefix cache does not skew the table.
-            warm_up = demo_workload(cfg.vocab_size, cluster_config.model.seed + 1)[1]
+            warm_up = demo_workload(cfg.vocab_size, cluster_config.model.seed + 1)[0][1]
             for i, n in enumerate((8, len(warm_up))):
                 send(stub, f"warm-up-{i}", warm_up[:n], 2)
             served, lock = itertools.count(1), threading.Lock()
@@ -248,10 +304,13 @@ def run_demo(
             time.sleep(2 * cluster_config.router.control_period_s)
             stats = stub.GetStats(pb.GetStatsRequest())
         log(f"{len(results)} requests served")
-    for result, tokens in zip(results, expected["tokens"], strict=True):
-        result.expected_tokens = tokens
+    for result, tokens, answer in zip(results, expected["tokens"], answers, strict=True):
+        result.expected_tokens, result.answer = tokens, answer
         result.expected_state_bytes = state_nbytes(cfg, result.prompt_len)
-    ok = all(r.output_ok and r.bytes_ok and r.route_ok for r in results)
+    ok = all(
+        r.output_ok and r.bytes_ok and r.route_ok and r.recalled == r.recalled_alone
+        for r in results
+    )
     summary = _summary(results, stats, time.perf_counter() - started, ok)
     if as_json:
         payload = {"requests": [r.to_json() for r in results], "summary": summary}
@@ -271,6 +330,15 @@ def _summary(results: list[DemoResult], stats: pb.RouterStats, wall_s: float, ok
     by_route = {
         route: [r for r in results if r.report.route == route] for route in ("prfaas", "pd")
     }
+
+    def accuracy(group: list[DemoResult], alone: bool) -> float | None:
+        marks = [r.recalled_alone if alone else r.recalled for r in group]
+        return None if not group or marks[0] is None else sum(marks) / len(marks)
+
+    recall = {
+        route: {"cluster": accuracy(group, False), "single_process": accuracy(group, True)}
+        for route, group in by_route.items()
+    }
     return {
         "requests": len(results),
         "prfaas": len(by_route["prfaas"]),
@@ -278,12 +346,27 @@ def _summary(results: list[DemoResult], stats: pb.RouterStats, wall_s: float, ok
         "outputs_match": sum(r.output_ok for r in results),
         "state_bytes_match": sum(r.bytes_ok for r in results),
         "routes_follow_rule": sum(r.route_ok for r in results),
+        "recall_accuracy": recall if results and results[0].answer is not None else None,
         "mean_ttft_s": {k: mean([r.report.ttft_s for r in v]) for k, v in by_route.items()},
         "egress_bytes": stats.egress_bytes,
         "threshold_final": stats.threshold,
         "wall_s": wall_s,
         "ok": ok,
     }
+
+
+def _recall_lines(recall: dict | None) -> list[str]:
+    if recall is None:
+        return []
+
+    def pct(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.0f}%"
+
+    return [
+        f"recall accuracy through the cluster / single process: PrfaaS "
+        f"{pct(recall['prfaas']['cluster'])} / {pct(recall['prfaas']['single_process'])}, "
+        f"PD {pct(recall['pd']['cluster'])} / {pct(recall['pd']['single_process'])}"
+    ]
 
 
 def _format_summary(s: dict) -> str:
@@ -294,6 +377,7 @@ def _format_summary(s: dict) -> str:
         f"outputs equal single-process greedy generation: {s['outputs_match']}/{n}",
         f"state bytes equal state_nbytes(prompt_len): {s['state_bytes_match']}/{n}",
         f"routes follow the rule (uncached > t ⇔ PrfaaS): {s['routes_follow_rule']}/{n}",
+        *_recall_lines(s["recall_accuracy"]),
         f"mean TTFT: PrfaaS {ttft['prfaas'] * 1e3:.0f} ms, PD {ttft['pd'] * 1e3:.0f} ms",
         f"inter-cluster egress: {s['egress_bytes']} bytes; final t = {s['threshold_final']:.0f}",
         f"wall time: {s['wall_s']:.1f} s (cluster start and compiles included)",

@@ -57,11 +57,10 @@ class EngineFactory:
 
     def _weights(self) -> dict:
         if self._params is None:
-            import jax
+            from prfaas_jax.model.weights import load_model
 
-            from prfaas_jax.model import init_params
-
-            self._params = init_params(jax.random.PRNGKey(self.config.model.seed), self.cfg)
+            # A preset's seeded weights, or a checkpoint's (a trained preset such as recall-tiny).
+            _, self._params = load_model(self.config.model.preset, seed=self.config.model.seed)
         return self._params
 
     def prefill_engine(self) -> PrefillEngineLike:

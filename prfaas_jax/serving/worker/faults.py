@@ -11,6 +11,10 @@ Configured by the cluster's `[chaos]` section (`ChaosSection`). Per state transf
   (k uniform in [1, n − 1], so the header always leaves and the handoff never does) the sender
   cancels the stream, as a dead connection would; the decode worker sees a cancelled RPC and
   the prefill RPC fails with UNAVAILABLE ("link dropped").
+- with probability `blank_state_prob`, the state is replaced by zeros of the same shapes before it
+  is encoded: a well-formed stream (header, checksums, trailer all valid) of a wrong state. No
+  check on the wire can see it; only the tokens decoded from it can (`prfaas demo` with a trained
+  recall model: the answers through the shipped state collapse).
 
 Each worker draws from its own `random.Random(seed + crc32(name))`, so a run is reproducible
 per worker (the order of transfers on a worker is the only source of variation). With both
@@ -26,7 +30,11 @@ import random
 import threading
 import zlib
 
+import jax
+import jax.numpy as jnp
+
 from prfaas_jax.engine.codec.format import DATA_MAGIC, DATA_PREFIX_SIZE, StateHeader
+from prfaas_jax.model.state import ModelState
 from prfaas_jax.serving.cluster_sections import ChaosSection
 
 log = logging.getLogger("prfaas.chaos")
@@ -34,6 +42,12 @@ log = logging.getLogger("prfaas.chaos")
 # The log lines the soak harness (serving/loadgen/soak_report.py) counts; one per injected fault.
 CORRUPT_MARK = "chaos: corrupted"
 DROP_MARK = "chaos: dropped"
+BLANK_MARK = "chaos: blanked"
+
+
+def blank(state: ModelState) -> ModelState:
+    """A state of zeros with ``state``'s shapes, dtypes and lengths."""
+    return ModelState(lengths=state.lengths, layers=jax.tree.map(jnp.zeros_like, state.layers))
 
 
 def flip_byte(frame: bytes, position: int, mask: int) -> bytes:
@@ -60,11 +74,14 @@ class TransferFaults:
         corrupt_mask: int,
         cut_after: int | None,
         num_frames: int,
+        blank_state: bool = False,
     ) -> None:
         self._injector, self.label = injector, label
+        self.blank_state = blank_state  # encode zeros instead of the state (`state`)
         self.corrupt_data_frame, self.cut_after = corrupt_data_frame, cut_after
         self._pick, self._mask, self.num_frames = corrupt_pick, corrupt_mask, num_frames
         self._data_frames = 0
+        self._blanked = False
         self.dropped = False  # the link was cut (the sender cancelled the stream)
 
     def corrupt(self, frame: bytes) -> bytes:
@@ -79,6 +96,15 @@ class TransferFaults:
         position = low + int(self._pick * (len(frame) - low))
         self._injector.record_corrupt(self.label, index, position)
         return flip_byte(frame, position, self._mask)
+
+    def state(self, state: ModelState) -> ModelState:
+        """The state to encode: ``state``, or zeros of its shapes when the state is blanked."""
+        if not self.blank_state:
+            return state
+        if not self._blanked:
+            self._blanked = True
+            self._injector.record_blank(self.label)
+        return blank(state)
 
     def cut(self, sent: int) -> bool:
         if self.cut_after is None or sent < self.cut_after or self.dropped:
@@ -95,7 +121,7 @@ class FaultInjector:
         self.section, self.name = section, name
         self._rng = random.Random(section.seed + zlib.crc32(name.encode()))
         self._lock = threading.Lock()
-        self.corrupted = self.dropped = 0
+        self.corrupted = self.dropped = self.blanked = 0
 
     @classmethod
     def build(cls, section: ChaosSection, name: str) -> FaultInjector | None:
@@ -103,10 +129,12 @@ class FaultInjector:
         if not section.enabled:
             return None
         log.info(
-            "chaos: on for %s's state transfers (corrupt_frame_prob %g, drop_transfer_prob %g)",
+            "chaos: on for %s's state transfers (corrupt_frame_prob %g, drop_transfer_prob %g, "
+            "blank_state_prob %g)",
             name,
             section.corrupt_frame_prob,
             section.drop_transfer_prob,
+            section.blank_state_prob,
         )
         return cls(section, name)
 
@@ -122,7 +150,11 @@ class FaultInjector:
             data_frame = rng.randrange(frames) if corrupt and frames else None
             pick, mask = rng.random(), rng.randrange(1, 256)
             cut_after = rng.randint(1, num_frames - 1) if drop and num_frames > 1 else None
-        if data_frame is None and cut_after is None:
+            # Drawn last, and only when asked for: runs without it keep their fault sequence.
+            blank_state = self.section.blank_state_prob > 0 and (
+                rng.random() < self.section.blank_state_prob
+            )
+        if data_frame is None and cut_after is None and not blank_state:
             return None
         return TransferFaults(
             self,
@@ -132,12 +164,18 @@ class FaultInjector:
             corrupt_mask=mask,
             cut_after=cut_after,
             num_frames=num_frames,
+            blank_state=blank_state,
         )
 
     def record_corrupt(self, label: str, index: int, position: int) -> None:
         with self._lock:
             self.corrupted += 1
         log.info("%s data frame %d (byte %d) of %s", CORRUPT_MARK, index, position, label)
+
+    def record_blank(self, label: str) -> None:
+        with self._lock:
+            self.blanked += 1
+        log.info("%s the state of %s", BLANK_MARK, label)
 
     def record_drop(self, label: str, sent: int, num_frames: int) -> None:
         with self._lock:

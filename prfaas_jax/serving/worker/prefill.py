@@ -164,13 +164,17 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 push = self._start_push(request, outbox)
                 outbox.put(encoder.header())
 
+                def shipped(state: ModelState) -> ModelState:
+                    return state if outbox.faults is None else outbox.faults.state(state)
+
                 def on_chunk(state: ModelState, done: int) -> None:
                     if outbox.stopped:  # the push failed or the router gave up: stop computing
                         raise _AbandonedError
-                    outbox.put_all(encoder.ready_frames(state, done))
+                    outbox.put_all(encoder.ready_frames(shipped(state), done))
 
                 result = self._prefill(tokens, prefix, sampling=sampling, on_chunk=on_chunk)
-                tail = encoder.finish(result.state)  # reads the state; frames built as sent
+                # Reads the state; frames are built as they are sent.
+                tail = encoder.finish(shipped(result.state))
         except _AbandonedError:
             result = None
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang

@@ -1,0 +1,180 @@
+"""Training speed against ``transformers`` on the same weights: train-step tokens/s.
+
+One small random Kimi-Linear checkpoint (KDA + NoPE MLA at 3:1, DeepSeek-style MoE: the layout
+of the ``tiny`` preset) is written with ``save_pretrained`` (tests/model/hf/hf_fixtures.py) and
+loaded twice: by ``transformers`` (float32, CPU, train mode, its torch fallbacks for KDA) and
+by ``prfaas_jax.model.hf.load_hf``. Both take the same optimizer step — AdamW behind global-norm
+clipping — on the same MQAR batches (``--batch-size`` × ``--seq-len``), cross-entropy at the
+answer positions only:
+
+    prfaas  ``train.loop.train_step``: jitted forward, ``jax.value_and_grad``, optax update
+    HF      ``model(input_ids).logits`` → masked cross-entropy → ``backward`` → clip → AdamW
+
+A row times ``--steps`` steps after ``--warmup`` untimed ones (prfaas compiles in its first);
+tokens/s is B·L over the median step. The first step's losses of both sides are printed: they
+start from the same weights and batch, so they agree to float32 rounding (a check that the two
+sides compute the same model). The load average is printed at start and end: timings on a
+shared machine are noisy.
+
+    python bench/train.py [--json] [--batch-size 16] [--seq-lens 64,256] [--steps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from prfaas_jax.model.hf import load_hf
+from prfaas_jax.tables import table
+from prfaas_jax.train.loop import TrainConfig, optimizer, train_step
+from prfaas_jax.train.tasks import TaskSpec, make_batch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
+import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
+
+# The `tiny` preset's layout as a Kimi-Linear checkpoint: KDA, KDA, KDA, MLA; dense then MoE.
+PRESET = dict(
+    seed=0,
+    num_layers=4,
+    full_attn_layers=(3,),
+    first_k_dense=1,
+    hidden_size=64,
+    intermediate_size=128,
+    num_heads=2,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    linear_num_heads=2,
+    linear_head_dim=16,
+    num_experts=8,
+    top_k=2,
+    num_shared_experts=1,
+    moe_intermediate_size=32,
+    vocab_size=256,
+    init_std=0.02,
+)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def bench_prfaas(cfg, params, spec: TaskSpec, config: TrainConfig, warmup: int, steps: int):
+    p, o = params, optimizer(config).init(params)
+    times, losses = [], []
+    for i in range(warmup + steps):
+        key = jax.random.fold_in(jax.random.PRNGKey(0), i)
+        start = time.perf_counter()
+        p, o, loss, _ = train_step(p, o, key, cfg=cfg, spec=spec, config=config.for_step())
+        loss = float(loss)
+        times.append(time.perf_counter() - start)
+        losses.append(loss)
+    return np.asarray(times[warmup:]), losses, times[0]
+
+
+def bench_hf(path: Path, spec: TaskSpec, config: TrainConfig, warmup: int, steps: int):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    times, losses = [], []
+    for i in range(warmup + steps):
+        batch = make_batch(jax.random.fold_in(jax.random.PRNGKey(0), i), spec, config.batch_size)
+        ids = torch.from_numpy(np.asarray(batch.tokens, np.int64))
+        targets = torch.from_numpy(np.asarray(batch.targets, np.int64))
+        mask = torch.from_numpy(np.asarray(batch.mask))
+        start = time.perf_counter()
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[mask], targets[mask])
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+        opt.step()
+        times.append(time.perf_counter() - start)
+        losses.append(float(loss.detach()))
+    return np.asarray(times[warmup:]), losses
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=16, help="examples per step")
+    parser.add_argument("--seq-lens", default="64,256", help="tokens per example, per row")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args(argv)
+    load_start = _load()
+    _log(f"load average at start: {load_start}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        with contextlib.redirect_stdout(sys.stderr):
+            path = hf_fixtures.make_tiny_kimi_linear(tmp, **PRESET)
+            cfg, params = load_hf(path, name="bench-train-kimi-linear")
+        for seq_len in [int(n) for n in args.seq_lens.split(",") if n]:
+            spec = TaskSpec(vocab_size=cfg.vocab_size, seq_len=seq_len, num_pairs=4)
+            config = TrainConfig(steps=1000, batch_size=args.batch_size)
+            ours, our_losses, first_s = bench_prfaas(
+                cfg, params, spec, config, args.warmup, args.steps
+            )
+            theirs, their_losses = bench_hf(path, spec, config, args.warmup, args.steps)
+            tokens = args.batch_size * seq_len
+            rows.append(
+                {
+                    "seq_len": seq_len,
+                    "batch_size": args.batch_size,
+                    "prfaas_tok_s": tokens / float(np.median(ours)),
+                    "hf_tok_s": tokens / float(np.median(theirs)),
+                    "ratio": float(np.median(theirs) / np.median(ours)),
+                    "prfaas_step_s": float(np.median(ours)),
+                    "hf_step_s": float(np.median(theirs)),
+                    "prfaas_compile_s": max(first_s - float(np.median(ours)), 0.0),
+                    "first_loss": {"prfaas": our_losses[0], "hf": their_losses[0]},
+                }
+            )
+            _log(f"  L={seq_len}: prfaas {np.median(ours):.3f} s/step, HF {np.median(theirs):.3f}")
+    result = {"train": rows, "load_average": {"start": load_start, "end": _load()}}
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    end = result["load_average"]["end"]
+    print(f"load average (1, 5, 15 min) at start {load_start}, at end {end}")
+    headers = ("B×L", "prfaas tok/s", "HF tok/s", "ratio", "compile s", "first loss (prfaas / HF)")
+    print(
+        table(
+            [
+                (
+                    f"{r['batch_size']}×{r['seq_len']}",
+                    f"{r['prfaas_tok_s']:,.0f}",
+                    f"{r['hf_tok_s']:,.0f}",
+                    f"{r['ratio']:.1f}×",
+                    f"{r['prfaas_compile_s']:.1f}",
+                    f"{r['first_loss']['prfaas']:.5f} / {r['first_loss']['hf']:.5f}",
+                )
+                for r in rows
+            ],
+            headers,
+            align="lrrrrr",
+        )
+    )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
