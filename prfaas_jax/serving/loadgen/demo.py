@@ -56,9 +56,10 @@ from prfaas_jax.train.tasks import Task, TaskSpec, recall_prompt
 
 # Short prompts (≤ the toy's t = 64, the boundary included) and long ones (> t), interleaved
 # so they overlap in flight; five distinct lengths keep the reference to five compiles. Recall
-# prompts stay within the lengths the model was trained on (needle, 128 tokens: 33 to 123).
+# prompts stay within the lengths the model was trained on (recall-tiny: needle over 96 tokens
+# with 4 questions, so prompts of 25 to 85 tokens).
 DEMO_LENGTHS = (24, 300, 64, 120, 48, 300, 24, 120, 64, 48)
-RECALL_LENGTHS = (40, 120, 64, 96, 48, 120, 40, 96, 64, 48)
+RECALL_LENGTHS = (32, 84, 64, 72, 48, 84, 32, 72, 64, 48)
 DEMO_NEW_TOKENS = 12
 
 
