@@ -2,7 +2,7 @@
 
 Runs `prfaas_jax.policy.search.search` (the 2-D sweep plus both baselines) --runs times on
 configs/plans/case-study-1t.toml and reports the best wall-clock time, with the number of
-thresholds and splits searched. The issue's budget is ≥ 500 thresholds × every split in < 2 s.
+thresholds and splits searched. The target is ≥ 500 thresholds × every split in < 2 s.
 
     python bench/plan_search.py [--json] [--runs N] [--threshold-step TOKENS] [--config FILE]
 """

@@ -3,7 +3,7 @@
 Runs one deployment of a simulation config (default: PrfaaS-PD of
 configs/sim/case-study-1t.toml, 4 / 3 / 5 at t = 19.4K, Poisson arrivals, the router's `route`
 and `pick_decode` for every request) for --requests requests, --runs times, and reports the best
-and median rates. The issue's budget is ≥ 20,000 simulated requests/s (a million-request run in
+and median rates. The target is ≥ 20,000 simulated requests/s (a million-request run in
 under a minute).
 
     python bench/simulate.py [--json] [--runs N] [--requests N] [--deployment NAME] [--config FILE]

@@ -1,16 +1,36 @@
-"""Shared fixtures: jitted model entry points (one compile cache for the whole session)."""
+"""Shared fixtures: jitted model entry points (one compile cache for the whole session), and the
+compiler settings of the pytest process and of every process a test starts.
+
+The suite is compile-bound on a CPU, so:
+
+- XLA compiles with LLVM optimisation off (``--xla_backend_optimization_level=0``): half the
+  compile time for the small programs here, with the same HLO and the same numerics checks;
+  appended to ``XLA_FLAGS`` before JAX starts its backend, so child processes inherit it too;
+- child processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one
+  persistent compilation cache, made for the session (``child_cache_home``): the first one to
+  compile a program stores it and the others load it. The pytest process itself never uses a
+  persistent cache — a hit would hide the compiles tests/engine/test_engines.py counts.
+"""
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import jax
 import pytest
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model import decode_step, init_params, prefill
+from prfaas_jax.serving.worker.engines import default_compile_cache_dir
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
+jax.config.update("jax_enable_compilation_cache", False)
+os.environ["XLA_FLAGS"] = " ".join(
+    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+).strip()
 
 PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")
 
@@ -28,3 +48,26 @@ def preset(name: str):
 @pytest.fixture(params=PRESETS)
 def model(request):
     return preset(request.param)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's cache home; child processes compile through the XLA cache beneath it.
+
+    JAX reads its ``JAX_*`` variables when it is imported, so setting them here reaches only the
+    processes started from now on. A cluster whose config says ``[engine] compile_cache = true``
+    passes its workers ``$XDG_CACHE_HOME/prfaas_jax/xla`` instead: a test that starts one in a
+    subprocess (`prfaas serve`, `prfaas demo`) gives it ``XDG_CACHE_HOME`` = this home, one that
+    starts it in process passes ``compile_cache=os.environ["JAX_COMPILATION_CACHE_DIR"]``; both
+    land in the same directory.
+    """
+    home = tmp_path_factory.mktemp("cache-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(home))
+        compile_cache = default_compile_cache_dir()  # where the workers look under this home
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAX_COMPILATION_CACHE_DIR", str(compile_cache))
+        # Every program counts: the test programs are small but many processes compile them.
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+        yield home

@@ -4,8 +4,8 @@ the malformed requests every router must refuse, and polling.
 
 Cluster tests run real processes on loopback (serving/cluster/launcher.py). The fake engines
 (engine/fake.py) make outputs computable by hand and start in seconds; the real-model
-tests use the JAX engines and JAX's persistent compilation cache in its default place (the
-directory `prfaas demo` uses), so a warm cache makes them fast.
+tests use the JAX engines, whose workers share the session's persistent compilation cache
+(tests/conftest.py), so only the first real-model cluster of a run compiles.
 """
 
 from __future__ import annotations

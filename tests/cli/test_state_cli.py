@@ -1,14 +1,16 @@
 """`prfaas prefill`, `prfaas decode` and `prfaas state inspect`: JSON keys, byte counts, and one
 clear line (never a traceback) for every broken, truncated or foreign state file.
 
-Files are written in process; the broken-file cases run the real command in a subprocess, which
-fails while checking the file, before any weights are built (so they cost no compile).
+Everything runs in process but one broken file, which the installed `prfaas` command reads in a
+subprocess: the exit status and stderr a user sees. Broken files fail while the file is checked,
+before any weights are built, so they cost no compile.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -105,24 +107,30 @@ def _broken(state_file, tmp_path) -> dict[str, object]:
     return paths
 
 
-def test_decode_rejects_broken_files_in_one_line(state_file, tmp_path):
+def test_decode_rejects_broken_files_in_one_line(state_file, tmp_path, capsys):
     paths = _broken(state_file, tmp_path)
     cases = [
         (MODEL, paths["corrupted"], "checksum"),
         (MODEL, paths["truncated"], "truncated"),
         ("tiny", state_file, "fingerprint mismatch"),  # a foreign model's state
     ]
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
     for model, path, expected in cases:
-        result = subprocess.run(
-            [sys.executable, "-m", "prfaas_jax.cli", "decode", "--model", model,
-             "--state", str(path), "--max-new-tokens", "3"],
-            capture_output=True, text=True, env=env, timeout=300,
-        )  # fmt: skip
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode != 0, (path, result.stdout)
-        assert len(lines) == 1 and expected in lines[0], (path, result.stderr)
-        assert "Traceback" not in result.stderr
+        argv = ("decode", "--model", model, "--state", str(path), "--max-new-tokens", "3")
+        code, out, err = _main(capsys, *argv)
+        lines = err.strip().splitlines()
+        assert code == 2, (path, out)
+        assert len(lines) == 1 and expected in lines[0], (path, err)
+        assert "Traceback" not in err
+
+
+def test_the_prfaas_command_rejects_a_broken_file_in_one_line(state_file, tmp_path):
+    command = [str(pathlib.Path(sys.executable).with_name("prfaas")), "decode", "--model", MODEL]
+    command += ["--state", str(_broken(state_file, tmp_path)["corrupted"])]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 2, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "checksum" in lines[0], result.stderr
 
 
 def test_other_bad_files_are_user_errors(state_file, tmp_path, capsys):

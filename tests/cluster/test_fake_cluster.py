@@ -1,8 +1,11 @@
-"""A fake-engine cluster of real processes: routing, outputs, status codes, health, metrics."""
+"""A fake-engine cluster of real processes: routing, outputs, status codes, health, metrics, and
+`prfaas bench` (in process) against it. The tests share one cluster: each assertion holds
+whatever traffic came before it."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import urllib.error
 import urllib.request
 
@@ -14,6 +17,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from serving_support import MALFORMED_REQUESTS, generate
 
+from prfaas_jax.cli import main as prfaas
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
@@ -205,3 +209,18 @@ def test_metrics_endpoint(fake_cluster, router):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(url.replace("/metrics", "/other"), timeout=10)
     assert err.value.code == 404
+
+
+def test_bench_cli_against_the_cluster(fake_cluster, capsys):
+    argv = ["bench", "--router", fake_cluster["router"]]
+    argv += ["--num-prompts", "24", "--request-rate", "40", "--burstiness", "0.5"]
+    argv += ["--output-len", "4", "--goodput", "ttft:60000", "--json"]
+    code = prfaas(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    assert (summary["completed"], summary["failed"]) == (24, 0)
+    assert summary["request_goodput"] == pytest.approx(summary["request_throughput"])
+    assert 0 < summary["offload_fraction"] < 1 and summary["egress_bytes"] > 0
+    assert summary["model"] == "tiny" and summary["ttft"]["p99_ms"] > 0
+    assert "\x1b[" not in err  # progress is drawn on a terminal only

@@ -41,7 +41,6 @@ def setup(tmp_path_factory):
     import jax
 
     from prfaas_jax.model import init_params
-    from prfaas_jax.serving.worker.engines import default_compile_cache_dir, enable_compile_cache
 
     root = tmp_path_factory.mktemp("faults-real")
     path = root / "cluster.toml"
@@ -52,9 +51,13 @@ def setup(tmp_path_factory):
         "long": [rng.integers(0, cfg.vocab_size, LONG).tolist() for _ in range(2)],
         "short": [rng.integers(0, cfg.vocab_size, SHORT).tolist() for _ in range(3)],
     }
-    with ClusterProcesses(path, log_dir=root / "logs", restart_workers=True) as cluster:
+    # The workers compile through the session's cache for child processes (tests/conftest.py);
+    # the references below compile here, in the pytest process, which keeps no cache.
+    compile_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    with ClusterProcesses(
+        path, log_dir=root / "logs", compile_cache=compile_cache, restart_workers=True
+    ) as cluster:
         ready = cluster.start()
-        enable_compile_cache(default_compile_cache_dir())
         params = init_params(jax.random.PRNGKey(0), cfg)
         expected = {
             "long": reference_tokens(cfg, params, prompts["long"], NEW_LONG, MAX_LEN),

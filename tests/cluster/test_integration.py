@@ -10,6 +10,7 @@ to PD (from the RequestReport), every output equals single-process greedy genera
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -35,13 +36,15 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_demo_on_the_real_model(tmp_path):
+def test_demo_on_the_real_model(tmp_path, child_cache_home):
     log_dir = tmp_path / "logs"
+    # The demo's config keeps a compile cache: the session's (tests/conftest.py), not the user's.
     result = subprocess.run(
         [sys.executable, "-m", "prfaas_jax.cli", "demo", "--json", "--log-dir", str(log_dir)],
         capture_output=True,
         text=True,
         timeout=600,
+        env=dict(os.environ, XDG_CACHE_HOME=str(child_cache_home)),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads(result.stdout)

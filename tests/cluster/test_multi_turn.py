@@ -1,4 +1,4 @@
-"""Acceptance: a multi-turn conversation through `prfaas serve` (real processes, the real `tiny`
+"""A multi-turn conversation through `prfaas serve` (real processes, the real `tiny`
 KDA + MLA model) reuses nearly all of each previous turn, and the prefill tokens the workers
 actually compute fall by ≥ 70 % against the same conversation with the cache disabled.
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -45,15 +46,19 @@ def serve_config(path, enabled: bool):
     return path
 
 
-def converse(tmp_path, enabled: bool) -> tuple[list[dict], int]:
-    """Run the conversation on a fresh `prfaas serve`; per-turn records and computed tokens."""
+def converse(tmp_path, enabled: bool, cache_home) -> tuple[list[dict], int]:
+    """Run the conversation on a fresh `prfaas serve`; per-turn records and computed tokens.
+
+    The workers compile through the session's cache (tests/conftest.py): the second run loads
+    what the first one compiled."""
     root = tmp_path / ("cached" if enabled else "uncached")
     root.mkdir()
     ready_file = root / "ready.json"
     command = [sys.executable, "-m", "prfaas_jax.cli", "serve"]
     command += ["--config", str(serve_config(root / "cluster.toml", enabled))]
     command += ["--ready-file", str(ready_file), "--log-dir", str(root / "logs")]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         deadline = time.monotonic() + 600
         while not ready_file.exists():
@@ -94,9 +99,9 @@ def converse(tmp_path, enabled: bool) -> tuple[list[dict], int]:
 
 
 @pytest.mark.slow
-def test_multi_turn_conversation_reuses_each_previous_turn(tmp_path):
-    cached_turns, cached_computed = converse(tmp_path, enabled=True)
-    plain_turns, plain_computed = converse(tmp_path, enabled=False)
+def test_multi_turn_conversation_reuses_each_previous_turn(tmp_path, child_cache_home):
+    cached_turns, cached_computed = converse(tmp_path, enabled=True, cache_home=child_cache_home)
+    plain_turns, plain_computed = converse(tmp_path, enabled=False, cache_home=child_cache_home)
 
     print(
         f"\n{'turn':>4} {'prompt':>6} {'cached':>6} {'of prev':>7} {'route':>6} "

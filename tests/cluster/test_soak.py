@@ -1,6 +1,6 @@
 """The bounded soak under faults (serving/loadgen/soak.py, the harness of `prfaas soak`): a
 fake-engine cluster of real processes (configs/clusters/chaos.toml) takes ~175 requests over
-50 s while a worker is SIGKILLed every 10 s (a PD decode worker with requests mid-stream, the
+25 s while a worker is SIGKILLed every 5 s (a PD decode worker with requests mid-stream, the
 PrfaaS prefill worker, a PD prefill worker, a PD decode worker again) and 3 % of state transfers
 get a corrupted frame and 3 % a dropped link. No request may be lost, duplicated or wrong;
 nearly all must complete; and the faults must really have happened. It runs as a user would:
@@ -21,8 +21,8 @@ from prfaas_jax.serving.cluster_config import load_cluster_config
 def test_soak_under_faults(tmp_path, capsys):
     config = load_cluster_config("chaos")
     assert config.chaos.corrupt_frame_prob > 0 and config.chaos.drop_transfer_prob > 0
-    argv = ["soak", "--config", str(config.path), "--duration", "50", "--rate", "3.5"]
-    argv += ["--kill-every", "10", "--seed", "1", "--deadline", "120"]
+    argv = ["soak", "--config", str(config.path), "--duration", "25", "--rate", "7"]
+    argv += ["--kill-every", "5", "--seed", "1", "--deadline", "120"]
     code = prfaas([*argv, "--log-dir", str(tmp_path / "logs")])
     out = capsys.readouterr().out
     table, _, last_line = out.rstrip().rpartition("\n")

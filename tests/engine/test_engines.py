@@ -108,16 +108,10 @@ def _cli(*argv: str, env: dict) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def subprocess_env(tmp_path_factory):
-    """Child processes share a compilation cache, so only the first one compiles each program."""
-    cache = tmp_path_factory.mktemp("jax-cache")
-    return dict(
-        os.environ,
-        JAX_PLATFORMS="cpu",
-        JAX_COMPILATION_CACHE_DIR=str(cache),
-        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-    )
+def subprocess_env():
+    """Child processes run on the CPU and share the session's compilation cache
+    (tests/conftest.py), so only the first one compiles each program."""
+    return dict(os.environ, JAX_PLATFORMS="cpu")
 
 
 def test_file_handoff_across_processes(tmp_path, subprocess_env):

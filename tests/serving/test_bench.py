@@ -1,5 +1,5 @@
 """`prfaas bench`: arrivals, length distributions and metrics on literal numbers (a run through
-the CLI against a cluster of real processes is tests/cluster/test_bench_cli.py)."""
+the CLI against a cluster of real processes is in tests/cluster/test_fake_cluster.py)."""
 
 from __future__ import annotations
 
