@@ -10,12 +10,14 @@ queries come soon, some come late). Every other position holds a random token. T
 query's position is its value; no other position is scored.
 
 ``needle`` — long-context retrieval, asked the way a served request asks it. Filler tokens from
-``[1, V/2)`` (never one of the keys) hide ``N`` key–value pairs at random places before a query
-point ``q`` (uniform in ``[L/4, L − 3Q]``); from ``q`` on come ``Q`` questions ``k SEP v`` about
-distinct keys (``SEP`` = token 0), then filler. The model is scored on ``SEP`` after each asked key
-and on the value after each ``SEP``; accuracy counts the values. A prompt that ends with an asked
-key (``recall_prompt``) is answered by the *second* generated token: the first (``SEP``) comes
-from prefill, the answer from the first decode step — so in a disaggregated cluster the answer is
+``[1, V/2)`` (never one of the keys) hide ``N`` facts ``k v w`` — a key and its two-token value,
+``v`` and ``w`` drawn without replacement from ``[V/2, V)`` — at random places before a query
+point ``q`` (uniform in ``[L/4, L − 3Q]``); from ``q`` on come ``Q`` questions about distinct
+keys, each the fact again (``k v w``), then filler. The model is scored on ``v`` after each asked
+key and on ``w`` after its ``v``; accuracy counts the ``w``. Both are plain induction steps (the
+token that followed this one before), so the task trains like MQAR; but a prompt that ends
+with an asked key (``recall_prompt``) is answered by the *second* generated token: ``v`` comes
+from prefill, ``w`` from the first decode step — so in a disaggregated cluster the answer is
 right only if the state shipped to the decode worker really holds the prompt.
 
 A batch is a pure function of its key, so training data is ``make_batch(fold_in(key, step))``
@@ -59,6 +61,11 @@ class TaskSpec:
             raise UserError(f"--vocab-size must be an even number ≥ 4, got {v}")
         if n > v // 2 - 1:
             raise UserError(f"{n} pairs need {n} distinct keys, but keys come from [1, {v // 2})")
+        if self.task is Task.NEEDLE and 2 * n > v // 2:
+            raise UserError(
+                f"needle with {n} facts needs {2 * n} distinct values, but values come from "
+                f"[{v // 2}, {v})"
+            )
         if self.task is Task.MQAR and 4 * n > l:
             raise UserError(f"mqar needs --seq-len ≥ 4·num_pairs = {4 * n}, got {l}")
         if self.task is Task.NEEDLE:
@@ -79,8 +86,8 @@ class TaskSpec:
 
 
 def _needle_fits(spec: TaskSpec, length: int) -> bool:
-    """Room for the pairs before the earliest query point and for the questions after it."""
-    return length // 4 >= 2 * spec.num_pairs and length - length // 4 >= 3 * spec.num_queries
+    """Room for the facts before the earliest query point and for the questions after it."""
+    return length // 4 >= 3 * spec.num_pairs and length - length // 4 >= 3 * spec.num_queries
 
 
 @jax.tree_util.register_dataclass
@@ -124,28 +131,30 @@ def _mqar_example(
     return tokens, targets, mask, mask
 
 
-SEP = 0  # needle: the token between an asked key and its value
-
-
 def _needle_example(
     key: jax.Array, spec: TaskSpec, point: int | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     n, q, length, half = spec.num_pairs, spec.num_queries, spec.seq_len, spec.vocab_size // 2
-    k_pairs, k_point, k_slots, k_noise, k_ask = jax.random.split(key, 5)
-    keys, values = _pairs(k_pairs, spec)
-    # Filler never repeats a key, so the only earlier occurrence of an asked key is its pair.
+    k_keys, k_values, k_point, k_slots, k_noise, k_ask = jax.random.split(key, 6)
+    keys = jax.random.choice(k_keys, jnp.arange(1, half), (n,), replace=False).astype(jnp.int32)
+    values = jax.random.choice(k_values, jnp.arange(half, 2 * half), (2, n), replace=False)
+    first, second = values.astype(jnp.int32)
+    # Filler never repeats a key, so the only earlier occurrence of an asked key is its fact.
     filler = jax.random.randint(k_noise, (length,), 1, half - n, jnp.int32)
     filler = filler + jnp.sum(filler[:, None] >= jnp.sort(keys)[None, :] - jnp.arange(n), axis=1)
     if point is None:
         point = jax.random.randint(k_point, (), length // 4, length - 3 * q + 1)
-    # The pairs sit at even offsets before the query point, each in a slot of its own.
-    slot_ok = jnp.arange(length // 2) < point // 2
-    slots = jax.random.choice(k_slots, length // 2, (n,), replace=False, p=slot_ok / slot_ok.sum())
-    tokens = filler.at[2 * slots].set(keys).at[2 * slots + 1].set(values)
+    # The facts sit at offsets 3s before the query point, each in a slot of its own.
+    slot_ok = jnp.arange(length // 3) < point // 3
+    slots = jax.random.choice(k_slots, length // 3, (n,), replace=False, p=slot_ok / slot_ok.sum())
+    at = 3 * slots
+    tokens = filler.at[at].set(keys).at[at + 1].set(first).at[at + 2].set(second)
     asked = jax.random.choice(k_ask, n, (q,), replace=False)
     at = point + 3 * jnp.arange(q)
-    tokens = tokens.at[at].set(keys[asked]).at[at + 1].set(SEP).at[at + 2].set(values[asked])
-    targets = jnp.zeros((length,), jnp.int32).at[at].set(SEP).at[at + 1].set(values[asked])
+    tokens = tokens.at[at].set(keys[asked]).at[at + 1].set(first[asked])
+    tokens = tokens.at[at + 2].set(second[asked])
+    targets = jnp.zeros((length,), jnp.int32).at[at].set(first[asked])
+    targets = targets.at[at + 1].set(second[asked])
     mask = jnp.zeros((length,), bool).at[at].set(True).at[at + 1].set(True)
     answer = jnp.zeros((length,), bool).at[at + 1].set(True)
     return tokens, targets, mask, answer
@@ -162,8 +171,8 @@ def make_batch(key: jax.Array, spec: TaskSpec, batch_size: int) -> Batch:
 def recall_prompt(
     key: jax.Array, spec: TaskSpec, length: int | None = None
 ) -> tuple[list[int], int]:
-    """A ``needle`` prompt that ends with an asked key, and the value it asks for: the answer is
-    the second token a model generates (after ``SEP``). ``length`` (default: drawn as in
+    """A ``needle`` prompt that ends with an asked key, and the second token of the value it asks
+    for: the answer is the second token a model generates. ``length`` (default: drawn as in
     training) must be one a training example can have, in ``[L/4 + 1, L − 3Q + 1]``."""
     if spec.task is not Task.NEEDLE:
         raise UserError(f"recall prompts are needle prompts, not {spec.task.value}")
@@ -172,5 +181,5 @@ def recall_prompt(
         raise UserError(f"a recall prompt of this task has {low} to {high} tokens, not {length}")
     point = None if length is None else length - 1
     tokens, targets, _, answer = _needle_example(key, spec, point)
-    first = int(jnp.argmax(answer))  # the first value's position; its asked key is 1 before
+    first = int(jnp.argmax(answer))  # where the first question's w is scored; its key is 1 before
     return [int(t) for t in tokens[:first]], int(targets[first])

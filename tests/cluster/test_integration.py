@@ -1,10 +1,13 @@
 """End to end on the real model: `prfaas demo --json` runs the toy cluster (real processes,
-the `tiny` KDA + MLA model, JAX engines) on a concurrent mix of short and long prompts.
+the trained `recall-tiny` KDA + MLA model, JAX engines) on a concurrent mix of short and long
+recall prompts.
 
 Checked here from its JSON: every request with uncached length > t went to PrfaaS and the rest
 to PD (from the RequestReport), every output equals single-process greedy generation (model
 `prefill` + `decode_step`, computed by the demo beside the cluster), `state_bytes` equals
-`state_nbytes(prompt_len)` (recomputed here), and no process is left behind.
+`state_nbytes(prompt_len)` (recomputed here), each answer (the second token) is the value the
+prompt asks for as often through the cluster as in one process, on both routes, and no process
+is left behind.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import pytest
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.serving.loadgen.demo import DEMO_LENGTHS, DEMO_NEW_TOKENS
+from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.loadgen.demo import DEMO_NEW_TOKENS, RECALL_LENGTHS
 
 
 def processes_mentioning(text: str) -> list[int]:
@@ -49,8 +53,10 @@ def test_demo_on_the_real_model(tmp_path, child_cache_home):
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads(result.stdout)
     requests = payload["requests"]
-    cfg = load_model_config("tiny")
-    assert [r["prompt_len"] for r in requests] == list(DEMO_LENGTHS)
+    preset = load_cluster_config("toy").model.preset
+    assert preset == "recall-tiny"
+    cfg = load_model_config(preset)
+    assert [r["prompt_len"] for r in requests] == list(RECALL_LENGTHS)
     routes = set()
     for r in requests:
         assert r["route"] == ("prfaas" if r["uncached_len"] > r["threshold"] else "pd"), r
@@ -61,6 +67,10 @@ def test_demo_on_the_real_model(tmp_path, child_cache_home):
         routes.add(r["route"])
     assert routes == {"prfaas", "pd"}
     summary = payload["summary"]
-    assert summary["ok"] and summary["outputs_match"] == len(DEMO_LENGTHS)
+    assert summary["ok"] and summary["outputs_match"] == len(RECALL_LENGTHS)
+    for route, recall in summary["recall_accuracy"].items():
+        assert recall["cluster"] == recall["single_process"] >= 0.6, (route, recall)
+    answered = [r["recalled"] for r in requests]
+    assert answered == [r["recalled_single_process"] for r in requests]
     assert summary["egress_bytes"] > 0
     assert not processes_mentioning(str(log_dir)), "processes left behind"

@@ -11,16 +11,18 @@ per route and exits 1.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+from prfaas_jax.serving.loadgen.demo import DEMO_NEW_TOKENS
 from prfaas_jax.toml_config import resolve
 
 
 @pytest.mark.slow
-def test_blank_states_collapse_recall_and_fail_the_demo(tmp_path):
+def test_blank_states_collapse_recall_and_fail_the_demo(tmp_path, child_cache_home):
     toy = resolve("clusters", "toy").read_text()
     assert 'preset = "recall-tiny"' in toy
     config = tmp_path / "blank.toml"
@@ -30,6 +32,7 @@ def test_blank_states_collapse_recall_and_fail_the_demo(tmp_path):
         capture_output=True,
         text=True,
         timeout=900,
+        env=dict(os.environ, XDG_CACHE_HOME=str(child_cache_home)),  # the session's compile cache
     )
     assert result.returncode == 1, result.stderr[-3000:]
     payload = json.loads(result.stdout)
@@ -41,4 +44,4 @@ def test_blank_states_collapse_recall_and_fail_the_demo(tmp_path):
     # Nothing on the wire objected: every state arrived, of the right size, and decoded.
     for request in payload["requests"]:
         assert request["state_bytes"] == request["state_nbytes"]
-        assert len(request["tokens"]) == len(request["tokens"][:1]) + 11
+        assert len(request["tokens"]) == DEMO_NEW_TOKENS

@@ -29,6 +29,9 @@ is left out of routing until the control loop hears from it again or its replace
 (serving/router/control.py). A new request that finds no live instance fails at once
 (UNAVAILABLE); a request already in flight waits up to `retry_wait_s` for one.
 
+Over 400 lines because dispatch and retry are one loop over one `RequestRecord`: split, the
+record's invariants (every token streamed once, one live attempt) would span two modules.
+
 The router's own counts of outstanding prefills (and their tokens) per instance are the queue
 depths the routing rule and the controllers see — exact at decision time, unlike polled worker
 stats. Draining instances (`RouterControl`) take no new requests. The router holds no policy of
