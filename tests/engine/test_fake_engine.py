@@ -3,6 +3,7 @@ in any bit from the one its tokens make is refused."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -109,6 +110,22 @@ def test_limits():
     engine.insert(state, 0, max_new_tokens=2)
     with pytest.raises(EngineError):
         engine.insert(state, 0, max_new_tokens=1)
+
+
+def test_bfloat16_states():
+    """Every value is exact in bfloat16 too, and so is every token id up to 2^8."""
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", state_dtype="bfloat16")
+    prompt = [255, 0, 128, 7]
+    result = FakePrefillEngine(cfg).prefill(prompt, max_len=16)
+    engine = FakeDecodeEngine(cfg, max_slots=1, max_len=16)
+    state = codec.decode(list(codec.encode(result.state, cfg)), cfg, max_len=16)
+    slot = engine.insert(state, result.first_token, max_new_tokens=2)
+    tokens = [result.first_token]
+    while not engine.is_finished(slot):
+        tokens += [token for _, token in engine.step()]
+    assert tokens == fake_tokens(prompt, 3, 256)
+    with pytest.raises(EngineError, match="cannot hold 'tiny''s token ids exactly"):
+        FakePrefillEngine(dataclasses.replace(cfg, vocab_size=257))
 
 
 # --- the state: every value set, every value checked ----------------------------------------
