@@ -10,6 +10,12 @@ The suite is compile-bound on a CPU, so:
   persistent compilation cache, made for the session (``child_cache_home``): the first one to
   compile a program stores it and the others load it. The pytest process itself never uses a
   persistent cache — a hit would hide the compiles tests/engine/test_engines.py counts.
+
+Hypothesis draws new examples on every local run. Under CI (``HYPOTHESIS_PROFILE=ci``, which
+``.ci/run`` sets, or a ``CI`` variable as CI services set it) the ``ci`` profile derandomizes
+the search, so a failure reproduces on the next run, and prints the blob that replays a failing
+example (``@reproduce_failure``). It also drops the per-example deadline, as every property test
+here already does: compiles and a shared 2-core machine make per-example timings meaningless.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from hypothesis import settings
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model import decode_step, init_params, prefill
@@ -31,6 +38,18 @@ jax.config.update("jax_enable_compilation_cache", False)
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
 ).strip()
+
+settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
+
+
+def _hypothesis_profile() -> str:
+    if profile := os.environ.get("HYPOTHESIS_PROFILE"):
+        return profile
+    return "ci" if os.environ.get("CI", "").lower() not in ("", "0", "false") else "default"
+
+
+# Loaded before the test modules are imported: their `settings(...)` objects inherit from it.
+settings.load_profile(_hypothesis_profile())
 
 PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")
 
