@@ -6,7 +6,8 @@ encoded (so every checksum holds) — one bit of a KDA recurrent state, of a con
 later layer, of MLA k_rope or c_kv — fails the request with INVALID_ARGUMENT naming the
 tensor (at most prefill's first token gets out first), and goes on serving. A prefill worker
 whose prefix hit has the right KV blocks but another prefix's linear checkpoint, from its own
-cache or fetched from another instance's, fails the prefill the same way.
+cache or fetched from another instance's, fails the prefill the same way; a fetched prefix the
+engine refuses is not kept in the importer's cache.
 """
 
 from __future__ import annotations
@@ -184,3 +185,27 @@ def test_a_prefix_hit_with_another_prefix_checkpoint_fails_the_prefill(nodes, wh
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert f"the prefix state {STATE_MISMATCH}: layer 0 kda recurrent" in err.value.details()
     assert target.prefixes.imports == (where == "fetched")
+
+
+def test_a_refused_fetched_prefix_is_not_kept(nodes):
+    """A fetched prefix enters the importer's cache only once its engine has accepted it: after
+    the refusal above, the same prompt on the importer hits nothing and is computed whole."""
+    holder, importer = nodes(), nodes()
+    prompt = prompt_of(16)
+    follow_up = [*prompt, 9, 9, 9]
+    serve(holder, prompt, 2)
+    donor = FakePrefillEngine(CFG).prefill([*prompt[:-1], prompt[-1] + 1]).state
+    fixed = [a for spec, a in canonical_arrays(donor, CFG, 0)[1] if not spec.token_axis]
+    hit = holder.prefixes.cache.match(follow_up, record=False)
+    for stored, array in zip(hit.checkpoint.fixed, fixed, strict=True):
+        np.copyto(stored, array)
+
+    with pytest.raises(grpc.RpcError) as err:
+        serve(importer, follow_up, 2, source=holder)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert f"the prefix state {STATE_MISMATCH}" in err.value.details()
+    assert importer.prefixes.imports == 1  # fetched and decoded: the codec had nothing to refuse
+
+    assert importer.prefixes.cache.match(follow_up, record=False) is None
+    assert serve(importer, follow_up, 2).cached_len == 0  # computed whole, and right
+    assert serve(importer, [*follow_up, 5], 2).cached_len == len(follow_up)  # its own state
