@@ -26,7 +26,8 @@ tails use h(x), the whole sequence. Column 0 of the first growing cache holds th
 itself at position p, so the tokens can be read back from a state.
 
 Decode reads the tokens back from the state it receives, recomputes the state from them and
-compares every tensor bit for bit: on any difference `insert` raises an `EngineError` naming the
+compares every tensor bit for bit: on any difference `insert` (and `check_state`, which the
+decode worker calls for a request with nothing to decode) raises an `EngineError` naming the
 tensor and the first element that differs (the decode worker fails the request with
 INVALID_ARGUMENT). It then absorbs the first token it is handed and tracks each slot's running
 sum and length. It keeps no tensors: the state after a decoded token is by definition that of
@@ -261,7 +262,7 @@ class FakeDecodeEngine:
         max_new_tokens: int,
         eos_id: int | None = None,
     ) -> int:
-        prompt = _checked_tokens(self.cfg, state, "the state")
+        prompt = self._checked(state)
         length = len(prompt)
         if length + max_new_tokens > self.max_len:
             raise EngineError(f"state ({length}) + {max_new_tokens} exceed max_len {self.max_len}")
@@ -271,6 +272,16 @@ class FakeDecodeEngine:
         # The first token (sampled by prefill) is the next input, as in the real engine.
         self._slots[slot] = _Slot(sum(prompt) + int(first_token), length + 1, max_new_tokens)
         return slot
+
+    def check_state(self, state: ModelState) -> None:
+        self._checked(state)
+
+    def _checked(self, state: ModelState) -> list[int]:
+        """The tokens of `state`, once it is checked to be their fake state and to fit."""
+        prompt = _checked_tokens(self.cfg, state, "the state")
+        if len(prompt) > self.max_len:
+            raise EngineError(f"state ({len(prompt)}) exceeds max_len {self.max_len}")
+        return prompt
 
     def step(self) -> list[tuple[int, int]]:
         active = self.active_slots

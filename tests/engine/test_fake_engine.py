@@ -110,6 +110,9 @@ def test_limits():
     engine.insert(state, 0, max_new_tokens=2)
     with pytest.raises(EngineError):
         engine.insert(state, 0, max_new_tokens=1)
+    engine.check_state(state)  # no slot needed
+    with pytest.raises(EngineError, match="exceeds max_len 8"):
+        engine.check_state(FakePrefillEngine(CFG).prefill([1] * 9).state)
 
 
 def test_bfloat16_states():
@@ -196,8 +199,12 @@ def test_one_flipped_bit_anywhere_is_refused(name):
             names = re.escape(f"{STATE_MISMATCH}: {spec} ")
             with pytest.raises(EngineError, match=f"the state {names}"):
                 decode.insert(damaged, 0, max_new_tokens=1)
+            with pytest.raises(EngineError, match=f"the state {names}"):
+                decode.check_state(damaged)
             with pytest.raises(EngineError, match=f"the prefix state {names}"):
                 FakePrefillEngine(cfg).prefill([1], prefix=damaged, max_len=32)
+    assert decode.free_slots == [0]
+    decode.check_state(state)  # the undamaged state passes, and takes no slot
     assert decode.free_slots == [0]
     decode.insert(state, 0, max_new_tokens=1)  # the undamaged state still goes in
 
