@@ -4,7 +4,8 @@ The fake engines check every bit of a state they are handed against the state it
 (engine/fake.py). Through the workers: a decode worker handed a state damaged before it was
 encoded (so every checksum holds) — one bit of a KDA recurrent state, of a conv tail, of a
 later layer, of MLA k_rope or c_kv — fails the request with INVALID_ARGUMENT naming the
-tensor (at most prefill's first token gets out first), and goes on serving. A prefill worker
+tensor (at most prefill's first token gets out first, also when that is the only token asked
+for and nothing is decoded), and goes on serving. A prefill worker
 whose prefix hit has the right KV blocks but another prefix's linear checkpoint, from its own
 cache or fetched from another instance's, fails the prefill the same way; a fetched prefix the
 engine refuses is not kept in the importer's cache.
@@ -130,11 +131,12 @@ def prompt_of(n: int) -> list[int]:
     return [(3 * i + 1) % VOCAB for i in range(n)]
 
 
+@pytest.mark.parametrize("max_new_tokens", [4, 1])  # 1: no decoding, the state is still checked
 @pytest.mark.parametrize(
     ("layer", "name"),
     [(0, "recurrent"), (1, "recurrent"), (2, "conv"), (3, "k_rope"), (3, "c_kv")],
 )
-def test_a_state_damaged_before_encoding_fails_its_request(nodes, layer, name):
+def test_a_state_damaged_before_encoding_fails_its_request(nodes, layer, name, max_new_tokens):
     node = nodes()
     prompt = prompt_of(20)
     result = FakePrefillEngine(CFG).prefill(prompt, max_len=MAX_LEN)
@@ -151,7 +153,9 @@ def test_a_state_damaged_before_encoding_fails_its_request(nodes, layer, name):
         chunks = [pb.StateChunk(request_id=request_id)]
         chunks += [pb.StateChunk(frame=frame) for frame in [*frames, handoff]]
         stub.PushState(iter(chunks), timeout=10)  # every checksum holds: accepted
-        request = pb.DecodeRequest(request_id=request_id, prompt_len=len(prompt), max_new_tokens=4)
+        request = pb.DecodeRequest(
+            request_id=request_id, prompt_len=len(prompt), max_new_tokens=max_new_tokens
+        )
         got = []
         with pytest.raises(grpc.RpcError) as err:
             for message in stub.Generate(request, timeout=10):
@@ -159,7 +163,7 @@ def test_a_state_damaged_before_encoding_fails_its_request(nodes, layer, name):
     assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert f"the state {STATE_MISMATCH}: {spec} differs" in err.value.details()
     assert got == fake_tokens(prompt, len(got), VOCAB)  # at most prefill's first token
-    serve(node, prompt, 4)  # the worker goes on serving, the intact state exactly
+    serve(node, prompt, max_new_tokens)  # the worker goes on serving, the intact state exactly
 
 
 @pytest.mark.parametrize("where", ["own cache", "fetched"])
