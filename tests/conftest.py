@@ -11,11 +11,12 @@ The suite is compile-bound on a CPU, so:
   compile a program stores it and the others load it. The pytest process itself never uses a
   persistent cache — a hit would hide the compiles tests/engine/test_engines.py counts.
 
-Hypothesis draws new examples on every local run. Under CI (``HYPOTHESIS_PROFILE=ci``, which
-``.ci/run`` sets, or a ``CI`` variable as CI services set it) the ``ci`` profile derandomizes
-the search, so a failure reproduces on the next run, and prints the blob that replays a failing
-example (``@reproduce_failure``). It also drops the per-example deadline, as every property test
-here already does: compiles and a shared 2-core machine make per-example timings meaningless.
+Hypothesis runs derandomized by default (the ``repeatable`` profile): every run of the suite —
+here, on CI, on a user's machine — tries the same examples, so a red run reproduces, and a
+failing example is printed with the blob that replays it (``@reproduce_failure``). The
+per-example deadline is off, as every property test here already sets it: compiles and a shared
+2-core machine make per-example timings meaningless. ``HYPOTHESIS_PROFILE=explore`` draws new
+examples on every run, for a local search beyond the fixed ones.
 """
 
 from __future__ import annotations
@@ -39,17 +40,10 @@ os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
 ).strip()
 
-settings.register_profile("ci", derandomize=True, print_blob=True, deadline=None)
-
-
-def _hypothesis_profile() -> str:
-    if profile := os.environ.get("HYPOTHESIS_PROFILE"):
-        return profile
-    return "ci" if os.environ.get("CI", "").lower() not in ("", "0", "false") else "default"
-
-
+settings.register_profile("repeatable", derandomize=True, print_blob=True, deadline=None)
+settings.register_profile("explore", print_blob=True, deadline=None)
 # Loaded before the test modules are imported: their `settings(...)` objects inherit from it.
-settings.load_profile(_hypothesis_profile())
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")
 
