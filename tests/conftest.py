@@ -10,6 +10,13 @@ The suite is compile-bound on a CPU, so:
   persistent compilation cache, made for the session (``child_cache_home``): the first one to
   compile a program stores it and the others load it. The pytest process itself never uses a
   persistent cache — a hit would hide the compiles tests/engine/test_engines.py counts.
+
+Hypothesis runs derandomized by default (the ``repeatable`` profile): every run of the suite —
+here, on CI, on a user's machine — tries the same examples, so a red run reproduces, and a
+failing example is printed with the blob that replays it (``@reproduce_failure``). The
+per-example deadline is off, as every property test here already sets it: compiles and a shared
+2-core machine make per-example timings meaningless. ``HYPOTHESIS_PROFILE=explore`` draws new
+examples on every run, for a local search beyond the fixed ones.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from hypothesis import settings
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model import decode_step, init_params, prefill
@@ -31,6 +39,11 @@ jax.config.update("jax_enable_compilation_cache", False)
 os.environ["XLA_FLAGS"] = " ".join(
     [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
 ).strip()
+
+settings.register_profile("repeatable", derandomize=True, print_blob=True, deadline=None)
+settings.register_profile("explore", print_blob=True, deadline=None)
+# Loaded before the test modules are imported: their `settings(...)` objects inherit from it.
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")
 

@@ -1,5 +1,6 @@
 """Helpers shared by the serving tests, in process (tests/serving) and over real processes
-(tests/cluster): cluster configs written as TOML, a client for the router, in-process workers,
+(tests/cluster): cluster configs written as TOML, a client for the router, in-process workers and
+a whole in-process cluster (the router and its workers, each on a loopback server of its own),
 the malformed requests every router must refuse, and polling.
 
 Cluster tests run real processes on loopback (serving/cluster/launcher.py). The fake engines
@@ -10,15 +11,29 @@ tests use the JAX engines, whose workers share the session's persistent compilat
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import pathlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import grpc
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.router.control import RouterControl
+from prfaas_jax.serving.router.core import RouterCore, RouterService
+from prfaas_jax.serving.transport.link import LinkShaper
+from prfaas_jax.serving.transport.messages import router_max_request_bytes
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.faults import FaultInjector
+from prfaas_jax.serving.worker.prefill import PrefillService
 
 
 def toml(sections: dict[str, dict]) -> str:
@@ -74,10 +89,13 @@ def generate(stub: pb_grpc.RouterStub, prompt: list[int], n: int, **fields) -> R
     return Reply(tokens, report, messages)
 
 
-def serve_workers(prefill=None, decode=None, **options) -> ServingServer:
-    """An in-process server (loopback, any port) of a `PrefillService` and/or a `DecodeService`;
-    `options` go to `ServingServer`."""
+def serve_workers(prefill=None, decode=None, control=None, **options) -> ServingServer:
+    """An in-process server (loopback, any port) of a `PrefillService` and/or a `DecodeService`
+    (and a `WorkerControl` servicer, if given); `options` go to `ServingServer`."""
     registrations = []
+    if control is not None:
+        add = pb_grpc.add_WorkerControlServicer_to_server
+        registrations.append((add, control, full_service_name("WorkerControl")))
     if prefill is not None:
         add = pb_grpc.add_PrefillWorkerServicer_to_server
         registrations.append((add, prefill, full_service_name("PrefillWorker")))
@@ -85,6 +103,88 @@ def serve_workers(prefill=None, decode=None, **options) -> ServingServer:
         add = pb_grpc.add_DecodeWorkerServicer_to_server
         registrations.append((add, decode, full_service_name("DecodeWorker")))
     return ServingServer(registrations, **options)
+
+
+@dataclasses.dataclass
+class InProcessCluster:
+    """A router and its workers in this process (`serve_in_process`); services by instance."""
+
+    config: ClusterConfig
+    core: RouterCore
+    router: pb_grpc.RouterStub
+    prefill: dict[str, PrefillService]
+    decode: dict[str, DecodeService]
+    servers: dict[str, ServingServer]  # every instance's, and the router's as "router"
+
+    def stats(self) -> pb.RouterStats:
+        return self.router.GetStats(pb.GetStatsRequest(), timeout=10)
+
+
+@contextlib.contextmanager
+def serve_in_process(
+    config: ClusterConfig,
+    engines: dict[str, tuple[Role, PrefillEngineLike | DecodeEngineLike]],
+    *,
+    shapers: dict[str, LinkShaper] | None = None,
+    faults: dict[str, FaultInjector] | None = None,
+    controls: dict[str, pb_grpc.WorkerControlServicer] | None = None,
+    state_timeout_s: float = 30.0,
+    push_timeout_s: float = 30.0,
+) -> Iterator[InProcessCluster]:
+    """Each instance of `engines` (name → role and engine) as a `PrefillService` or
+    `DecodeService` on a loopback server of its own, and the router's `Router` service over
+    them, built from `config` as a `prfaas serve` router would be; until closed. `shapers` and
+    `faults` (by prefill instance) are its link and its fault injector, `controls` (by instance)
+    a `WorkerControl` servicer to serve beside it (without one, the router's liveness probe gets
+    UNIMPLEMENTED, which never takes an instance out of routing). The router's control loop is
+    not started: it only renders `GetStats`."""
+    cfg = load_model_config(config.model.preset)
+    shapers, faults, controls = shapers or {}, faults or {}, controls or {}
+    prefill: dict[str, PrefillService] = {}
+    decode: dict[str, DecodeService] = {}
+    servers: dict[str, ServingServer] = {}
+    for name, (role, engine) in engines.items():
+        if role.is_prefill:
+            prefill[name] = PrefillService(
+                engine=lambda engine=engine: engine,
+                cfg=cfg,
+                max_len=config.engine.max_len,
+                frame_bytes=config.engine.frame_bytes,
+                shaper=shapers.get(name),
+                admit=lambda context: None,
+                push_timeout_s=push_timeout_s,
+                faults=faults.get(name),
+            )
+        else:
+            decode[name] = DecodeService(
+                engine=lambda engine=engine: engine,
+                cfg=cfg,
+                max_len=config.engine.max_len,
+                admit=lambda context: None,
+                state_timeout_s=state_timeout_s,
+            )
+        servers[name] = serve_workers(prefill.get(name), decode.get(name), controls.get(name))
+    core = RouterCore(
+        config, cfg, {name: (servers[name].address, role) for name, (role, _) in engines.items()}
+    )
+    registration = (
+        pb_grpc.add_RouterServicer_to_server,
+        RouterService(core, RouterControl(core).router_stats),
+        full_service_name("Router"),
+    )
+    max_request = router_max_request_bytes(config.engine.max_len)
+    servers["router"] = ServingServer([registration], max_receive_bytes=max_request)
+    channel = grpc.insecure_channel(servers["router"].address)
+    try:
+        yield InProcessCluster(config, core, pb_grpc.RouterStub(channel), prefill, decode, servers)
+    finally:
+        channel.close()
+        servers["router"].stop(grace_s=0.5)
+        for service in decode.values():
+            service.stop()
+        for name, server in servers.items():
+            if name != "router":
+                server.stop(grace_s=0.5)
 
 
 # Malformed `GenerateRequest`s (for max_len 512, vocabulary 256) and a word of each refusal: the

@@ -8,6 +8,7 @@ either. The protocols hold only what those callers use, in the JetStream vocabul
 
     prefill(tokens, prefix=…) → state, first_token        one prompt, batch 1
     insert(state, first_token, sampling) → slot            a slot of the decode batch
+    check_state(state)                                     insert's checks of a state, no slot
     step() → [(slot, token), …]                            one token per active slot
     is_finished(slot), free(slot)                          a slot's end
 
@@ -84,6 +85,11 @@ class DecodeEngineLike(Protocol):
         eos_id: int | None = None,
     ) -> int:
         """Start decoding a prefilled request in a free slot; returns the slot."""
+        ...
+
+    def check_state(self, state: ModelState) -> None:
+        """Raise `EngineError` for a state `insert` would refuse whatever the token budget,
+        without taking a slot: for a request whose only token prefill already sampled."""
         ...
 
     def step(self) -> list[tuple[int, int]]:

@@ -20,9 +20,14 @@ of every prompt is always saved, so a multi-turn follow-up (previous prompt + re
 tokens) hits the whole previous prompt exactly.
 
 A ``prefix`` state handed in (a prefix fetched from another instance) is used instead of the
-local hit when it is longer, and stored in the cache for the next request. The caller's
-``on_chunk`` runs first at each chunk end, then the cache copies the state to host memory: both
-only read the engine's working buffer, which is donated to the next call right after.
+local hit when it is longer, and stored in the cache for the next request — but only once the
+engine has taken it: at the first chunk end, or when the prefill returns. An engine that refuses
+it (the fake engines check every bit of a prefix against its tokens) raises before either, so a
+bad fetched prefix fails its own request and never reaches the cache, where every later request
+of that prefix would hit it. The engine copies a prefix into its own working state, so the
+imported arrays are still whole when they are stored. The caller's ``on_chunk`` runs first at
+each chunk end, then the cache copies the state to host memory: both only read the engine's
+working buffer, which is donated to the next call right after.
 """
 
 from __future__ import annotations
@@ -75,9 +80,7 @@ class CachedPrefill:
                     f"prompt, got {imported.batch_size} × {imported_len} tokens"
                 )
             if imported_len > local_len:
-                if self.cache is not None:
-                    self.cache.insert(ids[:imported_len], imported)
-                return imported, imported_len, True
+                return imported, imported_len, True  # stored once the engine has taken it
         if hit is None:
             return None, 0, False
         assert self.cache is not None
@@ -99,7 +102,8 @@ class CachedPrefill:
         """``engine.prefill`` of ``tokens`` from the longest reusable prefix; the engine's result
         (its ``prefix_len`` is the reused length, ``num_tokens`` the computed ones).
 
-        ``prefix`` is an imported state trusted to hold exactly ``tokens[:len]``.
+        ``prefix`` is an imported state that should hold exactly ``tokens[:len]``; it goes into
+        the cache only after the engine has taken it (module docstring).
         """
         ids = [int(t) for t in tokens]
         if not ids:
@@ -107,8 +111,18 @@ class CachedPrefill:
         start, reused, imported = self._start(ids, prefix, max_len)
         cache = self.cache
         saves = set() if cache is None else set(cache.checkpoint_lengths(len(ids)))
+        # The imported prefix, until the engine has taken it and it is in the cache.
+        unstored = start if imported and cache is not None else None
+
+        def store_import() -> None:
+            nonlocal unstored
+            if unstored is not None:
+                assert cache is not None
+                cache.insert(ids[:reused], unstored)
+                unstored = None
 
         def chunk_done(state: ModelState, done: int) -> None:
+            store_import()  # a chunk is done: the engine took the prefix
             if on_chunk is not None:
                 on_chunk(state, done)
             if cache is not None and done in saves:
@@ -122,6 +136,7 @@ class CachedPrefill:
             sampling=sampling,
             max_len=max_len,
         )
+        store_import()
         stats = self.stats
         stats.prompts += 1
         stats.prompt_tokens += len(ids)

@@ -1,4 +1,5 @@
-"""``with_capacity``: the same sequences of a ``ModelState`` in caches of another capacity.
+"""``with_capacity``: the same sequences of a ``ModelState`` in caches of another capacity;
+``check_fits``: its checks alone.
 
 Attention caches (MLA, GQA, SWA) have a capacity axis (axis 1); recurrent states do not. Engines
 resize states when a prefix is continued, when a state moves from a prefill engine's bucket to a
@@ -44,6 +45,23 @@ def _check_fits(state: ModelState, want: ModelState, cfg: ModelConfig) -> None:
                 )
 
 
+def _fitting(state: ModelState, cfg: ModelConfig, capacity: int) -> tuple[ModelState, int]:
+    """The shapes of ``state`` at ``capacity``, and its longest sequence; raises
+    ``EngineError`` when it does not fit ``cfg`` or ``capacity``."""
+    want = jax.eval_shape(functools.partial(init_state, cfg, state.batch_size, capacity))
+    _check_fits(state, want, cfg)
+    longest = int(np.max(np.asarray(state.lengths), initial=0))
+    if longest > capacity:
+        raise EngineError(f"the state holds {longest} tokens, more than capacity {capacity}")
+    return want, longest
+
+
+def check_fits(state: ModelState, cfg: ModelConfig, capacity: int) -> None:
+    """Raise ``EngineError`` when ``state`` does not fit ``cfg`` or ``capacity``: the checks of
+    `with_capacity`, without moving a byte."""
+    _fitting(state, cfg, capacity)
+
+
 def with_capacity(
     state: ModelState, cfg: ModelConfig, capacity: int, *, copy: bool = False
 ) -> ModelState:
@@ -56,11 +74,7 @@ def with_capacity(
     or pad, or ``jnp.asarray``, would compile once per distinct shape).
     Raises ``EngineError`` when the state does not fit ``cfg`` or ``capacity``.
     """
-    want = jax.eval_shape(functools.partial(init_state, cfg, state.batch_size, capacity))
-    _check_fits(state, want, cfg)
-    longest = int(np.max(np.asarray(state.lengths), initial=0))
-    if longest > capacity:
-        raise EngineError(f"the state holds {longest} tokens, more than capacity {capacity}")
+    want, longest = _fitting(state, cfg, capacity)
 
     def resize(have: jax.Array, need: jax.ShapeDtypeStruct) -> jax.Array:
         if have.shape == need.shape:

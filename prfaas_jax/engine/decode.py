@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.capacity import with_capacity
+from prfaas_jax.engine.capacity import check_fits, with_capacity
 from prfaas_jax.engine.sampling import (
     GREEDY,
     SamplingParams,
@@ -118,6 +118,14 @@ class DecodeEngine:
     def active_slots(self) -> list[int]:
         """Slots that will produce a token on the next ``step``."""
         return [slot for slot, req in enumerate(self._requests) if req and not req.finished]
+
+    def check_state(self, state: ModelState) -> None:
+        """What ``insert`` checks of a state alone, without a slot or a copy: one sequence of
+        this model, at most ``max_len`` long. A real state has nothing else to be checked
+        against; the codec has checked its bytes."""
+        if state.batch_size != 1:
+            raise EngineError(f"insert takes one sequence, got a batch of {state.batch_size}")
+        check_fits(state, self.cfg, self.max_len)
 
     def is_finished(self, slot: int) -> bool:
         """True once ``slot``'s request hit its EOS or budget (it holds the slot until ``free``)."""

@@ -1,9 +1,10 @@
 """Engines whose outputs are computable by hand: `FakePrefillEngine`, `FakeDecodeEngine`.
 
-Also exposes `fake_tokens`, the expected output of a request. They serve the serving-plane
-tests (and `engine = "fake"` clusters) without a model, JetStream-style, but implement the
-engine interface of engine/api.py, as the JAX engines do, and hold a real `ModelState`, so the
-real codec carries it. The fake model is autoregressive: over a vocabulary of V, the token that
+Also exposes `fake_tokens`, the expected output of a request, and `STATE_MISMATCH`, the words
+of the error a state that does not match its tokens raises. They serve the serving-plane tests
+(and `engine = "fake"` clusters) without a model, JetStream-style, but implement the engine
+interface of engine/api.py, as the JAX engines do, and hold a real `ModelState`, so the real
+codec carries it. The fake model is autoregressive: over a vocabulary of V, the token that
 follows a sequence (prompt, then the tokens generated so far) of length L and sum S is
 
     next(seq) = (2·S + L) mod V
@@ -14,28 +15,54 @@ cycles mod a power of two (every orbit mod 256 is 128 long), so outputs stay wel
 every token depends on the whole sequence before it, a request resumed from prompt + its first
 k tokens continues exactly where it stopped — and one resumed from the wrong tokens does not.
 
-Prefill writes the sequence into the state (token p at position p of the first growing cache,
-every other value zero); decode reads S and L back *from the state it received*, absorbs the
-first token it is handed, and then tracks the running sum and length of each slot, so a state
-that arrives damaged or belongs to another prompt shows up as wrong tokens. Prefill after a
-`prefix` state (a cached prefix) reads the prefix's tokens back from that state the same way,
-so a prefix cache that serves the wrong state shows up as wrong tokens too. Optional sleeps
+The state of a sequence x sets every value of every tensor of every layer, each from a 64-bit
+hash of the tokens it summarises: h(x[:0]) = 0, h(x[:p+1]) = mix(h(x[:p]) + x[p] + 1), with
+`mix` splitmix64's finaliser. Element e (C order) of tensor `name` of layer i holds
+(b − 128) / 64, b the top 8 bits of mix(mix(h ⊕ salt) + e·φ), salt = mix(i·2³² + crc32(name)),
+φ = 0x9E3779B97F4A7C15: a value on a 1/64 grid in [−2, 2), exact in every float dtype. Row p
+of a growing cache (MLA c_kv / k_rope, GQA k / v) or an SWA window uses h(x[:p+1]), so the
+state of a prefix is exactly the first rows of the longer sequence's; recurrent states and conv
+tails use h(x), the whole sequence. Column 0 of the first growing cache holds the token x[p]
+itself at position p, so the tokens can be read back from a state.
+
+Decode reads the tokens back from the state it receives, recomputes the state from them and
+compares every tensor bit for bit: on any difference `insert` (and `check_state`, which the
+decode worker calls for a request with nothing to decode) raises an `EngineError` naming the
+tensor and the first element that differs (the decode worker fails the request with
+INVALID_ARGUMENT). It then absorbs the first token it is handed and tracks each slot's running
+sum and length. It keeps no tensors: the state after a decoded token is by definition that of
+the longer sequence, which is what a prefill of prompt + the tokens so far makes, so a request
+resumed elsewhere checks like any other. Prefill after a `prefix` state (a cached or fetched
+prefix) checks it the same way first, so a prefix cache that serves one prefix's KV with the
+linear checkpoint of another prefix, or of another length, fails the prefill. Optional sleeps
 (`seconds_per_token` of prefill, `step_s` per decode step) emulate compute time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
+import zlib
 from collections.abc import Callable, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 
-from prfaas_jax.config import LayerKind, ModelConfig
-from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, state_from_arrays
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec.layout import (
+    TensorSpec,
+    canonical_arrays,
+    canonical_tensors,
+    state_from_arrays,
+)
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState
+
+STATE_MISMATCH = "does not match its tokens"
+
+_PHI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: spreads element indices
 
 
 def next_token(total: int, length: int, vocab_size: int) -> int:
@@ -52,18 +79,96 @@ def fake_tokens(prompt: Sequence[int], num_tokens: int, vocab_size: int) -> list
     return out
 
 
-def _prompt_tensor(cfg: ModelConfig, length: int) -> int:
-    for index, spec in enumerate(canonical_tensors(cfg, length)):
-        if spec.token_axis and spec.kind is not LayerKind.SWA:
-            return index
-    raise EngineError(f"the fake engines need a growing KV cache; {cfg.name!r} has none")
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on a uint64 array (products wrap mod 2^64)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
-def _prompt_of(cfg: ModelConfig, state: ModelState) -> list[int]:
-    """The token ids a fake state holds (row 0)."""
-    length, arrays = canonical_arrays(state, cfg, 0)
-    holder = arrays[_prompt_tensor(cfg, length)][1]
-    return [int(x) for x in np.asarray(holder).reshape(length, -1)[:, 0]]
+def _prefix_hashes(tokens: Sequence[int]) -> np.ndarray:
+    """h(tokens[:p + 1]) for every p."""
+    out = np.empty(len(tokens), np.uint64)
+    h = np.zeros(1, np.uint64)
+    for p, token in enumerate(tokens):
+        h = _mix(h + np.uint64(token + 1))
+        out[p] = h[0]
+    return out
+
+
+def _values(spec: TensorSpec, hashes: np.ndarray) -> np.ndarray:
+    """`spec`'s tensor, one row per hash (a position, or the whole tensor for fixed-size ones)."""
+    salt = _mix(np.array([(spec.layer << 32) | zlib.crc32(spec.name.encode())], np.uint64))
+    rows = _mix(hashes ^ salt)
+    elements = np.arange(math.prod(spec.shape) // len(hashes), dtype=np.uint64)
+    top = _mix(rows[:, None] + elements[None, :] * _PHI) >> np.uint64(56)
+    values = (top.astype(np.float32) - 128) / 64  # exact: 8 significant bits, a power of 2 scale
+    return values.astype(jnp.dtype(spec.dtype)).reshape(spec.shape)
+
+
+def _token_tensor(specs: Sequence[TensorSpec]) -> int:
+    """Index of the tensor whose column 0 holds the token ids: the first growing cache."""
+    return next(i for i, spec in enumerate(specs) if spec.kind.has_growing_state)
+
+
+def _check_model(cfg: ModelConfig) -> None:
+    """The fake engines need a growing cache whose dtype holds every token id exactly."""
+    growing = [spec for spec in canonical_tensors(cfg, 1) if spec.kind.has_growing_state]
+    if not growing:
+        raise EngineError(f"the fake engines need a growing KV cache; {cfg.name!r} has none")
+    if cfg.vocab_size > 2 ** (jnp.finfo(jnp.dtype(growing[0].dtype)).nmant + 1):
+        raise EngineError(f"{growing[0].dtype} cannot hold {cfg.name!r}'s token ids exactly")
+
+
+def _arrays(cfg: ModelConfig, tokens: Sequence[int]) -> list[tuple[TensorSpec, np.ndarray]]:
+    """The canonical tensors of the fake state of `tokens` (module docstring)."""
+    hashes = _prefix_hashes(tokens)
+    specs = canonical_tensors(cfg, len(tokens))
+    arrays = []
+    for spec in specs:
+        rows = hashes[len(hashes) - spec.shape[0] :] if spec.token_axis else hashes[-1:]
+        arrays.append(_values(spec, rows))
+    holder = arrays[_token_tensor(specs)]
+    holder.reshape(len(tokens), -1)[:, 0] = tokens
+    return list(zip(specs, arrays, strict=True))
+
+
+def _checked_tokens(cfg: ModelConfig, state: ModelState, what: str) -> list[int]:
+    """The tokens `state` holds (row 0), once every tensor is checked to be their fake state."""
+    try:
+        length, arrays = canonical_arrays(state, cfg, 0)
+    except ValueError as err:
+        raise EngineError(f"{what} does not fit {cfg.name!r}: {err}") from err
+    if length == 0:
+        raise EngineError(f"{what} is empty")
+    first = _token_tensor([spec for spec, _ in arrays])
+    spec, holder = arrays[first]
+    column = holder.reshape(length, -1)[:, 0].astype(np.float64)
+    # NaN fails every comparison, so it is refused too.
+    bad = np.flatnonzero(
+        ~((column == np.round(column)) & (column >= 0) & (column < cfg.vocab_size))
+    )
+    if bad.size:
+        p = int(bad[0])
+        raise EngineError(f"{what} {STATE_MISMATCH}: {spec} holds {column[p]} at position {p}")
+    ids = [int(t) for t in column]
+    expected = _arrays(cfg, ids)
+    # The tokens' own tensor first: a damaged token id then shows where it is, not as a
+    # recurrent state that does not match the wrong tokens.
+    for n in [first, *(n for n in range(len(arrays)) if n != first)]:
+        (spec, got), want = arrays[n], expected[n][1]
+        unsigned = f"u{spec.itemsize}"
+        differs = np.flatnonzero(got.view(unsigned) != want.view(unsigned))
+        if differs.size:
+            index = tuple(int(i) for i in np.unravel_index(differs[0], spec.shape))
+            where = f"element {index}"
+            if spec.token_axis:  # rows of an SWA window are its last positions
+                where = f"position {length - spec.shape[0] + index[0]}, element {index[1:]}"
+            raise EngineError(
+                f"{what} {STATE_MISMATCH}: {spec} differs at {where} ({got[index]} ≠ "
+                f"{want[index]}; {differs.size} of {got.size} elements)"
+            )
+    return ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +180,7 @@ class FakePrefillResult:
 
 
 class FakePrefillEngine:
-    """`PrefillEngineLike`: the prompt (after the prefix's tokens) written into a real state."""
+    """`PrefillEngineLike`: the fake state of the prefix's tokens and the prompt."""
 
     def __init__(
         self,
@@ -84,7 +189,7 @@ class FakePrefillEngine:
         seconds_per_token: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        _prompt_tensor(cfg, 1)
+        _check_model(cfg)
         self.cfg, self.seconds_per_token, self._sleep = cfg, seconds_per_token, sleep
 
     def prefill(
@@ -101,20 +206,14 @@ class FakePrefillEngine:
             raise EngineError("the prompt is empty")
         if any(not 0 <= t < self.cfg.vocab_size for t in new):
             raise EngineError(f"token id outside the vocabulary [0, {self.cfg.vocab_size})")
-        head = [] if prefix is None else _prompt_of(self.cfg, prefix)
+        head = [] if prefix is None else _checked_tokens(self.cfg, prefix, "the prefix state")
         ids = head + new
         capacity = max_len or len(ids)
         if len(ids) > capacity:
             raise EngineError(f"prompt ({len(ids)}) exceeds max_len {capacity}")
         if self.seconds_per_token:
             self._sleep(self.seconds_per_token * len(new))  # only the uncached part costs
-        specs = canonical_tensors(self.cfg, len(ids))
-        arrays = [np.zeros(spec.shape, spec.dtype) for spec in specs]
-        holder = arrays[_prompt_tensor(self.cfg, len(ids))]
-        holder.reshape(len(ids), -1)[:, 0] = ids  # exact: token ids < 2^24 fit any float dtype
-        state = state_from_arrays(
-            self.cfg, len(ids), list(zip(specs, arrays, strict=True)), capacity
-        )
+        state = state_from_arrays(self.cfg, len(ids), _arrays(self.cfg, ids), capacity)
         if on_chunk is not None:
             on_chunk(state, len(ids))  # one chunk: the whole prompt
         first = next_token(sum(ids), len(ids), self.cfg.vocab_size)
@@ -141,7 +240,7 @@ class FakeDecodeEngine:
         step_s: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        _prompt_tensor(cfg, 1)
+        _check_model(cfg)
         self.cfg, self.max_slots, self.max_len = cfg, max_slots, max_len
         self.step_s, self._sleep = step_s, sleep
         self._slots: list[_Slot | None] = [None] * max_slots
@@ -163,7 +262,7 @@ class FakeDecodeEngine:
         max_new_tokens: int,
         eos_id: int | None = None,
     ) -> int:
-        prompt = _prompt_of(self.cfg, state)
+        prompt = self._checked(state)
         length = len(prompt)
         if length + max_new_tokens > self.max_len:
             raise EngineError(f"state ({length}) + {max_new_tokens} exceed max_len {self.max_len}")
@@ -173,6 +272,16 @@ class FakeDecodeEngine:
         # The first token (sampled by prefill) is the next input, as in the real engine.
         self._slots[slot] = _Slot(sum(prompt) + int(first_token), length + 1, max_new_tokens)
         return slot
+
+    def check_state(self, state: ModelState) -> None:
+        self._checked(state)
+
+    def _checked(self, state: ModelState) -> list[int]:
+        """The tokens of `state`, once it is checked to be their fake state and to fit."""
+        prompt = _checked_tokens(self.cfg, state, "the state")
+        if len(prompt) > self.max_len:
+            raise EngineError(f"state ({len(prompt)}) exceeds max_len {self.max_len}")
+        return prompt
 
     def step(self) -> list[tuple[int, int]]:
         active = self.active_slots

@@ -12,9 +12,17 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def decode(self, token_ids: list[int]) -> str:
-        """Bytes ≥ 256 (possible when the model's vocabulary is larger) print as U+FFFD."""
-        data = bytes(t if t < 256 else ord("?") for t in token_ids)
-        return data.decode("utf-8", errors="replace")
+        """UTF-8 text of the bytes; a token ≥ 256 (possible when the model's vocabulary is
+        larger) and every invalid byte sequence print as U+FFFD."""
+        text, run = [], bytearray()
+        for t in token_ids:
+            if t < 256:
+                run.append(t)
+                continue
+            text.append(run.decode("utf-8", errors="replace") + "\N{REPLACEMENT CHARACTER}")
+            run.clear()
+        text.append(run.decode("utf-8", errors="replace"))
+        return "".join(text)
 
 
 def check_byte_vocab(vocab_size: int) -> None:

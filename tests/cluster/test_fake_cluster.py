@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -49,13 +50,13 @@ def test_routes_outputs_and_state_bytes(router):
         assert reply.tokens == fake_tokens(prompt(n, n), 6, CFG.vocab_size)
     stats = router.GetStats(pb.GetStatsRequest())
     assert stats.requests_prfaas >= 4 and stats.requests_pd >= 6
-    assert (stats.model, stats.vocab_size, stats.max_len) == ("tiny", 256, 512)
+    assert (stats.model, stats.vocab_size, stats.max_len) == ("tiny", CFG.vocab_size, 512)
 
 
 def test_one_token_and_longest_requests(router):
-    assert generate(router, prompt(7), 1).tokens == fake_tokens(prompt(7), 1, 256)
+    assert generate(router, prompt(7), 1).tokens == fake_tokens(prompt(7), 1, CFG.vocab_size)
     longest = prompt(500)
-    assert generate(router, longest, 13).tokens == fake_tokens(longest, 13, 256)
+    assert generate(router, longest, 13).tokens == fake_tokens(longest, 13, CFG.vocab_size)
 
 
 @pytest.mark.parametrize(("fields", "message"), MALFORMED_REQUESTS)
@@ -88,14 +89,17 @@ def test_duplicate_request_id_in_flight(router):
     assert err.value.code() is grpc.StatusCode.ALREADY_EXISTS
     slow.cancel()
     # Once finished (here: cancelled), the id is free again.
-    for _ in range(50):
+    expected = fake_tokens([3], 2, CFG.vocab_size)
+    deadline = time.monotonic() + 10.0
+    while True:
         try:
-            assert generate(router, [3], 2, request_id="dup").tokens == fake_tokens([3], 2, 256)
+            assert generate(router, [3], 2, request_id="dup").tokens == expected
             break
         except grpc.RpcError as retry:
             assert retry.code() is grpc.StatusCode.ALREADY_EXISTS
-    else:
-        pytest.fail("the id of a cancelled request was never released")
+        if time.monotonic() > deadline:
+            pytest.fail("the id of a cancelled request was not released within 10 s")
+        time.sleep(0.05)
 
 
 def test_health_and_reflection_on_every_server(fake_cluster):
@@ -186,12 +190,28 @@ def test_worker_status_codes(fake_cluster):
     assert control("prfaas-0").GetStats(pb.GetStatsRequest()).link.bandwidth_bytes_per_s == 2e6
 
 
-def test_metrics_endpoint(fake_cluster, router):
-    generate(router, prompt(100), 3)
-    url = f"http://{fake_cluster['metrics']}/metrics"
+def scrape(url: str) -> tuple[str, dict[str, float]]:
+    """The exposition text, and each sample's value by its name and labels."""
     with urllib.request.urlopen(url, timeout=10) as response:
         assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
         text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return text, samples
+
+
+def test_metrics_endpoint(fake_cluster, router):
+    url = f"http://{fake_cluster['metrics']}/metrics"
+    _, before = scrape(url)
+    reply = generate(router, prompt(100), 3)
+    text, after = scrape(url)
+    # Counters of the shared cluster hold earlier tests' traffic: this request's own retries are
+    # the difference, and it took none.
+    assert reply.report.attempts == 1
+    assert after["prfaas_retries_total"] - before["prfaas_retries_total"] == 0
     for line in (
         "# TYPE prfaas_requests_total counter",
         'prfaas_requests_total{route="prfaas",outcome="ok"}',
@@ -201,7 +221,7 @@ def test_metrics_endpoint(fake_cluster, router):
         'prfaas_queue_depth{instance="prfaas-0",role="prfaas_prefill"}',
         'prfaas_instances{role="pd_decode"} 1',
         "prfaas_role_changes_total 0",
-        "prfaas_retries_total 0",
+        "# TYPE prfaas_retries_total counter",
         "prfaas_instances_down 0",
         'prfaas_ttft_seconds_bucket{le="+Inf"}',
     ):

@@ -1,9 +1,10 @@
 """The prefix cache in a fake-engine cluster of real processes: lookups, cache-affine routing,
 the two bandwidth cases, cross-cluster prefix transfer, stats and metrics.
 
-The fake engines read a prefix's tokens back *from the state the cache serves* (and decode reads
-the whole prompt back from the state it receives), so a wrong prefix state — from the local
-cache or fetched across clusters — shows up as wrong output tokens.
+The fake engines read a prefix's tokens back *from the state the cache serves* and check every
+bit of it against the state those tokens make (decode does the same with the state it
+receives), so a wrong prefix state — from the local cache or fetched across clusters — fails
+its attempt; every turn here must succeed at its first.
 
 The conversation: turn 1 is 100 tokens (> t = 64: PrfaaS, cold); turn 2 = turn 1 + its reply
 (4 tokens) + 12 new = 116 tokens, 100 of them cached on prfaas-0.
@@ -55,6 +56,7 @@ def worker_stats(ready: dict, name: str) -> pb.WorkerStats:
 def turn(router, prompt: list[int]) -> tuple[pb.RequestReport, list[int]]:
     reply = generate(router, prompt, REPLY)
     assert reply.tokens == fake_tokens(prompt, REPLY, CFG.vocab_size)
+    assert reply.report.attempts == 1  # no attempt failed (the router would have retried it)
     return reply.report, reply.tokens
 
 

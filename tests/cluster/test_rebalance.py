@@ -9,6 +9,7 @@ import time
 import grpc
 from serving_support import fake_config, generate
 
+from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -31,6 +32,7 @@ OVERRIDES = {
     },
     "profile": {"prfaas_prefill_s": [0.0, 0.0016], "pd_prefill_s": [0.0, 0.004]},
 }
+VOCAB = load_model_config("tiny").vocab_size  # fake_config's preset
 
 
 def roles(stub: pb_grpc.RouterStub) -> dict[str, str]:
@@ -58,7 +60,7 @@ def test_rebalancer_moves_a_node_to_prefill_and_back(tmp_path):
                 futures = {}
 
                 def send(request_id: str, prompt: list[int], n: int, gap_s: float) -> None:
-                    sent[request_id] = fake_tokens(prompt, n, 256)
+                    sent[request_id] = fake_tokens(prompt, n, VOCAB)
                     futures[request_id] = pool.submit(
                         generate, stub, prompt, n, request_id=request_id
                     )
@@ -67,14 +69,14 @@ def test_rebalancer_moves_a_node_to_prefill_and_back(tmp_path):
                 # Prefill-heavy: 48-token prompts, 2 new tokens, 10 per second; one PD prefill
                 # node serves ~5 per second, decode idles.
                 for i in range(30):
-                    send(f"p{i}", [(i + j) % 256 for j in range(48)], 2, 0.1)
+                    send(f"p{i}", [(i + j) % VOCAB for j in range(48)], 2, 0.1)
                 assert wait_for(lambda: stub.GetStats(pb.GetStatsRequest()).role_changes >= 1, 30)
                 after_first = roles(stub)
                 assert sorted(after_first.values()).count("ROLE_PD_PREFILL") == 2
                 # Decode-heavy: 16-token prompts, 60 new tokens, 8 per second; one decode node
                 # (4 slots, 1.2 s per request) finishes ~3.4 per second.
                 for i in range(30):
-                    send(f"d{i}", [(3 * i + j) % 256 for j in range(16)], 60, 0.125)
+                    send(f"d{i}", [(3 * i + j) % VOCAB for j in range(16)], 60, 0.125)
                 assert wait_for(lambda: stub.GetStats(pb.GetStatsRequest()).role_changes >= 2, 60)
                 replies = {rid: future.result(timeout=120) for rid, future in futures.items()}
             final = roles(stub)

@@ -280,6 +280,16 @@ def test_engine_errors():
     swa_cfg, _ = preset("tiny-swa")
     with pytest.raises(EngineError, match="does not fit model 'tiny': layer 0 is a KvState"):
         engine.insert(init_state(swa_cfg, 1, 10), 0, max_new_tokens=4)
+    # check_state: insert's checks of the state alone, with no slot and no copy.
+    engine.check_state(result.state)
+    with pytest.raises(EngineError, match="does not fit model 'tiny': layer 0 is a KvState"):
+        engine.check_state(init_state(swa_cfg, 1, 10))
+    with pytest.raises(EngineError, match="one sequence, got a batch of 2"):
+        engine.check_state(init_state(cfg, 2, 10))
+    too_long = init_state(cfg, 1, MAX_LEN + 1)
+    too_long = type(too_long)(np.array([MAX_LEN + 1], np.int32), too_long.layers)
+    with pytest.raises(EngineError, match=f"more than capacity {MAX_LEN}"):
+        engine.check_state(too_long)
     with pytest.raises(EngineError, match="outside the vocabulary"):
         engine.insert(result.state, cfg.vocab_size, max_new_tokens=4)
     with pytest.raises(EngineError, match="outside the vocabulary"):

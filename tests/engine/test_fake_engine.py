@@ -1,6 +1,10 @@
-"""The hand-computable engines: their tokens survive the real codec, and only if the state does."""
+"""The hand-computable engines: their tokens survive the real codec, and a state that differs
+in any bit from the one its tokens make is refused."""
 
 from __future__ import annotations
+
+import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -9,7 +13,20 @@ from hypothesis import strategies as st
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.cached_prefill import CachedPrefill
+from prfaas_jax.engine.codec.layout import (
+    TensorSpec,
+    canonical_arrays,
+    canonical_tensors,
+    state_from_arrays,
+)
+from prfaas_jax.engine.fake import (
+    STATE_MISMATCH,
+    FakeDecodeEngine,
+    FakePrefillEngine,
+    fake_tokens,
+)
+from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import state_nbytes
 
@@ -66,17 +83,19 @@ def test_prefill_codec_decode_round_trip():
     assert engine.step() == [] and engine.free_slots == [0, 1]
 
 
-def test_a_damaged_state_gives_other_tokens():
+def test_a_damaged_token_is_refused():
     state = FakePrefillEngine(CFG).prefill([1, 2, 3]).state
     c_kv = np.asarray(state.layers[3].c_kv).copy()
-    c_kv[0, 1, 0] = 7.0  # token 2 → 7 at position 1
+    c_kv[0, 1, 0] = 7.0  # token 2 → 7 at position 1: a state of [1, 7, 3] with [1, 2, 3]'s values
     damaged = type(state)(
         state.lengths, (*state.layers[:3], type(state.layers[3])(c_kv, state.layers[3].k_rope))
     )
     engine = FakeDecodeEngine(CFG, max_slots=1, max_len=16)
-    slot = engine.insert(damaged, fake_tokens([1, 2, 3], 1, 256)[0], max_new_tokens=1)
-    # The decoder continues [1, 7, 3, 15]: 2·26 + 4 = 56, not fake_tokens([1, 2, 3])[1] = 46.
-    assert engine.step() == [(slot, 56)]
+    with pytest.raises(
+        EngineError, match=r"layer 3 mla c_kv .* differs at position 1, element \(1,\)"
+    ):
+        engine.insert(damaged, fake_tokens([1, 2, 3], 1, 256)[0], max_new_tokens=1)
+    assert engine.free_slots == [0]
 
 
 def test_limits():
@@ -91,3 +110,130 @@ def test_limits():
     engine.insert(state, 0, max_new_tokens=2)
     with pytest.raises(EngineError):
         engine.insert(state, 0, max_new_tokens=1)
+    engine.check_state(state)  # no slot needed
+    with pytest.raises(EngineError, match="exceeds max_len 8"):
+        engine.check_state(FakePrefillEngine(CFG).prefill([1] * 9).state)
+
+
+def test_bfloat16_states():
+    """Every value is exact in bfloat16 too, and so is every token id up to 2^8."""
+    cfg = dataclasses.replace(CFG, dtype="bfloat16", state_dtype="bfloat16")
+    prompt = [255, 0, 128, 7]
+    result = FakePrefillEngine(cfg).prefill(prompt, max_len=16)
+    engine = FakeDecodeEngine(cfg, max_slots=1, max_len=16)
+    state = codec.decode(list(codec.encode(result.state, cfg)), cfg, max_len=16)
+    slot = engine.insert(state, result.first_token, max_new_tokens=2)
+    tokens = [result.first_token]
+    while not engine.is_finished(slot):
+        tokens += [token for _, token in engine.step()]
+    assert tokens == fake_tokens(prompt, 3, 256)
+    with pytest.raises(EngineError, match="cannot hold 'tiny''s token ids exactly"):
+        FakePrefillEngine(dataclasses.replace(cfg, vocab_size=257))
+
+
+# --- the state: every value set, every value checked ----------------------------------------
+
+PRESETS = ["tiny", "tiny-swa", "tiny-gdn", "tiny-lightning"]  # KDA, SWA, GDN, Lightning layers
+
+
+def canonical(cfg, state) -> list[tuple[TensorSpec, np.ndarray]]:
+    return canonical_arrays(state, cfg, 0)[1]
+
+
+def with_bit_flipped(cfg, state, tensor: int, element: int):
+    """`state` with the lowest bit of one element of its `tensor`-th canonical tensor flipped."""
+    arrays = [(spec, np.array(array)) for spec, array in canonical(cfg, state)]
+    spec, array = arrays[tensor]
+    array.view(f"u{spec.itemsize}").reshape(-1)[element] ^= 1
+    return state_from_arrays(cfg, int(state.lengths[0]), arrays, state.capacity)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@settings(max_examples=20, deadline=None)
+@given(tokens=st.lists(st.integers(0, 255), min_size=1, max_size=20), data=st.data())
+def test_every_value_depends_on_the_tokens_it_summarises(name, tokens, data):
+    """Changing token j changes every row of a growing cache or window from position j on and
+    none before, and every recurrent state and conv tail."""
+    cfg = load_model_config(name)
+    j = data.draw(st.integers(0, len(tokens) - 1))
+    other = [*tokens[:j], (tokens[j] + data.draw(st.integers(1, 255))) % 256, *tokens[j + 1 :]]
+    engine = FakePrefillEngine(cfg)
+    before = canonical(cfg, engine.prefill(tokens).state)
+    after = canonical(cfg, engine.prefill(other).state)
+    for (spec, a), (_, b) in zip(before, after, strict=True):
+        if spec.token_axis:
+            for row, position in enumerate(range(len(tokens) - spec.shape[0], len(tokens))):
+                assert np.array_equal(a[row], b[row]) == (position < j), (str(spec), position)
+        else:
+            assert not np.array_equal(a, b), str(spec)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_prefill_after_a_prefix_is_the_cold_state_bit_for_bit(name):
+    cfg = load_model_config(name)
+    tokens = [(7 * i + 3) % 256 for i in range(21)]  # longer than tiny-swa's window of 8
+    engine = FakePrefillEngine(cfg)
+    cold = engine.prefill(tokens, max_len=32)
+    for k in (1, 8, 20):
+        prefix = engine.prefill(tokens[:k], max_len=32).state
+        warm = engine.prefill(tokens[k:], prefix=prefix, max_len=32)
+        assert (warm.first_token, warm.prefix_len, warm.num_tokens) == (cold.first_token, k, 21 - k)
+        for (spec, a), (_, b) in zip(
+            canonical(cfg, warm.state), canonical(cfg, cold.state), strict=True
+        ):
+            assert a.tobytes() == b.tobytes(), (str(spec), k)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_one_flipped_bit_anywhere_is_refused(name):
+    """In every tensor of every layer — recurrent states, conv tails, k_rope, windows — the
+    first, a middle and the last element, its lowest bit flipped: decode's insert and prefill
+    after that prefix both refuse the state, naming the tensor."""
+    cfg = load_model_config(name)
+    prompt = [(11 * i + 5) % 256 for i in range(12)]
+    state = FakePrefillEngine(cfg).prefill(prompt, max_len=32).state
+    decode = FakeDecodeEngine(cfg, max_slots=1, max_len=32)
+    for tensor, (spec, array) in enumerate(canonical(cfg, state)):
+        for element in sorted({0, array.size // 2 + 1, array.size - 1}):
+            damaged = with_bit_flipped(cfg, state, tensor, element)
+            names = re.escape(f"{STATE_MISMATCH}: {spec} ")
+            with pytest.raises(EngineError, match=f"the state {names}"):
+                decode.insert(damaged, 0, max_new_tokens=1)
+            with pytest.raises(EngineError, match=f"the state {names}"):
+                decode.check_state(damaged)
+            with pytest.raises(EngineError, match=f"the prefix state {names}"):
+                FakePrefillEngine(cfg).prefill([1], prefix=damaged, max_len=32)
+    assert decode.free_slots == [0]
+    decode.check_state(state)  # the undamaged state passes, and takes no slot
+    assert decode.free_slots == [0]
+    decode.insert(state, 0, max_new_tokens=1)  # the undamaged state still goes in
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
+@pytest.mark.parametrize("wrong", ["another prefix", "another length"])
+def test_a_prefix_hit_with_the_wrong_checkpoint_is_refused(name, wrong):
+    """A prefix cache whose hit serves the right KV blocks with the linear checkpoint (recurrent
+    states and conv tails, or SWA windows) of a prefix that differs only in its last token, or
+    of the same prompt one token shorter: prefill after it fails, naming the first such tensor."""
+    cfg = load_model_config(name)
+    prompt = [(3 * i + 1) % 256 for i in range(16)]
+    follow_up = [*prompt, 9, 9, 9]
+    cache = PrefixCache(cfg, capacity_bytes=1 << 20, block_size=4)
+    reuse, engine = CachedPrefill(cache), FakePrefillEngine(cfg)
+    reuse.prefill(engine, prompt, max_len=64)  # saves its checkpoint at 16
+    good = reuse.prefill(engine, follow_up, max_len=64)
+    assert (good.prefix_len, good.first_token) == (16, fake_tokens(follow_up, 1, 256)[0])
+
+    donor = [*prompt[:-1], prompt[-1] + 1] if wrong == "another prefix" else prompt[:-1]
+    fixed = [
+        array
+        for spec, array in canonical(cfg, engine.prefill(donor).state)
+        if not spec.kind.has_growing_state
+    ]
+    hit = cache.match(follow_up, record=False)
+    assert hit is not None and hit.length == 16
+    for stored, array in zip(hit.checkpoint.fixed, fixed, strict=True):
+        np.copyto(stored, array)
+    first_fixed = next(s for s in canonical_tensors(cfg, 16) if not s.kind.has_growing_state)
+    with pytest.raises(EngineError, match=re.escape(f"{STATE_MISMATCH}: {first_fixed} ")):
+        reuse.prefill(engine, follow_up, max_len=64)

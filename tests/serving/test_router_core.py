@@ -25,7 +25,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from serving_support import MALFORMED_REQUESTS, fake_config, generate, serve_workers
+from serving_support import MALFORMED_REQUESTS, fake_config, generate, serve_in_process
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import (
@@ -41,17 +41,13 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.router.control import RouterControl
-from prfaas_jax.serving.router.core import RouterCore, RouterService
+from prfaas_jax.serving.router.core import RouterCore
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
-    router_max_request_bytes,
     sampling_from_proto,
 )
-from prfaas_jax.serving.transport.server import ServingServer, full_service_name
-from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.prefill import PrefillService
+from prfaas_jax.serving.transport.server import ServingServer
 
 CFG = load_model_config("tiny")
 VOCAB = CFG.vocab_size
@@ -111,49 +107,13 @@ def serve_cluster(root: pathlib.Path, decode_step_s: float) -> Iterator[Cluster]
     assert (config.router.threshold, config.engine.max_len) == (THRESHOLD, MAX_LEN)
     engines = {name: CountingPrefill() for name in ("prfaas-0", "pd-0")}
     decode_engine = FlakyDecode(decode_step_s)
-    decode = DecodeService(
-        engine=lambda: decode_engine,
-        cfg=CFG,
-        max_len=MAX_LEN,
-        admit=lambda context: None,
-        state_timeout_s=30.0,
-    )
-    servers = {
-        name: serve_workers(
-            prefill=PrefillService(
-                engine=lambda engine=engine: engine,
-                cfg=CFG,
-                max_len=MAX_LEN,
-                frame_bytes=config.engine.frame_bytes,
-                shaper=None,
-                admit=lambda context: None,
-                push_timeout_s=30.0,
-            )
-        )
-        for name, engine in engines.items()
+    instances = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, engines["prfaas-0"]),
+        "pd-0": (Role.PD_PREFILL, engines["pd-0"]),
+        "pd-1": (Role.PD_DECODE, decode_engine),
     }
-    servers["pd-1"] = serve_workers(decode=decode)
-    roles = {"prfaas-0": Role.PRFAAS_PREFILL, "pd-0": Role.PD_PREFILL, "pd-1": Role.PD_DECODE}
-    core = RouterCore(
-        config, CFG, {name: (servers[name].address, role) for name, role in roles.items()}
-    )
-    # The control loop is not started: it only renders GetStats here.
-    control = RouterControl(core)
-    registration = (
-        pb_grpc.add_RouterServicer_to_server,
-        RouterService(core, control.router_stats),
-        full_service_name("Router"),
-    )
-    front = ServingServer([registration], max_receive_bytes=router_max_request_bytes(MAX_LEN))
-    channel = grpc.insecure_channel(front.address)
-    try:
-        yield Cluster(core, pb_grpc.RouterStub(channel), engines, decode_engine, servers)
-    finally:
-        channel.close()
-        front.stop(grace_s=0.5)
-        decode.stop()
-        for server in servers.values():
-            server.stop(grace_s=0.5)
+    with serve_in_process(config, instances) as running:
+        yield Cluster(running.core, running.router, engines, decode_engine, running.servers)
 
 
 @pytest.fixture

@@ -4,6 +4,12 @@ Reads the cluster config and the launcher's workers file, builds the request pat
 (``RouterCore``, serving/router/core.py) and its control loop (``RouterControl``,
 serving/router/control.py), serves the ``Router`` API on the front door (TLS and bearer token
 when ``[security]`` sets them) and Prometheus metrics, and writes its address file.
+
+SIGTERM or SIGINT stops it within a short grace, not a drain: the control loop and the metrics
+endpoint stop, the front door closes (a new ``Generate`` fails UNAVAILABLE), requests in flight
+get ``STOP_GRACE_S`` (2 s, serving/transport/server.py) to finish, and a stream still running
+then ends UNAVAILABLE for its client, its calls to the workers cancelled (they free the slot).
+Then the process exits 0.
 """
 
 from __future__ import annotations

@@ -48,26 +48,37 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
 
 
 def _builder(
-    subject: str, issuer: x509.Name, public_key: object, days: int
+    subject: str,
+    issuer: x509.Name,
+    public_key: object,
+    days: int,
+    valid_from: datetime.datetime | None,
 ) -> x509.CertificateBuilder:
+    """Valid for `days` days from `valid_from` (default: now)."""
+    start = valid_from or datetime.datetime.now(datetime.UTC)
     # Backdated a minute, so a clock a little behind the issuer's still accepts it.
-    now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
         .subject_name(_name(subject))
         .issuer_name(issuer)
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(days=days))
+        .not_valid_before(start - datetime.timedelta(minutes=1))
+        .not_valid_after(start + datetime.timedelta(days=days))
     )
 
 
-def make_ca(common_name: str = "prfaas toy cluster CA", *, days: int = 365) -> Issued:
-    """A self-signed CA that may sign end-entity certificates only (path length 0)."""
+def make_ca(
+    common_name: str = "prfaas toy cluster CA",
+    *,
+    days: int = 365,
+    valid_from: datetime.datetime | None = None,
+) -> Issued:
+    """A self-signed CA that may sign end-entity certificates only (path length 0), valid for
+    `days` days from `valid_from` (default: now)."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        _builder(common_name, _name(common_name), key.public_key(), days)
+        _builder(common_name, _name(common_name), key.public_key(), days, valid_from)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -95,16 +106,19 @@ def make_node_cert(
     dns_names: tuple[str, ...] = LOOPBACK_NAMES,
     ip_addresses: tuple[str, ...] = LOOPBACK_IPS,
     days: int = 365,
+    valid_from: datetime.datetime | None = None,
 ) -> Issued:
     """A certificate signed by `ca` for both ends of a TLS connection, naming the given hosts
-    as subject alternative names (what a TLS client checks the address it dialled against)."""
+    as subject alternative names (what a TLS client checks the address it dialled against),
+    valid for `days` days from `valid_from` (default: now; a past start makes a certificate
+    that has already expired, a future one a certificate not yet valid)."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     key = ec.generate_private_key(ec.SECP256R1())
     alt_names: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
     alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
     cert = (
-        _builder(common_name, ca_cert.subject, key.public_key(), days)
+        _builder(common_name, ca_cert.subject, key.public_key(), days, valid_from)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
         .add_extension(

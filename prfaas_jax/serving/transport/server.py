@@ -7,6 +7,10 @@ SERVING once the process is ready (engines built and warmed). `abort_for` maps t
 exceptions to gRPC status codes, so a bad request is INVALID_ARGUMENT and not UNKNOWN.
 Given TLS `credentials` (serving/transport/security.py) the port is TLS; `interceptors` run before
 every servicer (the router's bearer-token check).
+
+`stop` is how a process ends on SIGTERM or SIGINT: the port closes at once (a new call, the
+health check included, fails UNAVAILABLE), the calls in flight get `STOP_GRACE_S` to finish, and
+any still running then is cancelled (its caller gets UNAVAILABLE).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from prfaas_jax.serving.proto import prfaas_pb2
 from prfaas_jax.serving.transport import security
 
 MAX_MESSAGE_BYTES = 64 * 2**20
+STOP_GRACE_S = 2.0  # what `stop` leaves the calls in flight to finish
 CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -83,7 +88,8 @@ class ServingServer:
     def set_serving(self) -> None:
         self._set(health_pb2.HealthCheckResponse.SERVING)
 
-    def stop(self, grace_s: float = 2.0) -> None:
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Refuse new calls now, cancel those still running after `grace_s`; returns then."""
         self.health.enter_graceful_shutdown()
         self.server.stop(grace_s).wait()
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -17,7 +17,10 @@ failed or cancelled.
 One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into
 free slots as they arrive, runs one `step` for all active slots, sends each request its token,
 and frees a slot when its request finishes or its client goes away. The first token (sampled by
-prefill) is sent on insertion, so time-to-first-token includes the state transfer. A state that
+prefill) is sent on insertion, so time-to-first-token includes the state transfer. A request
+for one token has nothing to decode and takes no slot; the engine still checks its state
+(`check_state`: what `insert` checks, and with the fake engines every value), so a state that
+does not match its tokens fails a 1-token request as it fails a longer one. A state that
 no `Generate` claims within `state_timeout_s` is dropped, as is a `Generate` whose state never
 comes (DEADLINE_EXCEEDED).
 
@@ -383,22 +386,28 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             req.out.put(req.first_token)
             with self._cv:
                 self.tokens_generated += 1
-            if req.max_new_tokens == 1:
-                self._finish(req)
-                continue
+            slot = None
             try:
-                slot = engine.insert(
-                    req.state,
-                    req.first_token,
-                    req.sampling,
-                    max_new_tokens=req.max_new_tokens - 1,
-                )
+                if req.max_new_tokens == 1:
+                    # Prefill sampled the only token: nothing to decode, no slot to take, but
+                    # the engine still checks the state as insert would.
+                    engine.check_state(req.state)
+                else:
+                    slot = engine.insert(
+                        req.state,
+                        req.first_token,
+                        req.sampling,
+                        max_new_tokens=req.max_new_tokens - 1,
+                    )
             except Exception as err:  # the engine refused the state: fail this request only
                 with self._cv:
                     self._advance(req, Phase.FAILED)
                 req.out.put((grpc.StatusCode.INVALID_ARGUMENT, f"decode engine: {err}"))
                 continue
-            req.state = None  # the slot holds it now; let the host copy go
+            req.state = None  # a slot holds it now, or no one needs it; let the host copy go
+            if slot is None:
+                self._finish(req)
+                continue
             with self._cv:
                 self._advance(req, Phase.DECODING)
                 self._slots[slot] = req  # a cancelled one too: the sweep below frees its slot

@@ -13,8 +13,14 @@ switching back is instant), and returns how long that took.
 
 The process binds 127.0.0.1 on a free port, writes {"address", "pid"} to `--address-file`
 (atomically) as soon as it listens, builds and warms the engine of its first role, then reports
-SERVING on the health service. SIGTERM or SIGINT stops it gracefully. With `[security]`
-certificates its port and every channel it opens use mutual TLS (serving/transport/security.py).
+SERVING on the health service. With `[security]` certificates its port and every channel it
+opens use mutual TLS (serving/transport/security.py).
+
+SIGTERM or SIGINT stops it within a short grace, not a drain: the port closes at once (new
+calls fail UNAVAILABLE), the calls in flight — prefills with their pushes, decode streams — get
+`STOP_GRACE_S` (2 s, serving/transport/server.py) to finish, and whatever still runs then is
+cancelled; its caller sees UNAVAILABLE, which the router handles as a dead worker (it resumes
+the request elsewhere, or on the worker's replacement). Then the process exits 0.
 """
 
 from __future__ import annotations

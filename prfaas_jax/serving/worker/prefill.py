@@ -23,6 +23,10 @@ fetched before the engine is awaited. The reply's `cached_len` is what was reuse
 The queue is bounded: with `max_queue` requests already waiting for or on the engine (a prefix
 fetch counts), the next is refused at once with RESOURCE_EXHAUSTED, before any work.
 
+A call the router cancels (its client left, or it gave up on the attempt) stops at once: a
+request still waiting for the engine never takes it, one on the engine stops at its next chunk,
+no further frame goes on the link, and the push is cancelled.
+
 A failed push fails the RPC with the push's status (the router then retries), and stops the
 prefill at its next chunk, so a lost transfer does not hold the engine: a stream the
 decode worker rejected keeps its code (INVALID_ARGUMENT for bad frames), an unreachable or dead
@@ -144,6 +148,9 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         arrived = time.perf_counter()
         self._enter_queue(context)
         outbox = _Outbox(self.shaper, context)
+        # The call ends early when the router cancels it (its client left, or it gave up on the
+        # attempt): stop at once — no more frames on the link, the push cancelled.
+        context.add_callback(lambda: outbox.cancel(outbox.push))
         push: grpc.Future | None = None
         try:
             prefix = None
@@ -153,6 +160,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                     request.prefix_source, tokens, cross_cluster=request.prefix_cross_cluster
                 )
             with self._engine_lock:
+                if outbox.stopped:  # cancelled while it waited: the engine goes to the next
+                    raise _AbandonedError
                 started = time.perf_counter()
                 encoder = codec.StreamEncoder(
                     self.cfg, len(tokens), max_frame_bytes=self.frame_bytes
@@ -184,7 +193,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             self._count("queued", -1)
         prefilled = time.perf_counter()
         if result is None:
-            if not push.done():  # the router cancelled the request
+            if push is None or not push.done() or not context.is_active():  # cancelled
                 outbox.cancel(push)
                 context.abort(grpc.StatusCode.CANCELLED, "the request was cancelled")
         else:

@@ -20,7 +20,8 @@ matches the prompt, builds the prefix state and streams it as codec frames (`cod
 payload is `state_nbytes(cfg, P)`), through its `LinkShaper` when the transfer crosses clusters
 and the holder is a PrfaaS worker (the link emulated is PrfaaS egress). The importer decodes it
 (`codec.decode` checks everything), prefills only the rest, and keeps the prefix in its own
-cache. A fetch that fails (evicted since the lookup, holder gone, bad frames) is logged and
+cache once its engine has taken it (a prefix the engine refuses fails that request and is not
+kept). A fetch that fails (evicted since the lookup, holder gone, bad frames) is logged and
 counted, and the prefill recomputes instead: a lost prefix costs compute, never the request.
 """
 
