@@ -22,7 +22,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         "train",
         help="train a model layout on a synthetic recall task (MQAR or long-context retrieval)",
         description="Train a hybrid layout with optax AdamW (warm-up + cosine, global-norm "
-        "clipping) on multi-query associative recall (mqar) or long-context retrieval (needle), "
+        "clipping) on multi-query associative recall (mqar) or long-context retrieval (retrieval), "
         "evaluating on held-out examples. The model is the one the engines serve: its prefill "
         "with the chunk ops. With --out the run checkpoints, resumes, and ends as a model "
         "checkpoint that generate, prefill, decode, serve and demo load.",
@@ -30,7 +30,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         "--num-pairs 4 --steps 1000 --out runs/mqar",
     )
     p.add_argument("--model", default="tiny", help="preset name or model TOML (default: tiny)")
-    p.add_argument("--task", default="mqar", choices=["mqar", "needle"], help="(default: mqar)")
+    p.add_argument("--task", default="mqar", choices=["mqar", "retrieval"], help="(default: mqar)")
     p.add_argument(
         "--vocab-size",
         type=int,
@@ -39,7 +39,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-len", type=int, default=64, help="tokens per example (default: 64)")
     p.add_argument("--num-pairs", type=int, default=4, help="key-value pairs (default: 4)")
     p.add_argument(
-        "--num-queries", type=int, default=2, help="needle: questions per example (default: 2)"
+        "--num-queries", type=int, default=2, help="retrieval: questions per example (default: 2)"
     )
     p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default: 1000)")
     p.add_argument("--batch-size", type=int, default=64, help="examples per step (default: 64)")

@@ -9,16 +9,17 @@ gaps ``g`` drawn without replacement with probability ∝ ``a·g^(a−1)`` (``a 
 queries come soon, some come late). Every other position holds a random token. The target at a
 query's position is its value; no other position is scored.
 
-``needle`` — long-context retrieval, asked the way a served request asks it. Filler tokens from
-``[1, V/2)`` (never one of the keys) hide ``N`` facts ``k v w`` — a key and its two-token value,
-``v`` and ``w`` drawn without replacement from ``[V/2, V)`` — at random places before a query
-point ``q`` (uniform in ``[L/4, L − 3Q]``); from ``q`` on come ``Q`` questions about distinct
-keys, each the fact again (``k v w``), then filler. The model is scored on ``v`` after each asked
-key and on ``w`` after its ``v``; accuracy counts the ``w``. Both are plain induction steps (the
-token that followed this one before), so the task trains like MQAR; but a prompt that ends
-with an asked key (``recall_prompt``) is answered by the *second* generated token: ``v`` comes
-from prefill, ``w`` from the first decode step — so in a disaggregated cluster the answer is
-right only if the state shipped to the decode worker really holds the prompt.
+``retrieval`` — long-context retrieval, asked the way a served request asks it. The sequence
+opens with ``N`` facts ``k v w`` — a key from ``[1, V/2)`` and its two-token value, ``v`` and
+``w`` drawn without replacement from ``[V/2, V)`` — then filler from ``[1, V/2)`` (never one of
+the keys) up to a query point ``q`` (uniform in ``[L/4, L − 3Q]``); from ``q`` on come ``Q``
+questions about distinct keys, each the fact again (``k v w``), then filler. The model is scored
+on ``v`` after each asked key and on ``w`` after its ``v``; accuracy counts the ``w``. Both are
+recall steps of MQAR's kind (what followed this token in the facts), across up to ``L − 3Q``
+tokens of filler; but a prompt that ends with an asked key (``recall_prompt``) is answered by
+the *second* generated token: ``v`` comes from prefill, ``w`` from the first decode step — so in
+a disaggregated cluster the answer is right only if the state shipped to the decode worker
+really holds the prompt.
 
 A batch is a pure function of its key, so training data is ``make_batch(fold_in(key, step))``
 and a resumed run sees exactly the batches an uninterrupted one would.
@@ -38,7 +39,7 @@ from prfaas_jax.errors import UserError
 
 class Task(enum.StrEnum):
     MQAR = "mqar"
-    NEEDLE = "needle"
+    RETRIEVAL = "retrieval"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,7 @@ class TaskSpec:
     vocab_size: int = 256
     seq_len: int = 64
     num_pairs: int = 4
-    num_queries: int = 2  # needle: questions per example
+    num_queries: int = 2  # retrieval: questions per example
     power_a: float = 0.01  # mqar: the gaps' power law
 
     def __post_init__(self) -> None:
@@ -61,20 +62,20 @@ class TaskSpec:
             raise UserError(f"--vocab-size must be an even number ≥ 4, got {v}")
         if n > v // 2 - 1:
             raise UserError(f"{n} pairs need {n} distinct keys, but keys come from [1, {v // 2})")
-        if self.task is Task.NEEDLE and 2 * n > v // 2:
+        if self.task is Task.RETRIEVAL and 2 * n > v // 2:
             raise UserError(
-                f"needle with {n} facts needs {2 * n} distinct values, but values come from "
+                f"retrieval with {n} facts needs {2 * n} distinct values, but values come from "
                 f"[{v // 2}, {v})"
             )
         if self.task is Task.MQAR and 4 * n > l:
             raise UserError(f"mqar needs --seq-len ≥ 4·num_pairs = {4 * n}, got {l}")
-        if self.task is Task.NEEDLE:
+        if self.task is Task.RETRIEVAL:
             if not 1 <= self.num_queries <= n:
-                raise UserError(f"needle asks 1 to num_pairs questions, got {self.num_queries}")
-            if not _needle_fits(self, l):
-                need = next(m for m in itertools.count(l) if _needle_fits(self, m))
+                raise UserError(f"retrieval asks 1 to num_pairs questions, got {self.num_queries}")
+            if not _retrieval_fits(self, l):
+                need = next(m for m in itertools.count(l) if _retrieval_fits(self, m))
                 raise UserError(
-                    f"needle with {n} pairs and {self.num_queries} questions needs --seq-len ≥ "
+                    f"retrieval with {n} facts and {self.num_queries} questions needs --seq-len ≥ "
                     f"{need}, got {l}"
                 )
         if not 0 < self.power_a <= 1:
@@ -85,7 +86,7 @@ class TaskSpec:
         return self.num_pairs if self.task is Task.MQAR else self.num_queries
 
 
-def _needle_fits(spec: TaskSpec, length: int) -> bool:
+def _retrieval_fits(spec: TaskSpec, length: int) -> bool:
     """Room for the facts before the earliest query point and for the questions after it."""
     return length // 4 >= 3 * spec.num_pairs and length - length // 4 >= 3 * spec.num_queries
 
@@ -131,28 +132,24 @@ def _mqar_example(
     return tokens, targets, mask, mask
 
 
-def _needle_example(
+def _retrieval_example(
     key: jax.Array, spec: TaskSpec, point: int | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     n, q, length, half = spec.num_pairs, spec.num_queries, spec.seq_len, spec.vocab_size // 2
-    k_keys, k_values, k_point, k_slots, k_noise, k_ask = jax.random.split(key, 6)
+    k_keys, k_values, k_point, k_noise, k_ask = jax.random.split(key, 5)
     keys = jax.random.choice(k_keys, jnp.arange(1, half), (n,), replace=False).astype(jnp.int32)
     values = jax.random.choice(k_values, jnp.arange(half, 2 * half), (2, n), replace=False)
     first, second = values.astype(jnp.int32)
+    facts = jnp.stack([keys, first, second], axis=1).reshape(-1)  # k1 v1 w1 k2 v2 w2 …
     # Filler never repeats a key, so the only earlier occurrence of an asked key is its fact.
     filler = jax.random.randint(k_noise, (length,), 1, half - n, jnp.int32)
     filler = filler + jnp.sum(filler[:, None] >= jnp.sort(keys)[None, :] - jnp.arange(n), axis=1)
     if point is None:
         point = jax.random.randint(k_point, (), length // 4, length - 3 * q + 1)
-    # The facts sit at offsets 3s before the query point, each in a slot of its own.
-    slot_ok = jnp.arange(length // 3) < point // 3
-    slots = jax.random.choice(k_slots, length // 3, (n,), replace=False, p=slot_ok / slot_ok.sum())
-    at = 3 * slots
-    tokens = filler.at[at].set(keys).at[at + 1].set(first).at[at + 2].set(second)
     asked = jax.random.choice(k_ask, n, (q,), replace=False)
     at = point + 3 * jnp.arange(q)
-    tokens = tokens.at[at].set(keys[asked]).at[at + 1].set(first[asked])
-    tokens = tokens.at[at + 2].set(second[asked])
+    tokens = filler.at[: 3 * n].set(facts).at[at].set(keys[asked])
+    tokens = tokens.at[at + 1].set(first[asked]).at[at + 2].set(second[asked])
     targets = jnp.zeros((length,), jnp.int32).at[at].set(first[asked])
     targets = targets.at[at + 1].set(second[asked])
     mask = jnp.zeros((length,), bool).at[at].set(True).at[at + 1].set(True)
@@ -162,7 +159,7 @@ def _needle_example(
 
 def make_batch(key: jax.Array, spec: TaskSpec, batch_size: int) -> Batch:
     """``batch_size`` independent examples of ``spec``, a pure function of ``key``."""
-    example = _mqar_example if spec.task is Task.MQAR else _needle_example
+    example = _mqar_example if spec.task is Task.MQAR else _retrieval_example
     keys = jax.random.split(key, batch_size)
     tokens, targets, mask, answer = jax.vmap(lambda k: example(k, spec))(keys)
     return Batch(tokens=tokens, targets=targets, mask=mask, answer=answer)
@@ -171,15 +168,15 @@ def make_batch(key: jax.Array, spec: TaskSpec, batch_size: int) -> Batch:
 def recall_prompt(
     key: jax.Array, spec: TaskSpec, length: int | None = None
 ) -> tuple[list[int], int]:
-    """A ``needle`` prompt that ends with an asked key, and the second token of the value it asks
+    """A ``retrieval`` prompt that ends with an asked key, and the second token of the value it asks
     for: the answer is the second token a model generates. ``length`` (default: drawn as in
     training) must be one a training example can have, in ``[L/4 + 1, L − 3Q + 1]``."""
-    if spec.task is not Task.NEEDLE:
-        raise UserError(f"recall prompts are needle prompts, not {spec.task.value}")
+    if spec.task is not Task.RETRIEVAL:
+        raise UserError(f"recall prompts are retrieval prompts, not {spec.task.value}")
     low, high = spec.seq_len // 4 + 1, spec.seq_len - 3 * spec.num_queries + 1
     if length is not None and not low <= length <= high:
         raise UserError(f"a recall prompt of this task has {low} to {high} tokens, not {length}")
     point = None if length is None else length - 1
-    tokens, targets, _, answer = _needle_example(key, spec, point)
+    tokens, targets, _, answer = _retrieval_example(key, spec, point)
     first = int(jnp.argmax(answer))  # where the first question's w is scored; its key is 1 before
     return [int(t) for t in tokens[:first]], int(targets[first])

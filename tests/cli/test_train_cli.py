@@ -77,7 +77,7 @@ def test_train_writes_a_checkpoint_that_generate_loads(model_toml, tmp_path, cap
         (["--impl", "pallas"], "training runs the chunk ops"),
         (["--num-pairs", "0"], "--num-pairs"),
         (["--steps", "0"], "--steps"),
-        (["--task", "needle", "--seq-len", "16"], "--seq-len ≥"),
+        (["--task", "retrieval", "--seq-len", "16"], "--seq-len ≥"),
     ],
 )
 def test_mistakes_are_one_line(model_toml, extra, message, capsys):

@@ -3,9 +3,9 @@
 MQAR: keys from [1, V/2) without repeats, values from [V/2, V), the N pairs first, every key
 asked once at an even offset after them, the target the key's value. The query gaps are checked
 against NumPy's own weighted sampling without replacement (the same power law), by the marginal
-frequency of each gap. Needle: the asked key occurs once before the query point, right before
-its two-token value; each question repeats its fact, scored on both value tokens; answers are
-the second tokens; the filler never holds a key. ``recall_prompt`` ends with an asked key and
+frequency of each gap. Retrieval: the facts (key, two-token value) open the sequence; an asked
+key occurs once before the query point, in its fact; each question repeats its fact, scored on
+both value tokens; answers are the second tokens; the filler never holds a key. ``recall_prompt`` ends with an asked key and
 its answer is the second token of that key's value.
 """
 
@@ -19,7 +19,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.train.tasks import TaskSpec, make_batch, recall_prompt
 
 MQAR = TaskSpec(task="mqar", vocab_size=64, seq_len=48, num_pairs=6)
-NEEDLE = TaskSpec(task="needle", vocab_size=64, seq_len=96, num_pairs=5, num_queries=3)
+RETRIEVAL = TaskSpec(task="retrieval", vocab_size=64, seq_len=96, num_pairs=5, num_queries=3)
 
 
 def _np(batch):
@@ -58,46 +58,49 @@ def test_mqar_query_gaps_follow_the_power_law():
     assert ours[0] > ours[-1]
 
 
-def test_needle_examples_follow_the_definition():
-    tokens, targets, mask, answer = _np(make_batch(jax.random.PRNGKey(2), NEEDLE, 200))
-    half = NEEDLE.vocab_size // 2
+def test_retrieval_examples_follow_the_definition():
+    tokens, targets, mask, answer = _np(make_batch(jax.random.PRNGKey(2), RETRIEVAL, 200))
+    half = RETRIEVAL.vocab_size // 2
     for row in range(tokens.shape[0]):
         seconds_at = np.flatnonzero(answer[row])  # where w is scored: at the question's v
         firsts_at = np.flatnonzero(mask[row] & ~answer[row])  # where v is scored: at the key
-        assert len(seconds_at) == NEEDLE.num_queries and (firsts_at + 1 == seconds_at).all()
+        assert len(seconds_at) == RETRIEVAL.num_queries and (firsts_at + 1 == seconds_at).all()
         assert (np.diff(firsts_at) == 3).all()
         point = firsts_at[0]
         asked = tokens[row, firsts_at]
         assert (asked < half).all() and len(set(asked.tolist())) == len(asked)
+        facts = tokens[row, : 3 * RETRIEVAL.num_pairs].reshape(-1, 3)
+        assert (facts[:, 0] < half).all() and (facts[:, 1:] >= half).all()
         for key, at in zip(asked, firsts_at, strict=True):
             before = np.flatnonzero(tokens[row, :point] == key)
             assert len(before) == 1, "an asked key occurs once before the questions"
+            assert before[0] < 3 * RETRIEVAL.num_pairs and before[0] % 3 == 0, "in its fact"
             v, w = tokens[row, before[0] + 1 : before[0] + 3]
             assert half <= v and half <= w and v != w
             assert targets[row, at] == v and targets[row, at + 1] == w
             assert tuple(tokens[row, at + 1 : at + 3]) == (v, w)  # the question's own answer
         values = tokens[row][tokens[row] >= half]
-        assert len(values) == 2 * (NEEDLE.num_pairs + NEEDLE.num_queries)
-        assert len(set(values.tolist())) == 2 * NEEDLE.num_pairs, "values are never shared"
-        assert mask[row].sum() == 2 * NEEDLE.num_queries
+        assert len(values) == 2 * (RETRIEVAL.num_pairs + RETRIEVAL.num_queries)
+        assert len(set(values.tolist())) == 2 * RETRIEVAL.num_pairs, "values are never shared"
+        assert mask[row].sum() == 2 * RETRIEVAL.num_queries
 
 
 def test_a_batch_is_a_function_of_its_key():
-    a = make_batch(jax.random.PRNGKey(3), NEEDLE, 8)
-    b = make_batch(jax.random.PRNGKey(3), NEEDLE, 8)
-    c = make_batch(jax.random.PRNGKey(4), NEEDLE, 8)
+    a = make_batch(jax.random.PRNGKey(3), RETRIEVAL, 8)
+    b = make_batch(jax.random.PRNGKey(3), RETRIEVAL, 8)
+    c = make_batch(jax.random.PRNGKey(4), RETRIEVAL, 8)
     np.testing.assert_array_equal(a.tokens, b.tokens)
     assert (np.asarray(a.tokens) != np.asarray(c.tokens)).any()
 
 
 def test_recall_prompt_ends_with_an_asked_key():
     for seed in range(20):
-        prompt, answer = recall_prompt(jax.random.PRNGKey(seed), NEEDLE)
+        prompt, answer = recall_prompt(jax.random.PRNGKey(seed), RETRIEVAL)
         key = prompt[-1]
         earlier = [i for i, t in enumerate(prompt[:-1]) if t == key]
         assert len(earlier) == 1 and prompt[earlier[0] + 2] == answer
-        assert answer >= NEEDLE.vocab_size // 2
-        assert NEEDLE.seq_len // 4 + 1 <= len(prompt) <= NEEDLE.seq_len
+        assert answer >= RETRIEVAL.vocab_size // 2
+        assert RETRIEVAL.seq_len // 4 + 1 <= len(prompt) <= RETRIEVAL.seq_len
 
 
 @pytest.mark.parametrize(
@@ -107,9 +110,9 @@ def test_recall_prompt_ends_with_an_asked_key():
         ({"vocab_size": 7}, "--vocab-size"),
         ({"vocab_size": 8, "num_pairs": 4}, "distinct keys"),
         ({"seq_len": 10, "num_pairs": 4}, "4·num_pairs = 16"),
-        ({"task": "needle", "seq_len": 16, "num_pairs": 4}, "--seq-len ≥ 48"),
-        ({"task": "needle", "vocab_size": 16, "num_pairs": 5}, "10 distinct values"),
-        ({"task": "needle", "num_queries": 9}, "questions"),
+        ({"task": "retrieval", "seq_len": 16, "num_pairs": 4}, "--seq-len ≥ 48"),
+        ({"task": "retrieval", "vocab_size": 16, "num_pairs": 5}, "10 distinct values"),
+        ({"task": "retrieval", "num_queries": 9}, "questions"),
     ],
 )
 def test_impossible_tasks_are_user_errors(fields, message):

@@ -16,7 +16,7 @@ and the demo checks:
     with a model trained on long-context retrieval (the default, `recall-tiny`), the recall
     accuracy through the cluster equals the single-process accuracy, per route.
 
-Recall. When the served model is a checkpoint trained by `prfaas train --task needle` (its
+Recall. When the served model is a checkpoint trained by `prfaas train --task retrieval` (its
 `run.json` says so), every prompt is a retrieval question of that task, ending with an asked key
 whose value is two tokens long: the first generated token (the value's first) is computed by the
 prefill worker, the second — the answer — by the decode worker from the state it was shipped.
@@ -55,7 +55,7 @@ from prfaas_jax.train.tasks import Task, TaskSpec, recall_prompt
 
 # Short prompts (≤ the toy's t = 64, the boundary included) and long ones (> t), interleaved
 # so they overlap in flight; five distinct lengths keep the reference to five compiles. Recall
-# prompts stay within the lengths the model was trained on (recall-tiny: needle over 96 tokens
+# prompts stay within the lengths the model was trained on (recall-tiny: retrieval over 96 tokens
 # with 4 questions, so prompts of 25 to 85 tokens).
 DEMO_LENGTHS = (24, 300, 64, 120, 48, 300, 24, 120, 64, 48)
 RECALL_LENGTHS = (32, 84, 64, 72, 48, 84, 32, 72, 64, 48)
@@ -72,7 +72,7 @@ def recall_task(preset: str) -> TaskSpec | None:
         spec = TaskSpec(**json.loads(run.read_text())["task"])
     except (ValueError, KeyError, TypeError) as err:
         raise UserError(f"{run}: cannot read the training task: {err}") from None
-    return spec if spec.task is Task.NEEDLE else None
+    return spec if spec.task is Task.RETRIEVAL else None
 
 
 def demo_workload(
