@@ -36,7 +36,10 @@ def _run(config: TrainConfig = CONFIG, **run):
 
 
 def _same(a, b) -> bool:
-    return all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+    leaves = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+    return jax.tree.structure(a) == jax.tree.structure(b) and all(
+        np.array_equal(x, y) for x, y in leaves
+    )
 
 
 def test_two_runs_with_one_seed_are_identical():

@@ -5,8 +5,8 @@ asked once at an even offset after them, the target the key's value. The query g
 against NumPy's own weighted sampling without replacement (the same power law), by the marginal
 frequency of each gap. Retrieval: the facts (key, two-token value) open the sequence; an asked
 key occurs once before the query point, in its fact; each question repeats its fact, scored on
-both value tokens; answers are the second tokens; the filler never holds a key. ``recall_prompt`` ends with an asked key and
-its answer is the second token of that key's value.
+both value tokens; answers are the second tokens; the filler never holds a key.
+``recall_prompt`` ends with an asked key and its answer is the second token of that key's value.
 """
 
 from __future__ import annotations
