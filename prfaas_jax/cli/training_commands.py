@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from prfaas_jax.cli.flags import add_json_flag, print_json
 from prfaas_jax.cli.progress import progress
@@ -53,6 +54,11 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--eval-examples", type=int, default=512, help="held-out examples (default: 512)"
     )
+    p.add_argument(
+        "--init-from",
+        metavar="CHECKPOINT",
+        help="start from this model checkpoint (an earlier run's --out) instead of random weights",
+    )
     p.add_argument("--out", metavar="DIR", help="checkpoint here, resume from here")
     p.add_argument(
         "--checkpoint-every", type=int, default=100, help="steps between checkpoints (default: 100)"
@@ -72,6 +78,7 @@ def _run_train(args: argparse.Namespace) -> int:
     import dataclasses
 
     from prfaas_jax.config import load_model_config
+    from prfaas_jax.model.checkpoint import is_checkpoint
     from prfaas_jax.train.checkpoints import RunDir
     from prfaas_jax.train.loop import StepReport, TrainConfig, Trainer, initial_state
     from prfaas_jax.train.report import draw_curves, format_summary, summary
@@ -98,7 +105,10 @@ def _run_train(args: argparse.Namespace) -> int:
         eval_examples=args.eval_examples,
         eval_every=args.eval_every,
         impl=args.impl,
+        init_from=None if args.init_from is None else str(Path(args.init_from).resolve()),
     )
+    if config.init_from is not None and not is_checkpoint(config.init_from):
+        raise UserError(f"--init-from {args.init_from}: not a model checkpoint (no config.toml)")
     if args.checkpoint_every < 1:
         raise UserError("--checkpoint-every must be at least 1")
     run_dir = RunDir(args.out, cfg, spec, config) if args.out else None

@@ -81,7 +81,7 @@ class RunDir:
             return None
 
         def fresh() -> dict:
-            state = initial_state(self.cfg, self.config)
+            state = initial_state(self.cfg, dataclasses.replace(self.config, init_from=None))
             return {"params": state.params, "opt_state": state.opt_state}
 
         abstract = jax.eval_shape(fresh)

@@ -30,6 +30,7 @@ import optax
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
 from prfaas_jax.model import init_params, init_state, prefill
+from prfaas_jax.model.checkpoint import load_checkpoint
 from prfaas_jax.model.hybrid import Params
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.tasks import Batch, TaskSpec, make_batch
@@ -52,6 +53,7 @@ class TrainConfig:
     eval_examples: int = 512
     eval_every: int = 100
     impl: Impl = Impl.CHUNK
+    init_from: str | None = None  # a model checkpoint to start from instead of random weights
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "impl", Impl(self.impl))
@@ -71,7 +73,7 @@ class TrainConfig:
     def for_step(self) -> TrainConfig:
         """The fields one step depends on, the others at fixed values: runs that differ only in
         seed or evaluation share one compiled ``train_step``."""
-        return dataclasses.replace(self, seed=0, eval_examples=1, eval_every=1)
+        return dataclasses.replace(self, seed=0, eval_examples=1, eval_every=1, init_from=None)
 
 
 def optimizer(config: TrainConfig) -> optax.GradientTransformation:
@@ -170,7 +172,17 @@ class TrainState:
 
 
 def initial_state(cfg: ModelConfig, config: TrainConfig) -> TrainState:
-    params = init_params(jax.random.PRNGKey(config.seed), cfg)
+    """Step 0: weights drawn from ``seed``, or those of the checkpoint ``init_from`` (which must
+    hold this very layout), and a fresh optimizer state."""
+    if config.init_from is None:
+        params = init_params(jax.random.PRNGKey(config.seed), cfg)
+    else:
+        found, params = load_checkpoint(config.init_from)
+        if found.fingerprint() != cfg.fingerprint():
+            raise UserError(
+                f"--init-from {config.init_from} holds another layout than {cfg.name} "
+                f"(vocabulary {found.vocab_size} vs {cfg.vocab_size}, or its blocks differ)"
+            )
     return TrainState(params=params, opt_state=optimizer(config).init(params), step=0)
 
 

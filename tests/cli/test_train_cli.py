@@ -78,6 +78,7 @@ def test_train_writes_a_checkpoint_that_generate_loads(model_toml, tmp_path, cap
         (["--num-pairs", "0"], "--num-pairs"),
         (["--steps", "0"], "--steps"),
         (["--task", "retrieval", "--seq-len", "16"], "--seq-len ≥"),
+        (["--init-from", "/nonexistent/run"], "not a model checkpoint"),
     ],
 )
 def test_mistakes_are_one_line(model_toml, extra, message, capsys):

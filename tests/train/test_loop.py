@@ -95,3 +95,19 @@ def test_other_impls_are_refused_in_one_line(impl):
     with pytest.raises(UserError, match="training runs the chunk ops") as info:
         TrainConfig(impl=impl)
     assert "\n" not in str(info.value)
+
+
+def test_init_from_starts_at_the_checkpoint_weights(tmp_path):
+    from prfaas_jax.model import init_params
+    from prfaas_jax.model.checkpoint import save_checkpoint
+
+    params = init_params(jax.random.PRNGKey(7), CFG)
+    save_checkpoint(tmp_path / "start", CFG, params)
+    state = initial_state(CFG, dataclasses.replace(CONFIG, init_from=str(tmp_path / "start")))
+    assert _same(state.params, params) and state.step == 0
+    assert not _same(state.params, initial_state(CFG, CONFIG).params)  # not the seed's weights
+
+    other = dataclasses.replace(CFG, layers=(LayerKind.GDN, LayerKind.MLA))
+    save_checkpoint(tmp_path / "other", other, init_params(jax.random.PRNGKey(0), other))
+    with pytest.raises(UserError, match="another layout"):
+        initial_state(CFG, dataclasses.replace(CONFIG, init_from=str(tmp_path / "other")))
