@@ -13,7 +13,7 @@ from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_confi
 
 def test_toy_config():
     config = load_cluster_config("toy")
-    assert config.model.preset == "tiny" and config.model.engine == "jax"
+    assert config.model.preset == "recall-tiny" and config.model.engine == "jax"
     assert config.router.threshold == 64 and config.engine.max_len == 512
     assert config.link.bandwidth_bytes_per_s == 2e6
     assert instance_roles(config) == {
