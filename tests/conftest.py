@@ -1,15 +1,18 @@
 """Shared fixtures: jitted model entry points (one compile cache for the whole session), and the
 compiler settings of the pytest process and of every process a test starts.
 
-The suite is compile-bound on a CPU, so:
+The suite is compile-bound on a CPU, so child processes (``prfaas`` subprocesses, cluster
+workers, the sharding runs) share one persistent compilation cache, made for the session
+(``child_cache_home``): the first one to compile a program stores it and the others load it. The
+pytest process itself never uses a persistent cache — a hit would hide the compiles
+tests/engine/test_engines.py counts.
 
-- XLA compiles with LLVM optimisation off (``--xla_backend_optimization_level=0``): half the
-  compile time for the small programs here, with the same HLO and the same numerics checks;
-  appended to ``XLA_FLAGS`` before JAX starts its backend, so child processes inherit it too;
-- child processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one
-  persistent compilation cache, made for the session (``child_cache_home``): the first one to
-  compile a program stores it and the others load it. The pytest process itself never uses a
-  persistent cache — a hit would hide the compiles tests/engine/test_engines.py counts.
+Every executable XLA:CPU keeps alive holds ~18 memory mappings, and a process may hold at most
+``vm.max_map_count`` (65,530 by default): the whole suite in one process compiles more than
+that allows, and the compile that crosses the limit crashes (a segmentation fault inside
+LLVM). After any test module that leaves the process above a third of the limit,
+``release_compiled_programs`` clears JAX's caches, which frees the executables and their
+mappings; later modules compile what they need again.
 
 Hypothesis runs derandomized by default (the ``repeatable`` profile): every run of the suite —
 here, on CI, on a user's machine — tries the same examples, so a red run reproduces, and a
@@ -22,6 +25,7 @@ examples on every run, for a local search beyond the fixed ones.
 from __future__ import annotations
 
 import functools
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -36,9 +40,6 @@ from prfaas_jax.serving.worker.engines import default_compile_cache_dir
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
 jax.config.update("jax_enable_compilation_cache", False)
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
-).strip()
 
 settings.register_profile("repeatable", derandomize=True, print_blob=True, deadline=None)
 settings.register_profile("explore", print_blob=True, deadline=None)
@@ -84,3 +85,19 @@ def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
         yield home
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps", "rb") as maps:
+        return sum(1 for _ in maps)
+
+
+MAX_MAPPINGS = 20_000  # a third of Linux's default vm.max_map_count
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs() -> Iterator[None]:
+    yield
+    if os.path.exists("/proc/self/maps") and _mappings() > MAX_MAPPINGS:
+        jax.clear_caches()
+        gc.collect()

@@ -217,7 +217,7 @@ class SecuritySection:
         return bool(self.cert)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ChaosSection:
     """Faults the prefill workers inject into their own state transfers
     (serving/worker/faults.py)."""

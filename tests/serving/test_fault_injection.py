@@ -63,7 +63,10 @@ def test_chaos_section(tmp_path):
     config = load_cluster_config(
         write(tmp_path, "[chaos]\ncorrupt_frame_prob = 0.25\ndrop_transfer_prob = 1\nseed = 7\n")
     )
-    assert config.chaos == ChaosSection(0.25, 1.0, 7) and config.chaos.enabled
+    assert (
+        config.chaos == ChaosSection(corrupt_frame_prob=0.25, drop_transfer_prob=1.0, seed=7)
+        and config.chaos.enabled
+    )
 
 
 @pytest.mark.parametrize(
@@ -92,7 +95,12 @@ def test_seeded_per_worker():
     first = plans(FaultInjector(section, "prfaas-0"), 200)
     assert first == plans(FaultInjector(section, "prfaas-0"), 200)
     assert first != plans(FaultInjector(section, "pd-0"), 200)
-    assert first != plans(FaultInjector(ChaosSection(0.3, 0.3, 12), "prfaas-0"), 200)
+    assert first != plans(
+        FaultInjector(
+            ChaosSection(corrupt_frame_prob=0.3, drop_transfer_prob=0.3, seed=12), "prfaas-0"
+        ),
+        200,
+    )
     # Independent draws per transfer: both rates near 0.3 (3.5 σ bounds over 200 transfers).
     for rate in (
         sum(c is not None for c, _ in first) / 200,
