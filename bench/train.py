@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from prfaas_jax.model.hf import load_hf
@@ -74,7 +75,8 @@ def _load() -> str:
 
 
 def bench_prfaas(cfg, params, spec: TaskSpec, config: TrainConfig, warmup: int, steps: int):
-    p, o = params, optimizer(config).init(params)
+    p = jax.tree.map(jnp.copy, params)  # train_step donates its params; each row starts afresh
+    o = optimizer(config).init(p)
     times, losses = [], []
     for i in range(warmup + steps):
         key = jax.random.fold_in(jax.random.PRNGKey(0), i)
