@@ -266,6 +266,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
 
 
 _CLOSED = None
+_CANCEL_WAIT_S = 5.0  # bounds the wait for gRPC to act on a cancel (it takes milliseconds)
 
 
 class _AbandonedError(Exception):
@@ -323,17 +324,28 @@ class _Outbox:
             return f"{where} dropped after {faults.cut_after} of {faults.num_frames} frames"
         return "the transfer was cancelled"
 
+    def _abandon(self) -> None:
+        """End the push without a clean end: cancel it, and return from the request stream
+        only once gRPC has seen the cancel. Returning first would half-close the stream, which
+        the decode worker could read as a complete state that is short (INVALID_ARGUMENT and a
+        refused state in its log) instead of a cut transfer."""
+        self.stop()
+        push = self.push
+        if push is None:
+            return
+        cancelled = threading.Event()
+        push.add_done_callback(lambda _: cancelled.set())
+        push.cancel()
+        cancelled.wait(_CANCEL_WAIT_S)
+
     def frames_to_send(self) -> Iterator[bytes]:
         sent = 0
         while (item := self._queue.get()) is not _CLOSED:
             if self._stopped.is_set() or not self._context.is_active():
-                self.stop()  # the router gave up on this request: stop using the link
+                self._abandon()  # the router gave up on this request: stop using the link
                 return
             if self.faults is not None and self.faults.cut(sent):
-                # A dead link: the stream is cancelled (the receiver sees no clean end).
-                self.stop()
-                assert self.push is not None
-                self.push.cancel()
+                self._abandon()  # a dead link: the receiver sees no clean end
                 return
             frame, arrival = item
             yield self._shaper.deliver(frame, arrival) if self._shaper is not None else frame
