@@ -41,6 +41,14 @@ def cluster(tmp_path_factory):
             yield cluster, pb_grpc.RouterStub(channel)
 
 
+def egress_bytes(cluster: ClusterProcesses, name: str) -> int:
+    """Bytes `name` has put on the inter-cluster link (its current process: a replacement
+    starts from 0)."""
+    with grpc.insecure_channel(cluster.ready["workers"][name]["address"]) as channel:
+        stats = pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest(), timeout=5)
+    return stats.egress_bytes
+
+
 def prompt(n: int, offset: int) -> list[int]:
     return [(offset + 13 * i) % VOCAB for i in range(n)]
 
@@ -74,10 +82,14 @@ def test_prefill_worker_killed_mid_transfer(cluster):
     cluster, stub = cluster
     prompts = [prompt(300, k) for k in range(4)]
     restarts = cluster.restarts
+    before = egress_bytes(cluster, "prfaas-0")
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
         futures = [pool.submit(generate, stub, p, 6) for p in prompts]
-        time.sleep(0.3)  # prefilled, their states on the slow link
-        kill(cluster, "prfaas-0")
+        deadline = time.monotonic() + 60
+        while egress_bytes(cluster, "prfaas-0") == before:
+            assert time.monotonic() < deadline, "no state went on the link"
+            time.sleep(0.02)
+        kill(cluster, "prfaas-0")  # a state is on the link now (4 × 57.6 KB at 100 KB/s)
         replies = [f.result(timeout=120) for f in futures]
     for p, reply in zip(prompts, replies, strict=True):
         assert reply.tokens == fake_tokens(p, 6, VOCAB)

@@ -23,7 +23,7 @@ import grpc
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from serving_support import serve_workers
+from serving_support import fake_config, serve_in_process, serve_workers
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
@@ -42,6 +42,8 @@ from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.engine.sampling import INT32_MAX, SamplingParams, request_key, sampling_knobs
 from prfaas_jax.errors import UserError
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.messages import (
@@ -135,6 +137,63 @@ def test_generate_request_validation(
     assert len(request_id) <= MAX_REQUEST_ID_LEN and request_id.isprintable()
     assert_usable(sampling)
     assert request.ByteSize() <= router_max_request_bytes(MAX_LEN)
+
+
+@pytest.fixture(scope="module")
+def in_process_router(tmp_path_factory):
+    """The router itself over fake workers (PrfaaS prefill, PD prefill, PD decode), in process,
+    with the `max_len` the validation above is fuzzed for."""
+    path = tmp_path_factory.mktemp("router-fuzz") / "cluster.toml"
+    config = load_cluster_config(fake_config(path, engine={"max_len": MAX_LEN}))
+    engines = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
+    }
+    with serve_in_process(config, engines) as cluster:
+        yield cluster.router
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    # Each field valid more often than not, so both outcomes are drawn often.
+    tokens=st.one_of(
+        st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=MAX_LEN - 8),
+        st.lists(token_ids, max_size=MAX_LEN + 4),
+    ),
+    max_new_tokens=st.one_of(st.integers(1, 6), st.integers(-2, MAX_LEN + 2), INT32),
+    temperature=st.one_of(st.sampled_from([0.0, 0.8]), floats32),
+    top_p=st.one_of(st.just(1.0), floats32),
+    top_k=st.one_of(st.integers(0, 8), INT32),
+    request_id=st.one_of(st.just(""), request_ids),
+)
+def test_router_generate_accepts_exactly_the_valid_requests(
+    in_process_router, tokens, max_new_tokens, temperature, top_p, top_k, request_id
+):
+    """`Router.Generate` itself, not the helpers: a request the checks above refuse ends
+    INVALID_ARGUMENT with a message, one they accept streams the right tokens; nothing else."""
+    request = pb.GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=tokens,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+    )
+    try:
+        validate(pb.GenerateRequest.FromString(request.SerializeToString()))
+        valid = True
+    except UserError:
+        valid = False
+    event(f"valid={valid}")
+    try:
+        streamed = [t for m in in_process_router.Generate(request, timeout=30) for t in m.token_ids]
+    except grpc.RpcError as err:
+        assert not valid, (err.code(), err.details())
+        assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details(), err
+        return
+    assert valid
+    assert streamed == fake_tokens(tokens, max_new_tokens, VOCAB)
 
 
 @FAST
