@@ -8,7 +8,7 @@ For a model config and a length L, `StateSize` holds three totals that must agre
   tails) and ``by_kind`` (per layer kind);
 - ``measured_bytes`` = Σ ``nbytes`` over the per-layer arrays of the `ModelState` that the real
   `prefill` returns for L tokens into `init_state(cfg, 1, L)` (capacity L). Obtained by abstract
-  evaluation: `jax.eval_shape` of `init_params` and of `prefill`, so nothing is materialised and
+  evaluation: `jax.eval_shape` of `param_specs` and of `prefill`, so nothing is materialised and
   the full-size configs (80 blocks, 1T parameters, 128K tokens) cost only a trace. The trace is
   the cost: ≈0.01–0.05 s per block on one CPU core, independent of L (≈1 s for Kimi-Linear's 27
   blocks, ≈5 s for Qwen3-235B's 94). ``lengths`` (4 B per row) is not counted: the codec sends L
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 
 from prfaas_jax.config import LayerKind, ModelConfig
 from prfaas_jax.engine.codec.layout import canonical_tensors
-from prfaas_jax.model.hybrid import Params, init_params, prefill
+from prfaas_jax.model.hybrid import Params, param_specs, prefill
 from prfaas_jax.model.state import ModelState, init_state, layer_nbytes, state_nbytes
 
 Progress = Callable[[ModelConfig, int, float], None]  # (cfg, length, seconds) after each trace
@@ -51,11 +51,6 @@ class StateSize:
     measured_bytes: int | None = None  # None when not measured
     measured_by_kind: dict[str, int] | None = None
     measure_seconds: float | None = None  # wall time of the abstract prefill
-
-
-def abstract_params(cfg: ModelConfig) -> Params:
-    """Shapes and dtypes of `init_params(key, cfg)`, as `jax.ShapeDtypeStruct` leaves."""
-    return jax.eval_shape(lambda: init_params(jax.random.PRNGKey(0), cfg))
 
 
 def abstract_prefill_state(cfg: ModelConfig, length: int, params: Params) -> ModelState:
@@ -118,7 +113,7 @@ def state_sizes(
     """`StateSize` of ``cfg`` at each length; ``measure`` traces the real prefill at each one."""
     if any(length < 1 for length in lengths):
         raise ValueError(f"lengths must be ≥ 1, got {list(lengths)}")
-    params = abstract_params(cfg) if measure else None
+    params = param_specs(cfg) if measure else None
     sizes = []
     for length in lengths:
         size = formula_size(cfg, length)

@@ -29,6 +29,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from prfaas_jax.config import LayerKind, MlpKind, ModelConfig
@@ -143,10 +144,25 @@ def params_of(model: HybridLM) -> Params:
     return {**pure, "layers": tuple(pure["layers"][i] for i in range(len(pure["layers"])))}
 
 
+def _shape_only_rngs() -> nnx.Rngs:
+    """An ``nnx.Rngs`` for building a module whose values are discarded (``eval_shape``).
+
+    Every draw bumps the stream's counter. A traced counter makes flax compare its sharding, and
+    asking a tracer for one builds JAX's error text by walking the whole trace, so building a
+    model abstractly costs time quadratic in its size (13 s for ``kimi-linear-48b`` instead of
+    1 s). A host (NumPy) counter is never compared that way; under a trace it does not advance
+    either, so every draw gets the same key — harmless when only shapes and dtypes are kept,
+    which is why nothing that keeps values uses this.
+    """
+    rngs = nnx.Rngs(params=0)
+    rngs.params.count.set_value(np.zeros((), np.uint32))
+    return rngs
+
+
 @functools.cache
 def graph_of(cfg: ModelConfig) -> nnx.GraphDef:
     """The static graph definition of ``HybridLM(cfg)`` (built abstractly, once per config)."""
-    graph, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=nnx.Rngs(0))))
+    graph, _ = nnx.split(nnx.eval_shape(lambda: HybridLM(cfg, rngs=_shape_only_rngs())))
     return graph
 
 
@@ -171,7 +187,7 @@ def param_specs(cfg: ModelConfig) -> Params:
     The contract for weights from elsewhere (HF import, orbax restore): same structure, shapes
     and dtypes as a random init.
     """
-    return jax.eval_shape(lambda: params_of(HybridLM(cfg, rngs=nnx.Rngs(0))))
+    return jax.eval_shape(lambda: params_of(HybridLM(cfg, rngs=_shape_only_rngs())))
 
 
 # --- the pure entry points the engines jit --------------------------------------------------

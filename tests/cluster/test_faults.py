@@ -174,5 +174,7 @@ def test_hung_prefill_worker_is_bypassed(cluster):
         os.kill(pid, signal.SIGCONT)
     assert reply.tokens == fake_tokens(long_prompt, 4, VOCAB)
     assert reply.report.attempts == 2 and reply.report.prefill_instance == "pd-0"
-    assert waited < 4.0 + 5.0  # the stall limit, then a local prefill
+    # The attempt ends on the stall watchdog, not sooner; the upper bound only catches a hang.
+    stall_s = OVERRIDES["router"]["stall_timeout_s"]
+    assert stall_s <= waited < stall_s + 30.0
     assert routed_to(stub, 100, "prfaas-0")  # back in routing once it answers again

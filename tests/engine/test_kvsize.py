@@ -21,13 +21,13 @@ import pytest
 from prfaas_jax.cli import main
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.kvsize import (
-    abstract_params,
     abstract_prefill_state,
     formula_size,
     nbytes_by_kind,
     state_sizes,
 )
 from prfaas_jax.errors import ConfigError
+from prfaas_jax.model.hybrid import param_specs
 from prfaas_jax.planning.hardware import load_hardware
 from prfaas_jax.planning.paper_tables import (
     EGRESS_FIGURES,
@@ -82,7 +82,7 @@ REAL = tuple(name for name in HAND if name != "prfaas-1t")
 @functools.cache
 def _abstract(name: str):
     cfg = load_model_config(name)
-    return cfg, abstract_params(cfg)
+    return cfg, param_specs(cfg)
 
 
 def test_kimi_example_of_the_issue():
@@ -149,11 +149,12 @@ def test_prefill_flops_by_hand():
     assert attention_pairs(3, 8) == 6
 
 
-def test_prfaas_1t_is_within_5_percent_of_table5():
+def test_prfaas_1t_is_within_2_percent_of_table5():
+    """The preset lands within 1.8 % of every row (1.8 % at 32K, 0.8 % at 128K, 1e-4 below)."""
     cfg = load_model_config("prfaas-1t")
     for row in TABLE5:
         ours = formula_size(cfg, row.length).formula_bytes / MIB
-        assert ours == pytest.approx(row.kv_mib, rel=0.05), row.length
+        assert ours == pytest.approx(row.kv_mib, rel=0.02), row.length
 
 
 def test_eq1_units_match_the_tables():
@@ -162,6 +163,8 @@ def test_eq1_units_match_the_tables():
 
 @pytest.mark.parametrize("figure", EGRESS_FIGURES, ids=lambda f: f.label)
 def test_eq2_reproduces_the_egress_figures(figure):
+    """A transcription check of Eq. 2 against the paper's own figures (instances × Table 3's
+    per-instance throughput): it tests the formula as written here, not the state sizes."""
     egress = cluster_egress_gbps(figure.num_gpus, figure.gpus_per_instance, figure.paper_kv_gbps())
     if figure.upper_bound:
         assert egress < figure.paper_gbps
@@ -255,7 +258,7 @@ def test_kv_compare_ratios(capsys):
 
 def test_kv_paper(capsys):
     out = _json(capsys, "--paper")
-    assert all(abs(row["kv_mib_error"]) < 0.05 for row in out["table5"])
+    assert all(abs(row["kv_mib_error"]) < 0.02 for row in out["table5"])
     assert all(row["reproduced"] for row in out["egress"])
     assert {row["model"] for row in out["table3"]} == set(REAL) - {"qwen3-next-80b", "deepseek-v3"}
     assert main(["kv", "--paper"]) == 0

@@ -15,6 +15,7 @@ from conftest import jit_decode, jit_prefill, preset
 
 from prfaas_jax.config import LayerKind
 from prfaas_jax.model import init_state
+from prfaas_jax.model.hybrid import param_specs
 
 TOL = 1e-4
 T = 70  # longer than the 64-token chunk and the 8-token SWA window of the tiny presets
@@ -129,3 +130,13 @@ def test_extreme_gates_stay_finite_and_consistent(name):
     first, s = _prefill(params, cfg, tokens[:, :SPLIT])
     second, _ = _prefill(params, cfg, tokens[:, SPLIT:], s)
     assert _max_err(jnp.concatenate([first, second], axis=1), whole) <= TOL
+
+
+def test_param_specs_are_the_shapes_of_a_real_init(model):
+    """`param_specs` builds the module abstractly with a shape-only key stream; it must describe
+    exactly what `init_params` returns (structure, shapes, dtypes)."""
+    _, params = model
+    specs = param_specs(model[0])
+    assert jax.tree.structure(specs) == jax.tree.structure(params)
+    for spec, leaf in zip(jax.tree.leaves(specs), jax.tree.leaves(params), strict=True):
+        assert (spec.shape, spec.dtype) == (leaf.shape, leaf.dtype)

@@ -9,6 +9,9 @@ concrete random weights, at two lengths: below and above MiMo's 128-token window
 multiple of the 64-token chunk. The real codec then encodes each state. Linear layers run the
 token-by-token reference ops: the same layer code and state writes as the chunked ops (the two
 are checked equal in tests/model/test_hybrid_invariants.py) at half the compile time.
+
+This is a consistency check: real tensors against model/state.py's own per-layer formula. The
+independent oracle of that formula is the hand-computed table of tests/engine/test_kvsize.py.
 """
 
 from __future__ import annotations

@@ -210,8 +210,9 @@ class ChunkedFakeEngine:
 
 def test_a_failed_push_stops_the_prefill():
     """The decode worker is unreachable: the push fails at once, and the prefill stops at its
-    next chunk instead of computing a state nobody will receive."""
-    engine = ChunkedFakeEngine(chunks=50, pause_s=0.02)
+    next chunk instead of computing a state nobody will receive. (The refusal takes a few
+    milliseconds; half of the 2 s the prefill would take is room for a loaded machine.)"""
+    engine = ChunkedFakeEngine(chunks=100, pause_s=0.02)
     service = PrefillService(
         engine=lambda: engine,
         cfg=CFG,
@@ -232,7 +233,7 @@ def test_a_failed_push_stops_the_prefill():
             stub.Prefill(request, timeout=30)
         assert err.value.code() is grpc.StatusCode.UNAVAILABLE
         assert "pushing the state" in err.value.details()
-        assert engine.done < 10, f"the prefill ran {engine.done} of 50 chunks"
+        assert engine.done < 50, f"the prefill ran {engine.done} of 100 chunks"
         assert not service.busy
     finally:
         server.stop(0)
