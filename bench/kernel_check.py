@@ -1,21 +1,22 @@
-"""GPU check and timing of every Pallas kernel against its jnp path (one H200: a few minutes).
+"""What ``bench/kernels_gpu.py`` and ``bench/kernels_tpu.py`` share: every Pallas kernel compiled
+natively on one accelerator, checked against its jnp path and timed (``main(argv, backend)``).
 
-For each case the kernel is compiled natively (``interpret=False``: Triton on GPUs), run on the
-same inputs as the jnp path, checked by relative RMS (fp32 both sides, so a kernel that is right
-sits near 1e-6; the pass mark is 1e-4) and timed (best of --repeats after a warm-up, compile time
-apart). A case that fails to compile or run is reported with its error and the others go on.
+For each case the kernel is compiled natively (``interpret=False``: Triton on GPUs, Mosaic on
+TPUs, each with its own default block sizes), run on the same inputs as the jnp path, checked by
+relative RMS (fp32 both sides, so a kernel that is right sits near 1e-6; the pass mark is 1e-4)
+and timed (best of --repeats after a warm-up, compile time apart). A case that fails to compile
+or run is reported with its error and the others go on.
 
     kda / gdn     kda_pallas / gdn_pallas vs the chunked ops     B=1, H=8, K=V=128, T=4K and 16K
-    lightning     lightning_pallas vs lightning_chunk            B=1, H=8, K=V=128, T=4K and 16K
+                                                                 (TPU: 1K and 4K)
+    lightning     lightning_pallas vs lightning_chunk            the same shapes
     flash-mla     flash_attention vs attention, causal prefill   H=16, q/k 192, v 128, T=4K
     flash-swa     the same, GQA 32/4 heads, D=128, window 1024 and sinks, T=4K
     mla-decode    mla_decode_pallas vs mla_decode_absorbed       16 slots of lengths up to 8K,
                                                                  H=32, R=512, P=64; 1 and 4 splits
 
-    python bench/kernels_gpu.py [--json] [--repeats 5] [--quick] [--interpret] [--max-seconds 480]
-
-Without a GPU it says so and exits with status 2; ``--interpret --quick`` runs the whole script
-on CPU with tiny shapes (the kernels interpreted), to check the script itself.
+Without the accelerator it says so and exits with status 2; ``--interpret --quick`` runs the
+whole script on CPU with tiny shapes (the kernels interpreted, tiled for the named backend).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from prfaas_jax.ops.attention import (
 )
 from prfaas_jax.ops.delta_rule import gdn_chunk, gdn_pallas, kda_chunk, kda_pallas
 from prfaas_jax.ops.lightning import lightning_chunk, lightning_pallas
+from prfaas_jax.ops.pallas_backend import forced_tiling
 
 PASS_MARK = 1e-4
 Case = tuple[str, dict, Callable, Callable, tuple]  # name, shape info, jnp fn, kernel fn, args
@@ -129,7 +131,7 @@ def _mla_decode_cases(rng, slots, max_len, heads, rank, interpret) -> list[Case]
     )
     kw = {"q_pos": (lengths - 1)[:, None], "kv_pos": kv_pos, "scale": (nope + rope) ** -0.5}
     info = {"slots": slots, "max_len": max_len, "H": heads, "R": rank, "P": rope}
-    default = MlaDecodeBlockSizes.get_default()
+    default = MlaDecodeBlockSizes.get_default()  # for the backend forced by main
     blocks = {splits: dataclasses.replace(default, num_splits=splits) for splits in (1, 4)}
     return [
         (
@@ -213,8 +215,17 @@ def _table(rows: list[dict]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+# What each script needs: JAX's backend name, how to get one, the linear lengths it times.
+ACCELERATORS = {
+    "gpu": ("a CUDA jaxlib (pip install 'jax[cuda12]') on a GPU machine", [4096, 16384]),
+    # The linear kernels hold one head's whole sequence in VMEM: 16K tokens do not fit.
+    "tpu": ("a TPU jaxlib (pip install 'jax[tpu]') on a TPU VM", [1024, 4096]),
+}
+
+
+def main(argv: list[str] | None, backend_name: str, description: str) -> int:
+    """The bench on ``backend_name`` ("gpu" or "tpu"); ``description`` heads ``--help``."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--repeats", type=int, default=5, help="timed runs; the best is kept")
     parser.add_argument("--quick", action="store_true", help="small shapes (a smoke test)")
     parser.add_argument(
@@ -227,22 +238,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     backend = jax.default_backend()
-    if backend != "gpu" and not args.interpret:
+    how, lengths = ACCELERATORS[backend_name]
+    if backend != backend_name and not args.interpret:
         message = (
-            f"bench/kernels_gpu.py needs a GPU, but JAX's default backend is {backend!r} "
-            f"(devices: {jax.devices()}). Install a CUDA jaxlib (pip install 'jax[cuda12]') on "
-            "a GPU machine, or pass --interpret --quick to check the script on CPU."
+            f"bench/kernels_{backend_name}.py needs a {backend_name.upper()}, but JAX's default "
+            f"backend is {backend!r} (devices: {jax.devices()}). Install {how}, or pass "
+            "--interpret --quick to check the script on CPU."
         )
         print(json.dumps({"error": message}) if args.json else message, file=sys.stderr)
         return 2
+    with forced_tiling(backend_name):  # interpreted: the accelerator's tiling all the same
+        return _run(args, backend, lengths)
 
+
+def _run(args: argparse.Namespace, backend: str, lengths: list[int]) -> int:
     rng = np.random.default_rng(0)
-    if args.quick:
+    if args.quick:  # 520 slots: 4 splits of 130 still hold a whole TPU lane tile
         cases = _linear_cases(rng, [100], 2, 32, args.interpret)
         cases += _flash_cases(rng, 64, args.interpret)
-        cases += _mla_decode_cases(rng, 3, 80, 4, 64, args.interpret)
+        cases += _mla_decode_cases(rng, 3, 520, 4, 64, args.interpret)
     else:
-        cases = _linear_cases(rng, [4096, 16384], 8, 128, args.interpret)
+        cases = _linear_cases(rng, lengths, 8, 128, args.interpret)
         cases += _flash_cases(rng, 4096, args.interpret)
         cases += _mla_decode_cases(rng, 16, 8192, 32, 512, args.interpret)
 
@@ -276,7 +292,3 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n{kernel}:\n{text}")
         print(json.dumps(result))
     return 0 if all(r["ok"] for r in rows) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
