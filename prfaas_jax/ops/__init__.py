@@ -17,6 +17,8 @@ activations and padding policy belong to the caller.
 - ``conv``: the depthwise causal short convolution before KDA / GDN.
 
 Shared code: ``recurrence.py`` (chunk layout and segment sums of the jnp linear ops),
-``pallas_launch.py`` (tiling, padding and launch helpers of the kernels, ``StateBlockSizes``) and
-``dispatch.py`` (``Impl`` and the table from op and implementation to function).
+``pallas_launch.py`` (tiling, padding and launch helpers of the kernels, ``StateBlockSizes``),
+``pallas_backend.py`` (what differs between Triton and Mosaic: tile rules, SMEM scalars, launch
+parameters, the target backend) and ``dispatch.py`` (``Impl`` and the table from op and
+implementation to function).
 """

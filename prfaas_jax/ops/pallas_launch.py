@@ -1,33 +1,49 @@
 """What every Pallas kernel in ``ops`` shares: ``resolve_interpret``, ``pow2_dim``, ``check_block``
-(the tile rule each kernel's block sizes enforce), ``pad_axis``, ``heads_first``, ``dot_f32`` and
-``compiler_params``; and what the recurrent kernels (delta rule, Lightning) share:
-``StateBlockSizes``, ``STATE_KERNEL_STATICS``, ``state_tiles``, ``padded_state``,
-``state_block_spec`` and ``unpadded_outputs``.
+(the rule every block size obeys), ``pad_axis``, ``heads_first`` and ``dot_f32``; and what the
+recurrent kernels (delta rule, Lightning) share: ``StateBlockSizes``, ``STATE_KERNEL_STATICS``,
+``state_tiles``, ``padded_state``, ``state_block_spec`` and ``unpadded_outputs``.
 
 Kernels are written once against ``jax.experimental.pallas`` and lowered by whichever backend runs
 them: Triton on GPUs, Mosaic on TPUs, and the interpreter (the kernel body evaluated as ordinary
-XLA ops inside a loop over the grid) on CPU. The wrappers pad every tile dimension to a power of two
-(at least 16) because Triton's loads and ``tl.dot`` require it; zero padding is neutral for every
-op here and is sliced away on the way out.
+XLA ops inside a loop over the grid) on CPU; ``pallas_backend`` holds what differs between them.
+The wrappers pad every tile dimension to a power of two (at least 16) because Triton's loads and
+``tl.dot`` require it; zero padding is neutral for every op here and is sliced away on the way out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from prfaas_jax.ops.pallas_backend import Backend, check_tile, target_backend
+
 MIN_TILE = 16  # smallest M, N and K that Triton's tl.dot accepts
 _HIGHEST = jax.lax.Precision.HIGHEST
+_log = logging.getLogger("prfaas.kernels")
 # The jit-static keywords of the recurrent kernels' entry points (delta_rule/lightning_pallas).
 STATE_KERNEL_STATICS = ("scale", "output_final_state", "block_sizes", "interpret")
 
 
 def resolve_interpret(interpret: bool | None) -> bool:
-    """``None`` means "interpret exactly when there is no accelerator" (CPU backend)."""
-    return jax.default_backend() == "cpu" if interpret is None else bool(interpret)
+    """``None`` means "interpret exactly when there is no accelerator" (CPU backend); that case
+    is logged once per process, since an interpreted kernel is exact but far slower than the
+    ``chunk`` path it replaces."""
+    if interpret is not None:
+        return bool(interpret)
+    if jax.default_backend() != "cpu":
+        return False
+    _say_interpreted()
+    return True
+
+
+@functools.cache
+def _say_interpreted() -> None:
+    _log.warning("Pallas kernels run interpreted (no GPU or TPU): exact outputs, slow")
 
 
 def pow2_dim(size: int, *, minimum: int = MIN_TILE) -> int:
@@ -65,20 +81,6 @@ def dot_f32(a: jax.Array, b: jax.Array, contract: tuple[int, int] = (1, 0)) -> j
     return jax.lax.dot_general(a, b, dims, precision=_HIGHEST, preferred_element_type=jnp.float32)
 
 
-def compiler_params(*, num_warps: int, num_stages: int):
-    """Triton launch parameters on GPUs; ``None`` elsewhere (TPU defaults, interpreter).
-
-    Passing Triton's parameters also selects the Triton backend: without them JAX lowers GPU
-    kernels to Mosaic GPU (``jax_pallas_use_mosaic_gpu`` defaults to True), which these kernels,
-    written for whole-tile register arithmetic, do not target.
-    """
-    if jax.default_backend() != "gpu":
-        return None
-    from jax.experimental.pallas import triton as plgpu
-
-    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class StateBlockSizes:
     """Tile sizes of the recurrent kernels (``delta_rule_pallas``, ``lightning_pallas``).
@@ -87,7 +89,8 @@ class StateBlockSizes:
       chunk_size: tokens per chunk C; the state is carried from chunk to chunk.
       block_v: value columns of one head's state per program (V is split into such blocks).
 
-    Both must be powers of two (``ValueError`` otherwise). Frozen and hashable: a jit static.
+    Both must be powers of two (``ValueError`` otherwise); on TPUs ``block_v`` must also be a
+    multiple of 128 or cover V (checked at the call). Frozen and hashable: a jit static.
     """
 
     chunk_size: int
@@ -98,20 +101,27 @@ class StateBlockSizes:
         check_block("block_v", self.block_v)
 
     @classmethod
-    def get_default(cls) -> StateBlockSizes:
-        """C = 64 (the jnp chunk size) and 64 value columns per program."""
-        return cls(chunk_size=64, block_v=64)
+    def get_default(cls, backend: Backend | None = None) -> StateBlockSizes:
+        """C = 64 (the jnp chunk size); value columns per program: 64 for Triton (the state
+        slice stays in registers), 128 for Mosaic (a whole lane tile) — ``backend`` defaults to
+        ``target_backend()``."""
+        block_v = 128 if (backend or target_backend()) is Backend.TPU else 64
+        return cls(chunk_size=64, block_v=block_v)
 
 
-def state_tiles(T: int, K: int, V: int, blocks: StateBlockSizes) -> tuple[int, int, int, int]:
+def state_tiles(
+    T: int, K: int, V: int, blocks: StateBlockSizes, backend: Backend
+) -> tuple[int, int, int, int]:
     """``(T_pad, K_pad, bv, V_pad)`` of a recurrent kernel carrying a [K, V] state per head.
 
     T is padded to whole chunks, K to one tile, V to whole blocks of ``bv`` value columns: each
     program owns one such block of its head's state (the recurrences never mix value columns).
+    ``bv`` is the last dim of the value, output and state blocks: ``backend``'s rule applies.
     """
     T_pad = -(-T // blocks.chunk_size) * blocks.chunk_size
     K_pad, bv = pow2_dim(K), min(blocks.block_v, pow2_dim(V))
     V_pad = -(-V // bv) * bv
+    check_tile(backend, "block_v", bv, V_pad, lanes=True)
     return T_pad, K_pad, bv, V_pad
 
 

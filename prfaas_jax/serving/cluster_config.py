@@ -4,7 +4,7 @@ Also exposes `instance_roles` (the instance names and their starting roles); the
 dataclasses it reads into are serving/cluster_sections.py. Sections and keys, all optional
 except `[model] preset` (docs/serving.md explains each):
 
-    [model]       preset, seed, impl ("chunk" | "reference"), engine ("jax" | "fake")
+    [model]       preset, seed, impl ("chunk" | "reference" | "pallas"), engine ("jax" | "fake")
     [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache,
                   prefill_mesh, decode_mesh (model/sharding.py specs), max_prefill_queue
                   (per prefill worker: requests waiting for or on its engine), max_pending_states

@@ -39,11 +39,6 @@ class ModelSection:
     impl: Impl = Impl.CHUNK
     engine: EngineKind = EngineKind.JAX
 
-    def __post_init__(self) -> None:
-        _check(
-            self.impl in (Impl.CHUNK, Impl.REFERENCE), "model.impl", "must be chunk or reference"
-        )
-
 
 @dataclass(frozen=True)
 class EngineSection:

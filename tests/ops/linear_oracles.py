@@ -67,13 +67,16 @@ def _log_sigmoid(x):
     return -np.logaddexp(0.0, -x)
 
 
-def delta_rule_inputs(rng, *, length, per_channel, batch=1, heads=2, v_heads=4, extreme=False):
-    """Float32 (q, k, v, g, beta) as the KDA/GDN layers produce them; K = 24, V = 40.
+def delta_rule_inputs(
+    rng, *, length, per_channel, batch=1, heads=2, v_heads=4, extreme=False, value_dim=40
+):
+    """Float32 (q, k, v, g, beta) as the KDA/GDN layers produce them; K = 24, V = 40 unless
+    ``value_dim`` says otherwise.
 
     ``extreme`` replaces a third of the gates with draws from uniform[-2000, 0], the range real
     checkpoints reach.
     """
-    key_dim, value_dim = 24, 40
+    key_dim = 24
     q = _l2_normalised(rng.standard_normal((batch, length, heads, key_dim)))
     k = _l2_normalised(rng.standard_normal((batch, length, heads, key_dim)))
     v = rng.standard_normal((batch, length, v_heads, value_dim))
@@ -85,11 +88,12 @@ def delta_rule_inputs(rng, *, length, per_channel, batch=1, heads=2, v_heads=4, 
     return tuple(x.astype(np.float32) for x in (q, k, v, g, beta))
 
 
-def lightning_inputs(rng, *, length, batch=1, heads=4):
-    """Float32 (q, k, v) with per-head L2-normalised q, k; K = 24, V = 40."""
+def lightning_inputs(rng, *, length, batch=1, heads=4, value_dim=40):
+    """Float32 (q, k, v) with per-head L2-normalised q, k; K = 24, V = 40 unless ``value_dim``
+    says otherwise."""
     q = _l2_normalised(rng.standard_normal((batch, length, heads, 24)))
     k = _l2_normalised(rng.standard_normal((batch, length, heads, 24)))
-    v = rng.standard_normal((batch, length, heads, 40))
+    v = rng.standard_normal((batch, length, heads, value_dim))
     return tuple(x.astype(np.float32) for x in (q, k, v))
 
 

@@ -1,8 +1,13 @@
-"""Pallas kernels against the jnp paths: one test class per kernel, each body run two ways.
+"""Pallas kernels against the jnp paths: one test class per kernel, each body run three ways.
 
-``TestX`` compiles the kernels (``INTERPRET = False``; marked ``gpu`` and skipped without one) and
-its subclass ``TestXInterpret`` (``INTERPRET = True``) runs the same bodies in the interpreter, on
-CPU too. Each kernel must match its jnp counterpart to rms(a - b) / rms(b) <= 1e-4 in float32:
+``TestX`` compiles the kernels (``INTERPRET = False``; marked ``gpu`` and skipped without one), its
+subclass ``TestXInterpret`` (``INTERPRET = True``) runs the same bodies in the interpreter, on
+CPU too, and ``TestXInterpretTpuTiling`` runs them interpreted with the block sizes and memory
+layout a TPU gets (``forced_tiling("tpu")``: 128-wide value and key blocks, scalars in SMEM), so
+the tiling Mosaic will run is a tiling that was checked; where a body picks Triton-sized blocks
+that Mosaic's rule refuses, it runs the TPU defaults instead (``triton_blocks``).
+
+Each kernel must match its jnp counterpart to rms(a - b) / rms(b) <= 1e-4 in float32:
 ``kda_pallas`` / ``gdn_pallas`` vs the chunked ops (chunk edges T = 1, C-1, C+1, 3C+5 with C = 16,
 initial states, GVA, K = 24 / V = 40 padded to tiles, value columns split over programs, gates
 down to -2000), ``lightning_pallas`` vs ``lightning_chunk`` (per-row ``valid_len``, decays down
@@ -10,7 +15,7 @@ to -2000), ``flash_attention`` vs ``attention`` (GQA, window, sinks, ring-buffer
 expanded 192 / 128 head dims, T not a multiple of the block) and ``mla_decode_pallas`` vs
 ``mla_decode_absorbed`` (slots of different lengths, split caches); each class also runs its
 kernel once with the default block sizes at larger sizes. End to end, ``prfaas generate --impl
-pallas`` must give ``--impl chunk``'s greedy tokens on every tiny preset.
+pallas`` must give ``--impl chunk``'s greedy tokens on every tiny preset, with either tiling.
 
 Interpreted kernels compile slowly, so the shape matrix is pruned to the cases that exercise
 distinct kernel paths, and each case checks outputs and final states together.
@@ -32,6 +37,7 @@ from prfaas_jax.ops.attention import (
 from prfaas_jax.ops.delta_rule import StateBlockSizes, gdn_chunk, gdn_pallas, kda_chunk, kda_pallas
 from prfaas_jax.ops.dispatch import Impl, attention_op, linear_op, mla_decode_op
 from prfaas_jax.ops.lightning import lightning_chunk, lightning_pallas
+from prfaas_jax.ops.pallas_backend import Backend, forced_tiling
 
 from .linear_oracles import (
     delta_rule_inputs,
@@ -71,14 +77,27 @@ def _normal(rng, *shape):
 
 class PallasTest:
     """Compiled mode, skipped where JAX has no GPU (``tests/ops/conftest.py`` marks it ``gpu``);
-    the ``…Interpret`` subclass runs the same bodies with ``INTERPRET = True``."""
+    the ``…Interpret`` subclass runs the same bodies with ``INTERPRET = True``, and with
+    ``TILING = Backend.TPU`` as well, the ``…InterpretTpuTiling`` one."""
 
     INTERPRET = False
+    TILING: Backend | None = None  # None: the backend's own
 
     @pytest.fixture(autouse=True)
     def _needs_gpu_unless_interpreted(self):
         if not self.INTERPRET and jax.default_backend() != "gpu":
             pytest.skip("compiled Pallas kernels need a GPU (the …Interpret class runs this body)")
+        if self.TILING is None:
+            yield
+            return
+        with forced_tiling(self.TILING):
+            yield
+
+    def triton_blocks(self, blocks):
+        """``blocks``, sized for Triton; under TPU tiling the TPU defaults (``None``) instead,
+        since Mosaic's rule refuses blocks narrower than a lane tile that do not cover the
+        array."""
+        return None if self.TILING is Backend.TPU else blocks
 
 
 # --- KDA / GDN ----------------------------------------------------------------------------
@@ -113,7 +132,7 @@ class TestDeltaRulePallas(PallasTest):
         """
         inputs, _ = _delta_case("kda", 4, C + 3, batch=2)
         inputs = tuple(x.astype(jnp.bfloat16) for x in inputs)
-        blocks = StateBlockSizes(chunk_size=C, block_v=16)
+        blocks = self.triton_blocks(StateBlockSizes(chunk_size=C, block_v=16))
         kw = {"block_sizes": blocks, "interpret": self.INTERPRET}
         o, S = kda_pallas(*inputs, output_final_state=True, **kw)
         o_ref, S_ref = CHUNKED["kda"][0](*inputs, output_final_state=True, chunk_size=C)
@@ -137,9 +156,23 @@ class TestDeltaRulePallas(PallasTest):
         kw = {"initial_state": random_state(rng, 1, 4), "output_final_state": True}
         _assert_close(kernel(*inputs, **kw, interpret=self.INTERPRET), jnp_op(*inputs, **kw))
 
+    def test_default_blocks_split_wide_value_heads(self):
+        """V = 160 at the default block sizes: three 64-column programs per head with Triton's
+        tiling, two 128-column ones with Mosaic's; grouped value heads, batch 2, T off the
+        chunk grid."""
+        rng = np.random.default_rng(9)
+        inputs = delta_rule_inputs(rng, length=70, per_channel=True, batch=2, value_dim=160)
+        kw = {"initial_state": random_state(rng, 2, 4, value_dim=160), "output_final_state": True}
+        got = kda_pallas(*inputs, **kw, interpret=self.INTERPRET)
+        _assert_close(got, CHUNKED["kda"][0](*inputs, **kw))
+
 
 class TestDeltaRulePallasInterpret(TestDeltaRulePallas):
     INTERPRET = True
+
+
+class TestDeltaRulePallasInterpretTpuTiling(TestDeltaRulePallasInterpret):
+    TILING = Backend.TPU
 
 
 # --- Lightning ----------------------------------------------------------------------------
@@ -184,9 +217,23 @@ class TestLightningPallas(PallasTest):
         got = lightning_pallas(*inputs, **kw, interpret=self.INTERPRET)
         _assert_close(got, lightning_jnp(*inputs, **kw))
 
+    def test_default_blocks_split_wide_value_heads(self):
+        """V = 160 at the default block sizes (64- or 128-column programs), batch 2 with its
+        own ``valid_len`` per row."""
+        rng = np.random.default_rng(10)
+        inputs = lightning_inputs(rng, length=70, batch=2, heads=H, value_dim=160)
+        kw = {"decay": DECAYS["slopes"], "initial_state": random_state(rng, 2, H, value_dim=160)}
+        kw |= {"output_final_state": True, "valid_len": jnp.array([70, 41])}
+        got = lightning_pallas(*inputs, **kw, interpret=self.INTERPRET)
+        _assert_close(got, lightning_jnp(*inputs, **kw))
+
 
 class TestLightningPallasInterpret(TestLightningPallas):
     INTERPRET = True
+
+
+class TestLightningPallasInterpretTpuTiling(TestLightningPallasInterpret):
+    TILING = Backend.TPU
 
 
 # --- flash attention (prefill) ------------------------------------------------------------
@@ -217,7 +264,7 @@ class TestFlashAttention(PallasTest):
         v = _normal(rng, 1, S, H_, 128)
         kv_pos = np.where(np.arange(S) < cached + T, np.arange(S), -1)[None]
         kw = {"q_pos": cached + np.arange(T)[None], "kv_pos": kv_pos, "scale": 192**-0.5}
-        blocks = FlashBlockSizes(block_q=16, block_k=16)
+        blocks = self.triton_blocks(FlashBlockSizes(block_q=16, block_k=16))
         got = flash_attention(q, k, v, **kw, block_sizes=blocks, interpret=self.INTERPRET)
         _assert_close([got], [attention(q, k, v, **kw)])
 
@@ -242,12 +289,18 @@ class TestFlashAttentionInterpret(TestFlashAttention):
     INTERPRET = True
 
 
+class TestFlashAttentionInterpretTpuTiling(TestFlashAttentionInterpret):
+    TILING = Backend.TPU
+
+
 # --- MLA decode -----------------------------------------------------------------------------
 
 
 class TestMlaDecodePallas(PallasTest):
     @pytest.mark.parametrize("num_splits", [1, 3])
     def test_matches_absorbed_over_slots_of_different_lengths(self, num_splits):
+        if num_splits > 1 and self.TILING is Backend.TPU:
+            pytest.skip("splits of 70 slots are narrower than a TPU lane tile (num_splits=1 runs)")
         rng = np.random.default_rng(num_splits)
         B, T, S, H_, R, N, P, Dv = 3, 2, 70, 4, 20, 12, 6, 10
         lengths = np.array([9, 66, 0])  # slot 2 is empty: it must come out finite (zero)
@@ -261,7 +314,7 @@ class TestMlaDecodePallas(PallasTest):
             _normal(rng, R, H_, Dv) / R**0.5,
         )
         kw = {"q_pos": lengths[:, None] - T + np.arange(T), "kv_pos": kv_pos, "scale": 18**-0.5}
-        blocks = MlaDecodeBlockSizes(block_k=16, num_splits=num_splits)
+        blocks = self.triton_blocks(MlaDecodeBlockSizes(block_k=16, num_splits=num_splits))
         got = mla_decode_pallas(*args, **kw, block_sizes=blocks, interpret=self.INTERPRET)
         want = mla_decode_absorbed(*args, **kw)
         _assert_close([got[:2]], [want[:2]])
@@ -282,7 +335,7 @@ class TestMlaDecodePallas(PallasTest):
         )
         kv_pos = np.where(np.arange(S)[None] < lengths[:, None], np.arange(S)[None], -1)
         kw = {"q_pos": (lengths - 1)[:, None], "kv_pos": kv_pos, "scale": 192**-0.5}
-        blocks = MlaDecodeBlockSizes(block_k=32, num_splits=2)
+        blocks = self.triton_blocks(MlaDecodeBlockSizes(block_k=32, num_splits=2))
         got = mla_decode_pallas(*args, **kw, block_sizes=blocks, interpret=self.INTERPRET)
         _assert_close([got], [mla_decode_absorbed(*args, **kw)])
 
@@ -291,19 +344,46 @@ class TestMlaDecodePallasInterpret(TestMlaDecodePallas):
     INTERPRET = True
 
 
+class TestMlaDecodePallasInterpretTpuTiling(TestMlaDecodePallasInterpret):
+    TILING = Backend.TPU
+
+
 # --- block sizes, dispatch, end to end ------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("blocks", "default", "bad", "message"),
+    ("blocks", "default", "tpu", "bad", "message"),
     [
-        (StateBlockSizes, dict(chunk_size=64, block_v=64), dict(block_v=48), "block_v"),
-        (FlashBlockSizes, dict(block_q=64, block_k=64), dict(block_q=0), "block_q"),
-        (MlaDecodeBlockSizes, dict(block_k=32, num_splits=1), dict(num_splits=0), "num_splits"),
+        (
+            StateBlockSizes,
+            dict(chunk_size=64, block_v=64),
+            dict(chunk_size=64, block_v=128),
+            dict(block_v=48),
+            "block_v",
+        ),
+        (
+            FlashBlockSizes,
+            dict(block_q=64, block_k=64),
+            dict(block_q=128, block_k=128),
+            dict(block_q=0),
+            "block_q",
+        ),
+        (
+            MlaDecodeBlockSizes,
+            dict(block_k=32, num_splits=1),
+            dict(block_k=128, num_splits=1),
+            dict(num_splits=0),
+            "num_splits",
+        ),
     ],
 )
-def test_block_sizes_keep_the_defaults_and_reject_bad_tilings(blocks, default, bad, message):
-    assert blocks.get_default() == blocks(**default)
+def test_block_sizes_keep_the_defaults_and_reject_bad_tilings(blocks, default, tpu, bad, message):
+    """One default per backend: Triton's small tiles (also the CPU interpreter's), and Mosaic's
+    128-wide lane tiles, which ``forced_tiling`` selects anywhere."""
+    assert blocks.get_default() == blocks.get_default(Backend.GPU) == blocks(**default)
+    assert blocks.get_default(Backend.TPU) == blocks(**tpu)
+    with forced_tiling(Backend.TPU):
+        assert blocks.get_default() == blocks(**tpu)
     with pytest.raises(ValueError, match=message):
         blocks(**(default | bad))
     assert hash(blocks.get_default()) == hash(blocks(**default))  # a jit static
@@ -327,9 +407,11 @@ def test_cli_offers_pallas():
 
 
 @pytest.mark.slow
-def test_generate_pallas_matches_chunk(model):
+@pytest.mark.parametrize("tiling", list(Backend))
+def test_generate_pallas_matches_chunk(model, tiling):
     """What ``prfaas generate --model NAME --impl pallas|chunk`` runs, on every tiny preset
-    (``model``: seed-0 weights, as the CLI draws them): the same greedy tokens.
+    (``model``: seed-0 weights, as the CLI draws them): the same greedy tokens, with the kernels
+    tiled for Triton and for Mosaic.
 
     Prefill runs every kernel of the preset; decode steps linear layers by recurrence and MLA
     through the absorbed decode kernel, GQA/SWA through the flash kernel.
@@ -338,8 +420,7 @@ def test_generate_pallas_matches_chunk(model):
     from prfaas_jax.engine.sampling import SamplingParams
 
     cfg, params = model
-    runs = {
-        impl: generate(params, cfg, PROMPT, 6, SamplingParams(), impl=impl)[0]
-        for impl in (Impl.CHUNK, Impl.PALLAS)
-    }
+    runs = {Impl.CHUNK: generate(params, cfg, PROMPT, 6, SamplingParams(), impl=Impl.CHUNK)[0]}
+    with forced_tiling(tiling):
+        runs[Impl.PALLAS] = generate(params, cfg, PROMPT, 6, SamplingParams(), impl="pallas")[0]
     assert runs[Impl.PALLAS] == runs[Impl.CHUNK]

@@ -73,6 +73,17 @@ def test_mistakes(tmp_path, text, message):
         load_cluster_config(write(tmp_path, text))
 
 
+@pytest.mark.parametrize("impl", ["reference", "chunk", "pallas"])
+def test_every_impl_is_served(tmp_path, impl):
+    """Pallas included: interpreted on a machine without an accelerator, compiled on one."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'[model]\npreset = "tiny"\nimpl = "{impl}"\n')
+    assert load_cluster_config(path).model.impl == impl
+    path.write_text('[model]\npreset = "tiny"\nimpl = "triton"\n')
+    with pytest.raises(ConfigError, match=r"model\.impl"):
+        load_cluster_config(path)
+
+
 def test_missing_file_and_preset(tmp_path):
     with pytest.raises(ConfigError, match="cannot read cluster config"):
         load_cluster_config(tmp_path / "absent.toml")

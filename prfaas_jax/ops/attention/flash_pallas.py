@@ -22,9 +22,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from prfaas_jax.ops.attention.online_softmax import MASK, softmax_block
+from prfaas_jax.ops.pallas_backend import (
+    Backend,
+    check_tile,
+    compiler_params,
+    read_scalar,
+    scalar_spec,
+    target_backend,
+)
 from prfaas_jax.ops.pallas_launch import (
     check_block,
-    compiler_params,
     dot_f32,
     heads_first,
     pad_axis,
@@ -41,7 +48,9 @@ class FlashBlockSizes:
       block_q: query rows per program (fewer when T is shorter).
       block_k: key slots per step of a program's loop (fewer when S is shorter).
 
-    Both must be powers of two (``ValueError`` otherwise). Frozen and hashable: a jit static.
+    Both must be powers of two (``ValueError`` otherwise); on TPUs ``block_k`` (a lane slice of
+    the slot positions) must also be a multiple of 128 or cover all slots (checked at the call).
+    Frozen and hashable: a jit static.
     """
 
     block_q: int
@@ -52,13 +61,15 @@ class FlashBlockSizes:
         check_block("block_k", self.block_k)
 
     @classmethod
-    def get_default(cls) -> FlashBlockSizes:
-        """64 queries x 64 key slots."""
-        return cls(block_q=64, block_k=64)
+    def get_default(cls, backend: Backend | None = None) -> FlashBlockSizes:
+        """64 queries x 64 key slots for Triton, 128 x 128 for Mosaic (a whole lane tile of
+        slot positions, the MXU's width) — ``backend`` defaults to ``target_backend()``."""
+        size = 128 if (backend or target_backend()) is Backend.TPU else 64
+        return cls(block_q=size, block_k=size)
 
 
 def _flash_kernel(
-    sink_ref,  # []        sink logit of this head (MASK when there is none)
+    sink_ref,  # []        sink logit of this head, MASK when there is none (Mosaic: [H] in SMEM)
     q_pos_ref,  # [bq, 1]   query positions (-1: padding)
     kv_pos_ref,  # [1, S]    slot positions (-1: empty)
     q_ref,  # [bq, Dk]  scaled queries
@@ -85,7 +96,7 @@ def _flash_kernel(
         return jax.lax.cond(jnp.max(mask.astype(jnp.int32)) > 0, update, lambda c: c, carry)
 
     init = (
-        jnp.full((bq, 1), sink_ref[()], jnp.float32),
+        jnp.full((bq, 1), read_scalar(sink_ref, 1), jnp.float32),
         jnp.ones((bq, 1), jnp.float32),
         jnp.zeros((bq, Dv), jnp.float32),
     )
@@ -109,17 +120,20 @@ def flash_attention(
 ) -> jax.Array:
     """Masked GQA through the flash kernel; same contract as ``attention``.
 
-    ``block_sizes`` defaults to ``FlashBlockSizes.get_default()``; ``interpret=None`` interprets
-    on CPU and compiles elsewhere.
+    ``block_sizes`` defaults to ``FlashBlockSizes.get_default()`` for the target backend;
+    ``interpret=None`` interprets on CPU and compiles elsewhere.
     """
     B, T, H, Dk = q_BTHD.shape
     S, G, Dv = k_BSGD.shape[1], k_BSGD.shape[2], v_BSGV.shape[-1]
     if H % G or k_BSGD.shape[-1] != Dk or v_BSGV.shape[:3] != k_BSGD.shape[:3]:
         raise ValueError(f"q {q_BTHD.shape}, k {k_BSGD.shape}, v {v_BSGV.shape} do not fit GQA")
-    blocks = FlashBlockSizes.get_default() if block_sizes is None else block_sizes
+    backend, interpret = target_backend(), resolve_interpret(interpret)
+    blocks = FlashBlockSizes.get_default(backend) if block_sizes is None else block_sizes
     per_group = H // G
     bq, bk = min(blocks.block_q, pow2_dim(T)), min(blocks.block_k, pow2_dim(S))
     T_pad, S_pad = -(-T // bq) * bq, -(-S // bk) * bk
+    check_tile(backend, "block_q", bq, T_pad, lanes=False)
+    check_tile(backend, "block_k", bk, S_pad, lanes=True)
     Dk_pad, Dv_pad = pow2_dim(Dk), pow2_dim(Dv)
     q = heads_first(q_BTHD.astype(jnp.float32) * scale, T_pad, Dk_pad)
     k = heads_first(k_BSGD, S_pad, Dk_pad)
@@ -132,7 +146,7 @@ def flash_attention(
         functools.partial(_flash_kernel, block_k=bk, window=window),
         grid=(B, H, T_pad // bq),
         in_specs=[
-            pl.BlockSpec((None,), lambda b, h, i: (h,)),
+            scalar_spec(backend, axis=1),
             pl.BlockSpec((None, bq, 1), lambda b, h, i: (b, i, 0)),
             pl.BlockSpec((None, 1, S_pad), lambda b, h, i: (b, 0, 0)),
             pl.BlockSpec((None, None, bq, Dk_pad), lambda b, h, i: (b, h, i, 0)),
@@ -141,8 +155,14 @@ def flash_attention(
         ],
         out_specs=pl.BlockSpec((None, None, bq, Dv_pad), lambda b, h, i: (b, h, i, 0)),
         out_shape=jax.ShapeDtypeStruct((B, H, T_pad, Dv_pad), v_BSGV.dtype),
-        interpret=resolve_interpret(interpret),
-        compiler_params=compiler_params(num_warps=4 if Dk_pad <= 64 else 8, num_stages=2),
+        interpret=interpret,
+        compiler_params=compiler_params(
+            backend,
+            interpret=interpret,
+            grid_rank=3,
+            num_warps=4 if Dk_pad <= 64 else 8,
+            num_stages=2,
+        ),
         name="flash_attention",
     )(sink_H, q_pos_BT1, kv_pos_B1S, q, k, v)
     return o.transpose(0, 2, 1, 3)[:, :T, :, :Dv]

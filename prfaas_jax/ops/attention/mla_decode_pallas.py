@@ -19,9 +19,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from prfaas_jax.ops.attention.online_softmax import MASK, softmax_block
+from prfaas_jax.ops.pallas_backend import (
+    Backend,
+    check_tile,
+    compiler_params,
+    read_scalar,
+    scalar_spec,
+    target_backend,
+)
 from prfaas_jax.ops.pallas_launch import (
     check_block,
-    compiler_params,
     dot_f32,
     pad_axis,
     pow2_dim,
@@ -37,7 +44,8 @@ class MlaDecodeBlockSizes:
 
     Attributes:
       block_k: cache slots per step of a program's loop (fewer when a split is shorter); a
-        power of two.
+        power of two, and on TPUs (a lane slice of the slot positions) a multiple of 128 or the
+        whole cache (checked at the call).
       num_splits: programs per sequence, each over its own share of the slots (flash-decoding);
         at least 1.
 
@@ -53,13 +61,16 @@ class MlaDecodeBlockSizes:
             raise ValueError(f"num_splits must be positive, got {self.num_splits}")
 
     @classmethod
-    def get_default(cls) -> MlaDecodeBlockSizes:
-        """32 slots per step, one program per sequence."""
-        return cls(block_k=32, num_splits=1)
+    def get_default(cls, backend: Backend | None = None) -> MlaDecodeBlockSizes:
+        """One program per sequence, 32 slots per step for Triton (the [M, 512] accumulator
+        and a [32, 512] block stay in registers), 128 for Mosaic (a whole lane tile of slot
+        positions) — ``backend`` defaults to ``target_backend()``."""
+        block_k = 128 if (backend or target_backend()) is Backend.TPU else 32
+        return cls(block_k=block_k, num_splits=1)
 
 
 def _mla_decode_kernel(
-    kv_len_ref,  # []         filled slots of this sequence (slots past it are all empty)
+    kv_len_ref,  # []         filled slots of this sequence, all empty past it (Mosaic: [B], SMEM)
     q_pos_ref,  # [M, 1]     position of each query row (row = t * H + h)
     kv_pos_ref,  # [1, S]
     q_lat_ref,  # [M, R]     scaled, W_UK-absorbed queries
@@ -75,7 +86,7 @@ def _mla_decode_kernel(
     M, R = q_lat_ref.shape
     q_lat, q_rope, q_pos = q_lat_ref[...], q_rope_ref[...], q_pos_ref[...]
     start = pl.program_id(1) * split_len
-    stop = jnp.minimum(start + split_len, kv_len_ref[()])
+    stop = jnp.minimum(start + split_len, read_scalar(kv_len_ref, 0))
     num_blocks = (jnp.maximum(stop - start, 0) + block_k - 1) // block_k
 
     def body(n, carry):
@@ -112,10 +123,11 @@ def mla_decode_pallas(
 ) -> jax.Array:
     """Absorbed MLA through the kernel; same contract as ``mla_decode_absorbed``.
 
-    ``block_sizes`` defaults to ``MlaDecodeBlockSizes.get_default()``; ``interpret=None``
-    interprets on CPU and compiles elsewhere.
+    ``block_sizes`` defaults to ``MlaDecodeBlockSizes.get_default()`` for the target backend;
+    ``interpret=None`` interprets on CPU and compiles elsewhere.
     """
-    blocks = MlaDecodeBlockSizes.get_default() if block_sizes is None else block_sizes
+    backend, interpret = target_backend(), resolve_interpret(interpret)
+    blocks = MlaDecodeBlockSizes.get_default(backend) if block_sizes is None else block_sizes
     num_splits = blocks.num_splits
     B, T, H, _ = q_nope_BTHN.shape
     S, R = c_kv_BSR.shape[1:]
@@ -128,6 +140,7 @@ def mla_decode_pallas(
     bk = min(blocks.block_k, pow2_dim(-(-S // num_splits)))
     split_len = -(-S // (bk * num_splits)) * bk
     S_pad = split_len * num_splits
+    check_tile(backend, "block_k", bk, S_pad, lanes=True)
 
     def rows(x_BTHD: jax.Array, width: int) -> jax.Array:  # [B, T, H, D] -> [B, M_pad, width]
         x = (x_BTHD.astype(f32) * scale).reshape(B, M, -1)
@@ -147,7 +160,7 @@ def mla_decode_pallas(
         functools.partial(_mla_decode_kernel, block_k=bk, split_len=split_len),
         grid=(B, num_splits),
         in_specs=[
-            pl.BlockSpec((None,), lambda b, j: (b,)),
+            scalar_spec(backend, axis=0),
             per_row(M_pad, 1),
             per_row(1, S_pad),
             per_row(M_pad, R_pad),
@@ -163,8 +176,10 @@ def mla_decode_pallas(
             jax.ShapeDtypeStruct((B, num_splits, M_pad, R_pad), f32),
             jax.ShapeDtypeStruct((B, num_splits, M_pad, 1), f32),
         ],
-        interpret=resolve_interpret(interpret),
-        compiler_params=compiler_params(num_warps=8, num_stages=2),
+        interpret=interpret,
+        compiler_params=compiler_params(
+            backend, interpret=interpret, grid_rank=2, num_warps=8, num_stages=2
+        ),
         name="mla_decode",
     )(
         kv_len_B,

@@ -37,10 +37,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from prfaas_jax.ops.delta_rule.reference import check_shapes, gate_form
+from prfaas_jax.ops.pallas_backend import compiler_params, target_backend
 from prfaas_jax.ops.pallas_launch import (
     STATE_KERNEL_STATICS,
     StateBlockSizes,
-    compiler_params,
     dot_f32,
     heads_first,
     padded_state,
@@ -128,16 +128,17 @@ def delta_rule_pallas(
 ) -> tuple[jax.Array, jax.Array | None]:
     """Gated delta rule through the kernel; same contract as ``delta_rule_reference``.
 
-    ``block_sizes`` defaults to ``StateBlockSizes.get_default()``; ``interpret=None``
-    interprets on CPU and compiles elsewhere.
+    ``block_sizes`` defaults to ``StateBlockSizes.get_default()`` for the target backend;
+    ``interpret=None`` interprets on CPU and compiles elsewhere.
     """
     check_shapes(q, k, v, g, beta)
-    blocks = StateBlockSizes.get_default() if block_sizes is None else block_sizes
+    backend, interpret = target_backend(), resolve_interpret(interpret)
+    blocks = StateBlockSizes.get_default(backend) if block_sizes is None else block_sizes
     B, T, H, K = q.shape
     HV, V = v.shape[2:]
     group = HV // H
     scale = K**-0.5 if scale is None else scale
-    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, blocks)
+    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, blocks, backend)
     Dg = 1 if g.shape[-1] == 1 else K_pad
     # Zero padding is neutral: g = 0 keeps the state, beta = 0 and k = 0 add nothing to it.
     q_BHTK = heads_first(q.astype(jnp.float32) * scale, T_pad, K_pad)
@@ -170,8 +171,10 @@ def delta_rule_pallas(
             jax.ShapeDtypeStruct((B, HV, T_pad, V_pad), v.dtype),
             jax.ShapeDtypeStruct((B, HV, K_pad, V_pad), jnp.float32),
         ],
-        interpret=resolve_interpret(interpret),
-        compiler_params=compiler_params(num_warps=4, num_stages=1),
+        interpret=interpret,
+        compiler_params=compiler_params(
+            backend, interpret=interpret, grid_rank=3, num_warps=4, num_stages=1
+        ),
         name="delta_rule_chunk",
     )(q_BHTK, k_BHTK, v_BHTV, g_BHTD, beta_BHT1, S0)
     return unpadded_outputs(o, S, T, K, V, output_final_state=output_final_state)

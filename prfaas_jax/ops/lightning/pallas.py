@@ -15,7 +15,8 @@ nothing to overflow. Padding keys are zeroed, so padding neither decays nor feed
 
 Grid (B, H, V / block_v), C and block_v from ``StateBlockSizes``; each program walks its chunks
 with ``lax.fori_loop`` and carries S [K, block_v]. ``decay_h`` and ``valid_len[b]`` reach the
-kernel as 0-d blocks (scalar loads on Triton; SMEM scalars on Mosaic).
+kernel as 0-d blocks on Triton (scalar loads) and as whole arrays in SMEM on Mosaic
+(``scalar_spec``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from prfaas_jax.ops.lightning.reference import prepare_lightning
+from prfaas_jax.ops.pallas_backend import (
+    compiler_params,
+    read_scalar,
+    scalar_spec,
+    target_backend,
+)
 from prfaas_jax.ops.pallas_launch import (
     STATE_KERNEL_STATICS,
     StateBlockSizes,
-    compiler_params,
     dot_f32,
     heads_first,
     padded_state,
@@ -42,8 +48,8 @@ from prfaas_jax.ops.pallas_launch import (
 
 
 def _lightning_kernel(
-    decay_ref,  # []       log decay of this head
-    valid_ref,  # []       real tokens in this row
+    decay_ref,  # []  log decay of this head (Mosaic: [H] in SMEM)
+    valid_ref,  # []  real tokens in this row (Mosaic: [B] in SMEM)
     q_ref,  # [T, K]   scaled queries
     k_ref,  # [T, K]
     v_ref,  # [T, bv]
@@ -55,7 +61,7 @@ def _lightning_kernel(
 ):
     C = chunk_size
     T = q_ref.shape[0]
-    decay, valid_len = decay_ref[()], valid_ref[()]
+    decay, valid_len = read_scalar(decay_ref, 1), read_scalar(valid_ref, 0)
     rows = jax.lax.broadcasted_iota(jnp.int32, (C, 1), 0)
     cols = jax.lax.broadcasted_iota(jnp.int32, (1, C), 1)
 
@@ -99,14 +105,15 @@ def lightning_pallas(
 ) -> tuple[jax.Array, jax.Array | None]:
     """Lightning through the Pallas kernel; same contract as ``lightning_reference``.
 
-    ``block_sizes`` defaults to ``StateBlockSizes.get_default()``; ``interpret=None``
-    interprets on CPU and compiles elsewhere.
+    ``block_sizes`` defaults to ``StateBlockSizes.get_default()`` for the target backend;
+    ``interpret=None`` interprets on CPU and compiles elsewhere.
     """
-    blocks = StateBlockSizes.get_default() if block_sizes is None else block_sizes
+    backend, interpret = target_backend(), resolve_interpret(interpret)
+    blocks = StateBlockSizes.get_default(backend) if block_sizes is None else block_sizes
     q_BTHK, k_BTHK, v_BTHV, decay_H, _ = prepare_lightning(q, k, v, decay, scale, valid_len)
     B, T, H, K = q_BTHK.shape
     V = v.shape[-1]
-    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, blocks)
+    T_pad, K_pad, bv, V_pad = state_tiles(T, K, V, blocks, backend)
     lengths_B = jnp.full((B,), T, jnp.int32)
     if valid_len is not None:
         lengths_B = jnp.minimum(jnp.asarray(valid_len, jnp.int32).reshape(B), T)
@@ -122,8 +129,8 @@ def lightning_pallas(
         functools.partial(_lightning_kernel, chunk_size=blocks.chunk_size),
         grid=(B, H, V_pad // bv),
         in_specs=[
-            pl.BlockSpec((None,), lambda b, h, j: (h,)),
-            pl.BlockSpec((None,), lambda b, h, j: (b,)),
+            scalar_spec(backend, axis=1),
+            scalar_spec(backend, axis=0),
             seq_tile(K_pad, False),
             seq_tile(K_pad, False),
             seq_tile(bv, True),
@@ -134,8 +141,10 @@ def lightning_pallas(
             jax.ShapeDtypeStruct((B, H, T_pad, V_pad), v.dtype),
             jax.ShapeDtypeStruct((B, H, K_pad, V_pad), jnp.float32),
         ],
-        interpret=resolve_interpret(interpret),
-        compiler_params=compiler_params(num_warps=4, num_stages=1),
+        interpret=interpret,
+        compiler_params=compiler_params(
+            backend, interpret=interpret, grid_rank=3, num_warps=4, num_stages=1
+        ),
         name="lightning_chunk",
     )(
         decay_H,

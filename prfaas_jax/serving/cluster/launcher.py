@@ -11,7 +11,8 @@ ready info that `prfaas serve --ready-file` writes:
 
     {"router": "127.0.0.1:P", "metrics": "127.0.0.1:M", "model": preset, "seed": s,
      "workers": {name: {"address": …, "pid": …, "role": "prfaas_prefill" | "pd_prefill" |
-     "pd_decode"}}, "pid": launcher pid, "router_pid": …, "log_dir": …}
+     "pd_decode"}}, "pid": launcher pid, "router_pid": …, "log_dir": …,
+     "interpreted_kernels": true when impl = "pallas" runs interpreted (no GPU or TPU)}
 
 Each child runs in its own process group (session) and asks to die with its parent
 (`die_with_parent`: PR_SET_PDEATHSIG on Linux, should the launcher itself be killed); `stop`
@@ -43,6 +44,11 @@ from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_confi
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
 from prfaas_jax.serving.worker.engines import default_compile_cache_dir
+
+INTERPRETED_WARNING = (
+    'prfaas serve: warning: impl = "pallas" without a GPU or TPU: the workers run the Pallas '
+    "kernels interpreted (same outputs as chunk, much slower)"
+)
 
 
 class ClusterError(UserError):
@@ -184,6 +190,10 @@ class ClusterProcesses:
             "pid": os.getpid(),
             "router_pid": router.info["pid"],
             "log_dir": str(self.log_dir),
+            # impl = "pallas" on a machine without an accelerator: correct, and slow.
+            "interpreted_kernels": any(
+                c.info.get("interpreted_kernels", False) for c in self.children
+            ),
         }
         return self.ready
 
@@ -299,6 +309,8 @@ def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = Non
                 f"logs in {ready['log_dir']}; Ctrl-C stops",
                 flush=True,
             )
+            if ready["interpreted_kernels"]:
+                print(INTERPRETED_WARNING, file=sys.stderr, flush=True)
             restarts = 0
             while not stop.wait(0.5):
                 if ready_file and cluster.restarts != restarts:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
+from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.serving.cluster_config import ClusterConfig
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,16 @@ class EngineFactory:
     @property
     def fake(self) -> bool:
         return self.config.model.engine == "fake"
+
+    @property
+    def interprets_kernels(self) -> bool:
+        """True when ``[model] impl = "pallas"`` meets a machine without a GPU or TPU: the kernels
+        then run in the Pallas interpreter — the same outputs, at a fraction of the speed."""
+        if self.fake or self.config.model.impl != Impl.PALLAS:
+            return False
+        from prfaas_jax.ops.pallas_launch import resolve_interpret
+
+        return resolve_interpret(None)
 
     def _weights(self) -> dict:
         if self._params is None:

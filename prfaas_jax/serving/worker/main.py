@@ -250,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
         credentials=server_credentials(config.security, require_client_auth=True),
         max_workers=node.rpc_threads,
     )
-    write_json(args.address_file, {"address": server.address, "pid": os.getpid()})
+    interpreted = node.factory.interprets_kernels
+    write_json(
+        args.address_file,
+        {"address": server.address, "pid": os.getpid(), "interpreted_kernels": interpreted},
+    )
     start = time.perf_counter()
     node.warm()
     if stop.is_set():
