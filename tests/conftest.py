@@ -75,7 +75,15 @@ def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     starts it in process passes ``compile_cache=os.environ["JAX_COMPILATION_CACHE_DIR"]``; both
     land in the same directory.
     """
-    home = tmp_path_factory.mktemp("cache-home")
+    # Under pytest-xdist every worker has its own base temp; their common parent holds one
+    # cache home for the whole run, so a program compiled by one worker's children is loaded
+    # by the others' (an entry read while half written is an error JAX recovers from by
+    # compiling, as it does for the workers of one cluster sharing the cache).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        home = tmp_path_factory.getbasetemp().parent / "cache-home"
+        home.mkdir(exist_ok=True)
+    else:
+        home = tmp_path_factory.mktemp("cache-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(home))
         compile_cache = default_compile_cache_dir()  # where the workers look under this home
@@ -85,6 +93,15 @@ def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
         yield home
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files with a `slow` test run first, each file's tests still together and in order: under
+    pytest-xdist (`-n`, pyproject's addopts) the long files start at once and the short ones fill
+    the gaps, instead of one long file running alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (item.path not in slow_files, order[id(item)]))
 
 
 def _mappings() -> int:

@@ -40,6 +40,7 @@ def _run(argv, capsys):
     return code, captured.out, captured.err
 
 
+@pytest.mark.slow
 def test_train_writes_a_checkpoint_that_generate_loads(model_toml, tmp_path, capsys):
     out_dir = tmp_path / "run"
     argv = ["train", "--model", str(model_toml), *FLAGS, "--out", str(out_dir), "--json"]

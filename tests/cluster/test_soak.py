@@ -49,7 +49,7 @@ def test_soak_under_faults(tmp_path, capsys):
     assert counts["completed"] >= 0.95 * counts["accepted"]
     roles = {kill["role"] for kill in report["kills"]}
     assert len(report["kills"]) >= 2 and {"prfaas_prefill", "pd_decode"} <= roles
-    assert report["restarts"] >= 2
+    assert report["restarts"] == len(report["kills"])  # every killed worker was replaced
     assert report["faults"]["corrupted_frames"] + report["faults"]["dropped_transfers"] >= 1
     assert report["router"]["retries"] >= 1
     assert report["router"]["resumed"] >= 1  # a decode worker died with streams open

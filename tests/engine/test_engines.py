@@ -114,6 +114,7 @@ def subprocess_env():
     return dict(os.environ, JAX_PLATFORMS="cpu")
 
 
+@pytest.mark.slow
 def test_file_handoff_across_processes(tmp_path, subprocess_env):
     name, length = "tiny-swa", 50
     path = tmp_path / "state.prfs"
@@ -170,6 +171,7 @@ def _recv_exact(conn: socket.socket, size: int) -> bytes:
     return data
 
 
+@pytest.mark.slow
 def test_socket_handoff_across_processes(subprocess_env):
     jobs = [(name, length) for name in ("tiny-gdn", "tiny-lightning") for length in LENGTHS]
     payload = json.dumps([[name, prompt(length)] for name, length in jobs])

@@ -57,6 +57,7 @@ def test_mesh_larger_than_the_devices_is_a_clear_error():
         make_mesh("tensor=64,expert=64")
 
 
+@pytest.mark.slow
 def test_sharded_generate_matches_unsharded(runs):
     tiny, wide = runs["tiny"], runs["wide"]
     assert tiny["devices"] == 8

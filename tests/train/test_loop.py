@@ -42,6 +42,7 @@ def _same(a, b) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_two_runs_with_one_seed_are_identical():
     first, state_a = _run()
     second, state_b = _run()
@@ -84,6 +85,7 @@ def test_resuming_with_other_flags_is_refused(tmp_path):
         RunDir(tmp_path / "run", CFG, SPEC, other).resume()
 
 
+@pytest.mark.slow
 def test_the_loss_goes_down():
     trainer, _ = _run(dataclasses.replace(CONFIG, steps=40, eval_every=40))
     losses = [r.loss for r in trainer.history]

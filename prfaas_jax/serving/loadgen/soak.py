@@ -40,6 +40,7 @@ from prfaas_jax.serving.transport.security import router_channel
 
 KILL_ORDER = ("pd_decode", "prfaas_prefill", "pd_prefill")
 BUSY_WAIT_S = 3.0  # how long a decode kill waits for a decode worker with streams to cut
+REPLACE_WAIT_S = 60.0  # how long the report waits for the last killed worker's replacement
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +249,12 @@ def run_soak(
             for thread in threads:
                 thread.join(options.deadline_s + 10)
                 report()
+            # The report says whether the cluster healed: every kill answered by a replacement
+            # (a slow machine may still be booting the last one when the requests end).
+            deadline = time.monotonic() + REPLACE_WAIT_S
+            kills = len(killer.kills) if killer else 0
+            while cluster.restarts < kills and time.monotonic() < deadline:
+                time.sleep(0.2)
             router = _router_counts(stub)
         faults = count_faults(cluster.log_dir)
         restarts = cluster.restarts

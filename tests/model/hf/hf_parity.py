@@ -174,6 +174,7 @@ class FamilyParity:
     """The parity tests of one family; ``test_<family>_parity.py`` subclasses it as a ``Test…``
     class."""
 
+    pytestmark: ClassVar[list] = [pytest.mark.slow]  # transformers on CPU, and our compiles
     family: ClassVar[str]  # make_tiny's family name (transformers' model_type)
     cases: ClassVar[tuple[Case, ...]]  # beyond DEFAULT
     # How ``prfaas generate`` gets the weights: "--hf" the HF directory, "--checkpoint" or
