@@ -398,6 +398,7 @@ def test_dispatch_selects_the_kernels():
 
 
 PROMPT = [(37 * i + 11) % 256 for i in range(20)]
+_CHUNK_TOKENS: dict = {}  # preset config → its greedy tokens through the chunked jnp ops
 
 
 def test_cli_offers_pallas():
@@ -420,7 +421,8 @@ def test_generate_pallas_matches_chunk(model, tiling):
     from prfaas_jax.engine.sampling import SamplingParams
 
     cfg, params = model
-    runs = {Impl.CHUNK: generate(params, cfg, PROMPT, 6, SamplingParams(), impl=Impl.CHUNK)[0]}
+    if cfg not in _CHUNK_TOKENS:  # the same for both tilings: computed once per preset
+        _CHUNK_TOKENS[cfg] = generate(params, cfg, PROMPT, 6, SamplingParams(), impl=Impl.CHUNK)[0]
     with forced_tiling(tiling):
-        runs[Impl.PALLAS] = generate(params, cfg, PROMPT, 6, SamplingParams(), impl="pallas")[0]
-    assert runs[Impl.PALLAS] == runs[Impl.CHUNK]
+        pallas = generate(params, cfg, PROMPT, 6, SamplingParams(), impl="pallas")[0]
+    assert pallas == _CHUNK_TOKENS[cfg]
