@@ -128,6 +128,34 @@ class PlanConfig:
     baseline: ThroughputModel  # homogeneous PD on the local hardware
     thresholds: tuple[int, ...]
 
+    def with_profiles(
+        self,
+        *,
+        kv_size_mib: Profile | None = None,
+        prfaas_prefill_s: Profile | None = None,
+        local_prefill_s: Profile | None = None,
+    ) -> PlanConfig:
+        """The same deployments and workload with other profiles (None: keep the file's): a
+        model's own S_kv (`prfaas plan --model`), or another layout's (`prfaas codesign`)."""
+
+        def changed(deployment: Deployment, *, with_prfaas: bool) -> Deployment:
+            local = deployment.local
+            if local_prefill_s is not None:
+                local = dataclasses.replace(local, prefill_s=local_prefill_s)
+            prfaas = deployment.prfaas
+            if with_prfaas and prfaas_prefill_s is not None:
+                prfaas = dataclasses.replace(prfaas, prefill_s=prfaas_prefill_s)
+            kv = deployment.kv_size_mib if kv_size_mib is None else kv_size_mib
+            return dataclasses.replace(deployment, local=local, prfaas=prfaas, kv_size_mib=kv)
+
+        model = dataclasses.replace(
+            self.model, deployment=changed(self.model.deployment, with_prfaas=True)
+        )
+        baseline = dataclasses.replace(
+            self.baseline, deployment=changed(self.baseline.deployment, with_prfaas=False)
+        )
+        return dataclasses.replace(self, model=model, baseline=baseline)
+
 
 def _read_trace(trace: Path, where: Where) -> EmpiricalLengths:
     try:

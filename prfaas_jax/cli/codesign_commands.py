@@ -1,0 +1,133 @@
+"""The model–system co-design command: `add_codesign` (``prfaas codesign``).
+
+It reads a sweep (planning/codesign_config.py), hands planning/codesign.py the two measurements
+it needs — state sizes by abstract evaluation (engine/kvsize.py) and recall by training
+(train/recall_probe.py) — and prints the table, ``--json``, ``--csv`` and ``--plot``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from prfaas_jax.cli.flags import add_json_flag, print_json
+from prfaas_jax.cli.progress import progress
+from prfaas_jax.errors import UserError
+
+
+def add_codesign(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "codesign",
+        help="sweep hybrid layouts: state bytes on the wire, cluster throughput and recall",
+        description="For every point of a sweep (linear:full ratio, mixers, MLA rank, heads × "
+        "head dim, state dtype): S_kv from the state the real prefill returns at full size, "
+        "T_prefill and Φ_kv from the deployment's profiles, the planner's optimum (t*, split, "
+        "Λ_max, speed-ups, egress) for the sweep's PrfaaS deployment, and held-out recall of the "
+        "same layout trained at toy size. See docs/codesign.md.",
+        epilog="example: prfaas codesign --config configs/codesign/kimi-ratio.toml --quick "
+        "--plot codesign.png",
+    )
+    p.add_argument("--config", required=True, help="sweep TOML (see configs/codesign/)")
+    p.add_argument(
+        "--quick", action="store_true", help="the sweep's [toy.quick] training (minutes on CPU)"
+    )
+    p.add_argument(
+        "--no-recall",
+        action="store_true",
+        help="skip the toy-size training (wire and cluster only)",
+    )
+    p.add_argument("--csv", metavar="FILE", help="also write one CSV line per point")
+    p.add_argument(
+        "--plot", metavar="PNG", help="recall against Λ_max gain, sized by bytes (matplotlib)"
+    )
+    p.add_argument(
+        "--layouts",
+        metavar="DIR",
+        help="also write each point's full-size model TOML here (for prfaas kv / plan --model)",
+    )
+    add_json_flag(p)
+    p.set_defaults(run=_run_codesign)
+
+
+def _run_codesign(args: argparse.Namespace) -> int:
+    from prfaas_jax.config import load_model_config
+    from prfaas_jax.engine.kvsize import state_sizes
+    from prfaas_jax.model.checkpoint import config_to_toml
+    from prfaas_jax.model.weights import load_config
+    from prfaas_jax.planning import codesign_report
+    from prfaas_jax.planning.codesign import run_codesign
+    from prfaas_jax.planning.codesign_config import load_sweep
+    from prfaas_jax.toml_config import resolve
+    from prfaas_jax.train.loop import TrainConfig
+    from prfaas_jax.train.recall_probe import measure_recall
+    from prfaas_jax.train.tasks import TaskSpec
+
+    sweep = load_sweep(args.config)
+    base_name = sweep.model.base
+    if not Path(base_name).is_absolute() and (sweep.path.parent / base_name).exists():
+        base_name = str(sweep.path.parent / base_name)
+    base = load_config(base_name)
+    toy = sweep.quick if args.quick else sweep.toy
+    toy_base = None if args.no_recall else load_model_config(resolve("models", toy.base))
+
+    def measure(cfg, lengths, trace):
+        return state_sizes(cfg, lengths, measure=trace, only_mixers=True)
+
+    with progress("codesign", quiet=args.json) as shown:
+
+        def recall(cfg, spec_toy):
+            spec = TaskSpec(
+                task=spec_toy.task,
+                vocab_size=spec_toy.vocab_size,
+                seq_len=spec_toy.seq_len,
+                num_pairs=spec_toy.num_pairs,
+                num_queries=spec_toy.num_queries,
+            )
+            config = TrainConfig(
+                steps=spec_toy.steps,
+                batch_size=spec_toy.batch_size,
+                lr=spec_toy.lr,
+                warmup_steps=spec_toy.warmup_steps,
+                seed=spec_toy.seed,
+                eval_examples=spec_toy.eval_examples,
+            )
+            shown.update(completed=0, total=config.steps)
+
+            def on_step(report):
+                shown.update(completed=report.step)
+
+            return measure_recall(cfg, spec, config, spec_toy.eval_lengths, on_step=on_step)
+
+        def say(message: str) -> None:
+            shown.update(description=f"codesign {message}")
+
+        rows = run_codesign(
+            sweep,
+            base,
+            measure=measure,
+            recall=None if args.no_recall else recall,
+            toy_base=toy_base,
+            toy=toy,
+            say=say,
+        )
+    toy_shown = None if args.no_recall else toy
+    if args.layouts:
+        folder = Path(args.layouts)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            for row in rows:
+                (folder / f"{row.layout.name}.toml").write_text(config_to_toml(row.layout))
+        except OSError as err:
+            raise UserError(f"--layouts: cannot write {folder}: {err.strerror}") from None
+    if args.csv:
+        codesign_report.write_csv(rows, args.csv)
+    if args.plot:
+        codesign_report.draw_codesign(rows, args.plot)
+    if args.json:
+        print_json(codesign_report.codesign_json(sweep, rows, toy_shown))
+    else:
+        print(codesign_report.format_codesign(sweep, rows, toy_shown))
+        for flag, path in (("csv", args.csv), ("plot", args.plot), ("layouts", args.layouts)):
+            if path:
+                print(f"{flag}: {path}")
+    return 0
