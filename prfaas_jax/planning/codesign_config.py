@@ -70,7 +70,7 @@ class FullAttention:
 
 
 @dataclass(frozen=True)
-class DeploymentSpec:
+class SweepDeployment:
     plan: str  # a plan TOML, relative to the sweep file
     kv_lengths: tuple[int, ...] = (1024, 8192, 32768, 131072)
 
@@ -159,7 +159,7 @@ class Sweep:
     model: ModelSpec
     axes: Axes
     full_attention: FullAttention
-    deployment: DeploymentSpec
+    deployment: SweepDeployment
     toy: ToySpec
     quick: ToySpec
 
@@ -342,7 +342,7 @@ def load_sweep(path: str | Path) -> Sweep:
     model = value(doc, "model", ModelSpec, where)
     axes = value(doc, "axes", Axes, where, default=Axes())
     full_attention = value(doc, "full_attention", FullAttention, where, default=FullAttention())
-    deployment = value(doc, "deployment", DeploymentSpec, where)
+    deployment = value(doc, "deployment", SweepDeployment, where)
     toy_table = value(doc, "toy", dict, where, default={})
     toy_where = where.at("toy")
     toy_keys, quick_part = split(toy_table, toy_where, keys_of(ToySpec), ("quick",))
