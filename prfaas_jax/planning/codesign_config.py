@@ -234,6 +234,10 @@ class Sweep:
                     f"{point.linear_heads!r} is not heads × head dim, e.g. '64x128'"
                 )
             ref = (toy_of or cfg).linear
+            if ref is None or linear is None:
+                raise self._where("linear_heads", point.linear_heads).error(
+                    f"{cfg.name} has no [linear] section to change"
+                )
             heads = scaled(int(match[1]), ref.num_v_heads, linear.num_v_heads)
             dim = scaled(int(match[2]), ref.v_head_dim, linear.v_head_dim)
             linear = dataclasses.replace(
@@ -247,7 +251,7 @@ class Sweep:
                 f"{linear.num_heads} and {linear.num_v_heads} (set axes.linear_heads)"
             )
         if point.kv_lora_rank is not None:
-            if cfg.mla is None:
+            if cfg.mla is None or (toy_of or cfg).mla is None:
                 raise self._where("kv_lora_rank", point.kv_lora_rank).error(
                     f"{cfg.name} has no [mla] section to change"
                 )

@@ -181,3 +181,23 @@ def test_all_linear_has_no_growing_state_and_no_attention_time(tmp_path):
     assert row.kv[0].formula_bytes == row.kv[-1].formula_bytes == 57 * 4_341_760
     assert len(row.prfaas_prefill_s.coeffs[0]) < 3 or row.prfaas_prefill_s.coeffs[0][2] == 0
     assert math.isfinite(row.plan.best.lambda_max)
+
+
+def test_linear_mixer_axis_changes_the_recurrent_state_by_hand(tmp_path):
+    sweep = load_sweep(
+        _sweep(
+            tmp_path,
+            '[model]\nbase = "prfaas-1t"\nplacement = "kimi"\n'
+            '[axes]\nlinear_mixer = ["kda", "gdn", "lightning"]\n',
+        )
+    )
+    rows = run_codesign(sweep, load_model_config("prfaas-1t"), measure=_formula)
+    fixed = {row.point.linear_mixer.value: row.fixed_bytes for row in rows}
+    state = 42 * 64 * 128 * 128 * 4  # 42 linear layers, 64 heads of 128 × 128, float32
+    conv = 42 * 3 * (3 * 64 * 128) * 2  # KDA and GDN: 3 taps of q ‖ k ‖ v in bfloat16
+    assert fixed == {"kda": state + conv, "gdn": state + conv, "lightning": state}
+    assert {row.bytes_per_token for row in rows} == {15 * 1152}
+    # Lightning's full-rank output gate (2 · 7168 · 8192 weights against KDA's rank-128 gates)
+    # outweighs its cheaper recurrence: more FLOPs per token, a slower prefill, a smaller Λ_max.
+    by_mixer = {row.point.linear_mixer.value: row.plan.best.lambda_max for row in rows}
+    assert by_mixer["lightning"] < by_mixer["kda"]
