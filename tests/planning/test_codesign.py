@@ -30,7 +30,9 @@ def _sweep(tmp_path: Path, body: str, name: str = "sweep.toml") -> Path:
 
 
 def _formula(cfg, lengths, trace):
-    return state_sizes(cfg, lengths, measure=trace, only_mixers=True)
+    """The byte formula without the trace: a 57-block trace takes tens of seconds, and the
+    traced sizes are checked through the command on tiny layouts below."""
+    return state_sizes(cfg, lengths, measure=False)
 
 
 @pytest.mark.parametrize("name", ["prfaas-1t", "mimo-v2-flash", "tiny-swa", "ring-2.5-1t"])
