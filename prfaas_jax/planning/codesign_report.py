@@ -183,17 +183,19 @@ def draw_codesign(rows: Sequence[CodesignRow], path: str | Path, title: str = ""
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     sizes = [row.kv[-1].formula_bytes for row in rows]
     largest = max(sizes) if sizes else 1
-    for row, nbytes in zip(rows, sizes, strict=True):
+    for index, (row, nbytes) in enumerate(zip(rows, sizes, strict=True)):
         x, y = row.plan.speedup_vs_homogeneous, 100 * mean_recall(row)
         area = 40 + 900 * nbytes / largest
         ax.scatter([x], [0 if math.isnan(y) else y], s=area, alpha=0.5)
+        # Neighbouring points often share a Λ_max gain: labels alternate above and below.
+        above = index % 2 == 0
         ax.annotate(
             f"{row.label}\n{row.bytes_per_token:,} B/tok",
             (x, 0 if math.isnan(y) else y),
             fontsize=8,
             ha="center",
-            va="bottom",
-            xytext=(0, 8),
+            va="bottom" if above else "top",
+            xytext=(0, 10 if above else -10),
             textcoords="offset points",
         )
     ax.set_xlabel("Λ_max gain over homogeneous PD (×)")

@@ -4,6 +4,7 @@ bad sweeps. The toy-size training is in tests/train/test_recall_probe.py."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -108,9 +109,16 @@ def test_state_bytes_are_prfaas_kv_and_bfloat16_states_halve_the_recurrent_part(
     )
     layouts = tmp_path / "layouts"
     argv = ["codesign", "--config", str(path), "--no-recall", "--json", "--layouts", str(layouts)]
-    assert main(argv) == 0
+    plot, table = tmp_path / "codesign.png", tmp_path / "codesign.csv"
+    assert main([*argv, "--plot", str(plot), "--csv", str(table)]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert len(rows) == 4
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with open(table, newline="") as fh:
+        lines = list(csv.DictReader(fh))
+    assert [int(line["kv_bytes_131072"]) for line in lines] == [
+        row["kv_bytes"]["131072"] for row in rows
+    ]
     for row in rows:
         argv = [
             "kv",
