@@ -2,10 +2,10 @@
 
 One module per command group declares its subcommands' flags and runs them:
 cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/training_commands.py
-(train), cli/planning_commands.py (plan, simulate, kv) and cli/serving_commands.py (demo, serve,
-bench, certs, soak); cli/flags.py holds the flag groups they share and cli/progress.py the
-progress display. Heavy imports (JAX,
-gRPC) happen only inside the run functions, so ``prfaas --help`` starts instantly.
+(train), cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign,
+profile) and cli/serving_commands.py (demo, serve, bench, certs, soak); cli/flags.py holds the
+flag groups they share and cli/progress.py the progress display. Heavy imports (JAX, gRPC) happen
+only inside the run functions, so ``prfaas --help`` starts instantly.
 
 `main` turns a `UserError` into one line on stderr and exit status 2, never a traceback.
 """
@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from prfaas_jax.cli import (
+    codesign_commands,
     model_commands,
     planning_commands,
     serving_commands,
@@ -39,6 +40,8 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     planning_commands.add_plan,
     planning_commands.add_simulate,
     planning_commands.add_kv,
+    codesign_commands.add_codesign,
+    codesign_commands.add_profile,
     serving_commands.add_serve,
     serving_commands.add_bench,
     serving_commands.add_certs,

@@ -35,6 +35,22 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
         help="PrfaaS egress bandwidth B_out in Gbps (default: the config's prfaas.egress_gbps)",
     )
     p.add_argument(
+        "--model",
+        help="take S_kv from this model's state (preset, model TOML or HF config.json) instead "
+        "of the config's [kv_size_mib]",
+    )
+    p.add_argument(
+        "--prfaas-hardware",
+        metavar="HW",
+        help="with --model: T_prefill on the PrfaaS cluster from this hardware file (its measured "
+        "profile of the model, else the FLOP estimate), e.g. h200x8",
+    )
+    p.add_argument(
+        "--local-hardware",
+        metavar="HW",
+        help="with --model: T_prefill on the local PD cluster from this hardware file, e.g. h20x8",
+    )
+    p.add_argument(
         "--plot",
         metavar="PNG",
         help="also save Λ_max and the stage bounds against N_p/N_d and t, and a heatmap over "
@@ -52,6 +68,10 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise UserError(f"--bandwidth must be a positive number of Gbps, got {args.bandwidth}")
     config = load_plan_config(args.config, egress_gbps=args.bandwidth)
+    if args.model is not None:
+        config = _with_model(config, args.model, args.prfaas_hardware, args.local_hardware)
+    elif args.prfaas_hardware or args.local_hardware:
+        raise UserError("--prfaas-hardware and --local-hardware need --model (whose profile)")
     plan = search(config.model, config.baseline, thresholds=config.thresholds)
     if args.plot:
         draw_plan(plan, args.plot)
@@ -62,6 +82,25 @@ def _run_plan(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {args.plot}")
     return 0
+
+
+def _with_model(config, model: str, prfaas_hardware: str | None, local_hardware: str | None):
+    """The plan with ``model``'s own S_kv (the byte formula, piecewise linear in l, exact) and
+    T_prefill profiles from the hardware files named."""
+    from prfaas_jax.engine.kvsize import state_sizes
+    from prfaas_jax.model.weights import load_config
+    from prfaas_jax.planning.codesign import kv_profile_lengths, kv_size_profile
+    from prfaas_jax.planning.hardware import load_hardware
+
+    cfg = load_config(model)
+    lengths = kv_profile_lengths(cfg, (cfg.max_len,))
+    kv = kv_size_profile(state_sizes(cfg, lengths, measure=False))
+    prfaas_s = local_s = None
+    if prfaas_hardware is not None:
+        prfaas_s, _ = load_hardware(prfaas_hardware).prefill_profile(cfg)
+    if local_hardware is not None:
+        local_s, _ = load_hardware(local_hardware).prefill_profile(cfg)
+    return config.with_profiles(kv_size_mib=kv, prfaas_prefill_s=prfaas_s, local_prefill_s=local_s)
 
 
 def add_simulate(sub: argparse._SubParsersAction) -> None:
@@ -133,7 +172,9 @@ def add_kv(sub: argparse._SubParsersAction) -> None:
         "prfaas kv --compare minimax-m2.5,mimo-v2-flash --lengths 32K · prfaas kv --paper",
     )
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="preset name or model TOML path")
+    what.add_argument(
+        "--model", help="preset name, model TOML, or a Hugging Face config.json (or its folder)"
+    )
     what.add_argument(
         "--compare", metavar="A,B,...", help="several models side by side, with ratios to the first"
     )
@@ -166,8 +207,8 @@ def add_kv(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_kv(args: argparse.Namespace) -> int:
-    from prfaas_jax.config import load_model_config
     from prfaas_jax.engine.kvsize import state_sizes
+    from prfaas_jax.model.weights import load_config
     from prfaas_jax.planning import kv_report, kv_vs_paper
     from prfaas_jax.planning.hardware import load_hardware
     from prfaas_jax.planning.kv_report import KvView
@@ -180,7 +221,7 @@ def _run_kv(args: argparse.Namespace) -> int:
         measure=not args.no_measure,
     )
     hardware = load_hardware(args.hardware)
-    configs = [load_model_config(name) for name in selection.models]
+    configs = [load_config(name) for name in selection.models]
     traces = len(configs) * len(selection.lengths)
     quiet = args.json or not selection.measure
     with progress("kv: tracing the prefill", total=traces, unit="traces", quiet=quiet) as shown:

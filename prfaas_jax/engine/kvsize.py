@@ -17,6 +17,10 @@ For a model config and a length L, `StateSize` holds three totals that must agre
   the tensor list `codec.encode` writes (its payload is exactly these buffers). It comes from the
   layout function because `encode` needs concrete arrays; tests/model/test_state_real_tensors.py
   runs the real `encode` on real reduced-depth states and checks it against the same sum.
+
+`mixers_only(cfg)` is ``cfg`` with the smallest dense MLPs and vocabulary: the state depends on
+the mixers alone, and building even the abstract parameters of 384 experts in 56 blocks takes
+minutes, so `state_sizes(..., only_mixers=True)` traces that config (`prfaas codesign`).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 import jax
 import jax.numpy as jnp
 
-from prfaas_jax.config import LayerKind, ModelConfig
+from prfaas_jax.config import LayerKind, MlpKind, ModelConfig
 from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.model.hybrid import Params, param_specs, prefill
 from prfaas_jax.model.state import ModelState, init_state, layer_nbytes, state_nbytes
@@ -103,23 +107,33 @@ def formula_size(cfg: ModelConfig, length: int) -> StateSize:
     )
 
 
+def mixers_only(cfg: ModelConfig) -> ModelConfig:
+    """``cfg`` with every MLP a dense SwiGLU of width 1 and a vocabulary of 2: the same state."""
+    return dataclasses.replace(
+        cfg, mlps=(MlpKind.DENSE,) * cfg.num_layers, mlp_dim=1, moe=None, vocab_size=2
+    )
+
+
 def state_sizes(
     cfg: ModelConfig,
     lengths: Sequence[int],
     *,
     measure: bool = True,
+    only_mixers: bool = False,
     progress: Progress | None = None,
 ) -> list[StateSize]:
-    """`StateSize` of ``cfg`` at each length; ``measure`` traces the real prefill at each one."""
+    """`StateSize` of ``cfg`` at each length; ``measure`` traces the real prefill at each one
+    (of `mixers_only(cfg)` when ``only_mixers``)."""
     if any(length < 1 for length in lengths):
         raise ValueError(f"lengths must be ≥ 1, got {list(lengths)}")
-    params = param_specs(cfg) if measure else None
+    traced = mixers_only(cfg) if only_mixers else cfg
+    params = param_specs(traced) if measure else None
     sizes = []
     for length in lengths:
         size = formula_size(cfg, length)
         if params is not None:
             start = time.perf_counter()
-            by_kind = nbytes_by_kind(cfg, abstract_prefill_state(cfg, length, params))
+            by_kind = nbytes_by_kind(cfg, abstract_prefill_state(traced, length, params))
             seconds = time.perf_counter() - start
             if progress is not None:
                 progress(cfg, length, seconds)

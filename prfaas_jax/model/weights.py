@@ -6,16 +6,22 @@ orbax checkpoint to ``(ModelConfig, Params)``.
   path, or a preset folder ``configs/models/<name>/`` such as the trained ``recall-tiny``): an
   orbax checkpoint (model/checkpoint.py);
 * otherwise ``model`` is a preset name or TOML path and the weights are drawn from ``seed``.
+
+``load_config`` is the config alone, for commands that need no weights (``prfaas kv``,
+``plan --model``, ``codesign``): a preset, a model TOML, a checkpoint folder, or a Hugging Face
+``config.json`` (or a folder holding one), mapped by the family importers of model/hf/.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import jax
 
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.checkpoint import is_checkpoint, load_checkpoint
-from prfaas_jax.model.hf import load_hf
+from prfaas_jax.model.hf import hf_config, load_hf
 from prfaas_jax.model.hybrid import Params, init_params
 from prfaas_jax.toml_config import resolve
 
@@ -39,3 +45,13 @@ def load_model(
         return load_checkpoint(found)
     cfg = load_model_config(found)
     return cfg, init_params(jax.random.PRNGKey(seed), cfg)
+
+
+def load_config(model: str) -> ModelConfig:
+    """The config named by ``model``, without weights (module docstring)."""
+    path = Path(model)
+    if path.name == "config.json" and path.is_file():
+        return hf_config(path.parent)
+    if path.is_dir() and (path / "config.json").is_file() and not is_checkpoint(path):
+        return hf_config(path)
+    return load_model_config(model)

@@ -7,16 +7,21 @@ A hardware file (``configs/hardware/<name>.toml``) describes one prefill instanc
 takes to prefill ``l`` tokens of a model, in one of two ways:
 
 - **measured**: a profile file named in ``prefill_profiles`` holds T_prefill at a few lengths for
-  one model (e.g. the paper's Table 5 for ``prfaas-1t``); other lengths are interpolated linearly
-  between the points and extrapolated along the end segments (`policy.profiles.Profile.table`);
+  one model (e.g. the paper's Table 5 for ``prfaas-1t``, or what `prfaas profile` timed); other
+  lengths are interpolated linearly between the points and extrapolated along the end segments
+  (`policy.profiles.Profile.table`). A profile may instead be a fitted polynomial (``coeffs``,
+  e.g. the case study's derived H20 profile) and may add decode step times per batch size;
 - **estimate** (labelled as such): from the counted FLOPs of `prefill_cost.prefill_flops`,
 
       T_prefill(l) ≈ overhead_s + FLOPs(l) / (num_gpus · peak_tflops · 10¹² · efficiency).
 
 Hardware keys: ``name``, ``num_gpus``, ``peak_tflops`` (per GPU), ``efficiency`` (0, 1],
 ``overhead_s``, ``prefill_profiles`` (paths relative to the file). Profile keys: ``model``,
-``source``, ``lengths``, ``prefill_s``. An unknown or missing key, a value of the wrong type or
-out of range is a `ConfigError` naming the file and the key (`toml_config`).
+``source``, and ``lengths`` + ``prefill_s`` or ``coeffs`` (T(l) = Σ c_k l^k); optionally
+``decode_batch_sizes`` + ``decode_step_s``. `Hardware.prefill_profile(cfg)` is T_prefill as a
+`Profile` for the planner: the measured one, or the estimate as a polynomial in l. An unknown or
+missing key, a value of the wrong type or out of range is a `ConfigError` naming the file and
+the key (`toml_config`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.planning.prefill_cost import prefill_flops
+from prfaas_jax.planning.prefill_cost import flop_profile, prefill_flops
 from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.toml_config import Where, build, keys_of, read, resolve, split, toml_key, value
 
@@ -50,29 +55,47 @@ def _in_range(key: str, number: float, low: float, high: float) -> None:
 
 @dataclass(frozen=True)
 class MeasuredPrefill:
-    """Measured T_prefill of one model at a few lengths (a profile file)."""
+    """Measured T_prefill of one model: a table or a fitted polynomial (a profile file), and
+    optionally decode step times by batch size."""
 
     model: str
     source: str
-    lengths: tuple[int, ...]
-    seconds: tuple[float, ...] = field(metadata=toml_key("prefill_s"))
+    lengths: tuple[int, ...] = ()
+    seconds: tuple[float, ...] = field(default=(), metadata=toml_key("prefill_s"))
+    coeffs: tuple[float, ...] = ()  # T(l) = Σ coeffs[k]·l^k, instead of a table
+    decode_batch_sizes: tuple[int, ...] = ()
+    decode_step_s: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         for key in ("model", "source"):
             if not getattr(self, key):
                 raise ConfigError(f"{key}: must be a non-empty string")
-        if not all(length > 0 for length in self.lengths):
-            raise ConfigError("lengths: must be positive token counts")
-        if any(b <= a for a, b in itertools.pairwise(self.lengths)):
-            raise ConfigError("lengths: must increase strictly")
-        if not len(self.seconds) == len(self.lengths) >= 2:
-            raise ConfigError("prefill_s: must list one time per length (at least two)")
-        for seconds in self.seconds:
-            _in_range("prefill_s", seconds, 1e-9, 1e6)
+        if self.coeffs:
+            if self.lengths or self.seconds:
+                raise ConfigError("coeffs: give either coeffs or lengths and prefill_s")
+        else:
+            _check_table("lengths", self.lengths, "prefill_s", self.seconds)
+        if self.decode_batch_sizes or self.decode_step_s:
+            _check_table(
+                "decode_batch_sizes", self.decode_batch_sizes, "decode_step_s", self.decode_step_s
+            )
 
     @property
     def profile(self) -> Profile:
+        if self.coeffs:
+            return Profile.polynomial(self.coeffs)
         return Profile.table(self.lengths, self.seconds)
+
+
+def _check_table(x_key: str, xs: tuple[int, ...], y_key: str, ys: tuple[float, ...]) -> None:
+    if not all(x > 0 for x in xs):
+        raise ConfigError(f"{x_key}: must be positive")
+    if any(b <= a for a, b in itertools.pairwise(xs)):
+        raise ConfigError(f"{x_key}: must increase strictly")
+    if not len(ys) == len(xs) >= 2:
+        raise ConfigError(f"{y_key}: must list one time per entry of {x_key} (at least two)")
+    for seconds in ys:
+        _in_range(y_key, seconds, 1e-9, 1e6)
 
 
 @dataclass(frozen=True)
@@ -108,7 +131,7 @@ class Hardware:
         table = None if estimate else self.measured.get(cfg.name)
         if table is None:
             return PrefillTime(self.estimate_s(cfg, length), PrefillSource.ESTIMATE)
-        if length in table.lengths:
+        if table.coeffs or length in table.lengths:
             source = PrefillSource.MEASURED
         elif table.lengths[0] < length < table.lengths[-1]:
             source = PrefillSource.INTERPOLATED
@@ -116,8 +139,26 @@ class Hardware:
             source = PrefillSource.EXTRAPOLATED
         return PrefillTime(table.profile(length), source)
 
+    def prefill_profile(
+        self, cfg: ModelConfig, *, estimate: bool = False
+    ) -> tuple[Profile, PrefillSource]:
+        """T_prefill(l) of ``cfg`` as a `Profile`: the measured one (MEASURED), or the estimate
+        overhead_s + FLOPs(l) / rate as a piecewise polynomial (ESTIMATE)."""
+        table = None if estimate else self.measured.get(cfg.name)
+        if table is not None:
+            return table.profile, PrefillSource.MEASURED
+        rate = self.num_gpus * self.peak_tflops * 1e12 * self.efficiency
+        flops = flop_profile(cfg)
+        pieces = tuple(
+            (self.overhead_s + piece[0] / rate, *(c / rate for c in piece[1:]))
+            for piece in flops.coeffs
+        )
+        return Profile(knots=flops.knots, coeffs=pieces), PrefillSource.ESTIMATE
 
-def _measured(path: Path) -> MeasuredPrefill:
+
+def load_measured(path: str | os.PathLike[str]) -> MeasuredPrefill:
+    """A prefill profile file (module docstring)."""
+    path = Path(path)
     return build(MeasuredPrefill, read(path, "prefill profile"), Where(str(path)))
 
 
@@ -129,5 +170,5 @@ def load_hardware(name_or_path: str | os.PathLike[str]) -> Hardware:
         read(path, "hardware file"), where, keys_of(Hardware, "measured"), ("prefill_profiles",)
     )
     paths = value(profiles, "prefill_profiles", tuple[str, ...], where)
-    measured = {m.model: m for m in (_measured(path.parent / p) for p in paths)}
+    measured = {m.model: m for m in (load_measured(path.parent / p) for p in paths)}
     return build(Hardware, doc, where, measured=measured)

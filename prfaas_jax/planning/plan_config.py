@@ -12,6 +12,7 @@ threshold grid to search. Also exposes the tables the file is read into (`Profil
     [prfaas]              instances, gpus_per_instance, gpu_cost, egress_gbps
     [prfaas.prefill_time_s], [local.prefill_time_s], [kv_size_mib]     profiles:
                           kind = "polynomial": coeffs  |  kind = "table": lengths, values
+                          kind = "measured": path (a profile file, `prfaas profile --out`)
     [local]               instances, gpus_per_instance, gpu_cost, decode_max_batch_size,
                           decode_step_s
     [baseline]            instances (optional; default: both clusters' instances)
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_jax.errors import ConfigError
+from prfaas_jax.planning.hardware import load_measured
 from prfaas_jax.policy.length_distribution import (
     EmpiricalLengths,
     LengthDistribution,
@@ -45,6 +47,7 @@ SECTIONS = ("workload", "prfaas", "local", "kv_size_mib", "baseline", "search")
 class ProfileKind(enum.StrEnum):
     POLYNOMIAL = "polynomial"  # coeffs: f(l) = Σ coeffs[k]·l^k
     TABLE = "table"  # lengths, values: linear through the points
+    MEASURED = "measured"  # path: a prefill profile file (`prfaas profile`, configs/hardware/)
 
 
 class LengthSource(enum.StrEnum):
@@ -52,29 +55,40 @@ class LengthSource(enum.StrEnum):
     TRACE = "trace"
 
 
-_PROFILE_KEYS = {ProfileKind.POLYNOMIAL: ("coeffs",), ProfileKind.TABLE: ("lengths", "values")}
+_PROFILE_KEYS = {
+    ProfileKind.POLYNOMIAL: ("coeffs",),
+    ProfileKind.TABLE: ("lengths", "values"),
+    ProfileKind.MEASURED: ("path",),
+}
 
 
 @dataclass(frozen=True)
 class ProfileSpec:
-    """A profile table: `kind = "polynomial"` with `coeffs`, or `"table"` with `lengths` and
-    `values` (`policy.profiles.Profile`)."""
+    """A profile table: `kind = "polynomial"` with `coeffs`, `"table"` with `lengths` and
+    `values` (`policy.profiles.Profile`), or `"measured"` with the `path` of a prefill profile
+    file (relative to the plan file; planning/hardware.py `MeasuredPrefill`)."""
 
     kind: ProfileKind
     coeffs: tuple[float, ...] = ()
     lengths: tuple[float, ...] = ()
     values: tuple[float, ...] = ()
+    path: str = ""
 
     def __post_init__(self) -> None:
         for kind, keys in _PROFILE_KEYS.items():
             for key in keys:
                 if kind is not self.kind and getattr(self, key):
                     raise ValueError(f"{key} goes with kind = {kind.value}, not {self.kind.value}")
-        self.profile()  # a spec that makes no profile is refused here, where its key is known
+        if self.kind is not ProfileKind.MEASURED:
+            self.profile()  # a spec that makes no profile is refused here, where its key is known
+        elif not self.path:
+            raise ValueError("kind = measured needs the path of a profile file")
 
-    def profile(self) -> Profile:
+    def profile(self, directory: Path = Path()) -> Profile:
         if self.kind is ProfileKind.POLYNOMIAL:
             return Profile.polynomial(self.coeffs)
+        if self.kind is ProfileKind.MEASURED:
+            return load_measured(directory / self.path).profile
         return Profile.table(self.lengths, self.values)
 
 
@@ -128,6 +142,34 @@ class PlanConfig:
     baseline: ThroughputModel  # homogeneous PD on the local hardware
     thresholds: tuple[int, ...]
 
+    def with_profiles(
+        self,
+        *,
+        kv_size_mib: Profile | None = None,
+        prfaas_prefill_s: Profile | None = None,
+        local_prefill_s: Profile | None = None,
+    ) -> PlanConfig:
+        """The same deployments and workload with other profiles (None: keep the file's): a
+        model's own S_kv (`prfaas plan --model`), or another layout's (`prfaas codesign`)."""
+
+        def changed(deployment: Deployment, *, with_prfaas: bool) -> Deployment:
+            local = deployment.local
+            if local_prefill_s is not None:
+                local = dataclasses.replace(local, prefill_s=local_prefill_s)
+            prfaas = deployment.prfaas
+            if with_prfaas and prfaas_prefill_s is not None:
+                prfaas = dataclasses.replace(prfaas, prefill_s=prfaas_prefill_s)
+            kv = deployment.kv_size_mib if kv_size_mib is None else kv_size_mib
+            return dataclasses.replace(deployment, local=local, prfaas=prfaas, kv_size_mib=kv)
+
+        model = dataclasses.replace(
+            self.model, deployment=changed(self.model.deployment, with_prfaas=True)
+        )
+        baseline = dataclasses.replace(
+            self.baseline, deployment=changed(self.baseline.deployment, with_prfaas=False)
+        )
+        return dataclasses.replace(self, model=model, baseline=baseline)
+
 
 def _read_trace(trace: Path, where: Where) -> EmpiricalLengths:
     try:
@@ -159,10 +201,12 @@ def _input_len(table: dict[str, object], where: Where, directory: Path) -> Lengt
     return spec
 
 
-def _cluster(spec: PrfaasSpec | LocalSpec, num_instances: int | None = None) -> Cluster:
+def _cluster(
+    spec: PrfaasSpec | LocalSpec, directory: Path, num_instances: int | None = None
+) -> Cluster:
     return Cluster(
         num_instances=spec.instances if num_instances is None else num_instances,
-        prefill_s=spec.prefill_time_s.profile(),
+        prefill_s=spec.prefill_time_s.profile(directory),
         gpus_per_instance=spec.gpus_per_instance,
         gpu_cost=spec.gpu_cost,
     )
@@ -179,13 +223,13 @@ def _parse(path: Path, doc: dict[str, object], egress_gbps: float | None) -> Pla
     output_len = value(workload, "output_len", float, workload_where)
     prfaas = value(doc, "prfaas", PrfaasSpec, where)
     local = value(doc, "local", LocalSpec, where)
-    kv_size_mib = value(doc, "kv_size_mib", ProfileSpec, where).profile()
+    kv_size_mib = value(doc, "kv_size_mib", ProfileSpec, where).profile(path.parent)
     baseline = value(doc, "baseline", BaselineSpec, where, default=BaselineSpec())
     search = value(doc, "search", SearchSpec, where, default=SearchSpec())
 
     with located(where.at("local")):
         pd_only = Deployment(
-            local=_cluster(local),
+            local=_cluster(local, path.parent),
             decode_max_batch_size=local.decode_max_batch_size,
             decode_step_s=local.decode_step_s,
             kv_size_mib=kv_size_mib,
@@ -193,14 +237,16 @@ def _parse(path: Path, doc: dict[str, object], egress_gbps: float | None) -> Pla
     with located(where.at("prfaas")):
         deployment = dataclasses.replace(
             pd_only,
-            prfaas=_cluster(prfaas),
+            prfaas=_cluster(prfaas, path.parent),
             egress_gbps=prfaas.egress_gbps if egress_gbps is None else egress_gbps,
         )
     # The homogeneous baseline gets every instance of both clusters unless told otherwise.
     num_baseline = baseline.instances
     if num_baseline is None:
         num_baseline = local.instances + prfaas.instances
-    baseline_deployment = dataclasses.replace(pd_only, local=_cluster(local, num_baseline))
+    baseline_deployment = dataclasses.replace(
+        pd_only, local=_cluster(local, path.parent, num_baseline)
+    )
     with located(workload_where):
         model = ThroughputModel(deployment, lengths, output_len, search.stage_time)
         baseline_model = ThroughputModel(

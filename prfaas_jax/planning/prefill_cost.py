@@ -21,13 +21,25 @@ any preset without building it. For one sequence of L tokens (batch 1):
 
 `count_params(cfg).total` is checked against the leaves of `init_params` in the tests, so the two
 cannot drift apart silently.
+
+`flop_profile(cfg)` is the same count as a piecewise polynomial in L (a knot at an SWA window,
+where Σ min(i, W) turns linear), and `scale_profile(profile, base, layout)` carries a measured
+T_prefill profile of one layout over to another: coefficient k ≥ 1 of the profile is multiplied by
+the ratio of the two layouts' FLOP coefficients of L^k (k = 1: projections, linear attention,
+convolutions; k = 2: softmax attention), the constant (per-request overhead) is kept. This is the
+two-term calibration of the case study's H20 profile (docs/planning.md) read the other way: the
+linear and the quadratic part of a profile scale separately. Equal layouts give the profile back
+exactly.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass
 
 from prfaas_jax.config import LayerKind, MlpKind, ModelConfig
+from prfaas_jax.policy.profiles import Profile
 
 CHUNK_LEN = 64  # the chunk size of the chunked linear-attention ops
 _LINEAR_TERMS = {  # (a, b, c) of the module docstring
@@ -147,3 +159,72 @@ def prefill_flops(cfg: ModelConfig, length: int) -> int:
         raise ValueError(f"length must be ≥ 1, got {length}")
     projections = 2 * count_params(cfg).active * length + 2 * cfg.hidden_dim * cfg.vocab_size
     return projections + sum(_layer_flops(cfg, kind, length) for kind in cfg.layers)
+
+
+def _attention_pair_pieces(window: int) -> list[tuple[float, tuple[float, ...]]]:
+    """pairs(L) as (upper end, coefficients) pieces: L²/2 + L/2, then W·L − W(W−1)/2 past W."""
+    full = (0.0, 0.5, 0.5)
+    if not window:
+        return [(math.inf, full)]
+    return [(float(window), full), (math.inf, (-window * (window - 1) / 2, float(window), 0.0))]
+
+
+def flop_profile(cfg: ModelConfig) -> Profile:
+    """`prefill_flops(cfg, L)` as a piecewise polynomial in L (exact at every integer L ≥ 1)."""
+    windows = sorted({cfg.swa.window} if LayerKind.SWA in cfg.layers and cfg.swa else set())
+    knots = tuple(float(w) for w in windows)
+    pieces = [[0.0, 0.0, 0.0] for _ in range(len(knots) + 1)]
+    for piece in pieces:
+        piece[0] += 2 * cfg.hidden_dim * cfg.vocab_size
+        piece[1] += 2 * count_params(cfg).active
+    for kind in cfg.layers:
+        if kind.is_linear:
+            for piece in pieces:
+                piece[1] += _layer_flops(cfg, kind, 1)
+            continue
+        if kind is LayerKind.MLA:
+            mla = cfg.mla
+            width, window = 2 * mla.num_heads * (mla.qk_head_dim + mla.v_head_dim), 0
+        else:
+            att = cfg.attention if kind is LayerKind.GQA else cfg.swa
+            width = 2 * att.num_heads * (att.head_dim + att.value_dim)
+            window = att.window if kind is LayerKind.SWA else 0
+        for index, piece in enumerate(pieces):
+            upper = knots[index] if index < len(knots) else math.inf
+            coeffs = next(c for end, c in _attention_pair_pieces(window) if upper <= end)
+            for k, c in enumerate(coeffs):
+                piece[k] += width * c
+    return Profile(knots=knots, coeffs=tuple(tuple(piece) for piece in pieces))
+
+
+def _piece_at(profile: Profile, lo: float, hi: float) -> tuple[float, ...]:
+    """The coefficients of ``profile`` on (lo, hi], which lies inside one of its pieces."""
+    return next(coeffs for _, _, coeffs in profile.pieces(lo, hi))
+
+
+def scale_profile(profile: Profile, base: ModelConfig, layout: ModelConfig) -> Profile:
+    """``profile`` (T_prefill of ``base``) carried over to ``layout`` term by term (module
+    docstring). Raises ``ValueError`` when ``layout`` has FLOPs of an order ``base`` lacks (an
+    attention-free base says nothing about what attention costs)."""
+    base_flops, layout_flops = flop_profile(base), flop_profile(layout)
+    knots = tuple(sorted({*profile.knots, *base_flops.knots, *layout_flops.knots}))
+    edges = (-math.inf, *knots, math.inf)
+    pieces = []
+    for lo, hi in itertools.pairwise(edges):
+        coeffs = list(_piece_at(profile, lo, hi))
+        base_c, layout_c = _piece_at(base_flops, lo, hi), _piece_at(layout_flops, lo, hi)
+        for k in range(1, max(len(coeffs), len(layout_c))):
+            have = base_c[k] if k < len(base_c) else 0.0
+            want = layout_c[k] if k < len(layout_c) else 0.0
+            if want == have:
+                continue
+            if not have:
+                raise ValueError(
+                    f"{base.name} has no FLOPs of order L^{k}, so its T_prefill profile cannot be "
+                    f"carried over to a layout that has them ({layout.name})"
+                )
+            if k >= len(coeffs):
+                coeffs.append(0.0)
+            coeffs[k] *= want / have
+        pieces.append(tuple(coeffs))
+    return Profile(knots=knots, coeffs=tuple(pieces))

@@ -1,0 +1,199 @@
+"""`prfaas codesign`: every point of a sweep on the wire, on the cluster and in recall —
+`run_codesign(...) -> list[CodesignRow]`.
+
+For each point of a `Sweep` (planning/codesign_config.py):
+
+- **wire side, full size**: S_kv(l) of the point's layout from the state the real prefill returns
+  (abstract evaluation, done by the caller's ``measure``: engine/kvsize.py), checked against the
+  byte formula; T_prefill(l) on each cluster is the plan's profile of the base layout carried
+  over to the point by counted FLOPs, term by term (`prefill_cost.scale_profile`); Φ_kv(l) =
+  S_kv(l) / T_prefill(l) (Eq. 1) at the sweep's ``kv_lengths``;
+- **cluster side**: the planner's search (`policy.search.search`, the code path of `prfaas plan`)
+  on the sweep's plan file with the point's S_kv and T_prefill profiles: t*, N_prfaas / N_p /
+  N_d, Λ_max, the speed-ups over homogeneous PD and naive heterogeneous, the egress used, and
+  Eq. 2's egress per PrfaaS instance, E[S_kv | L > t*] / E[T_prefill | L > t*];
+- **model side, toy size**: the caller's ``recall`` trains the point's toy layout
+  (train/recall_probe.py) and returns held-out accuracy per evaluation length. Points whose toy
+  layouts are equal share one training run.
+
+This module stays free of JAX: the two measurements are passed in as callables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from prfaas_jax.config import LayerKind, ModelConfig
+from prfaas_jax.errors import ConfigError
+from prfaas_jax.planning.codesign_config import Point, Sweep, ToySpec
+from prfaas_jax.planning.kv_report import SizeLike
+from prfaas_jax.planning.paper_tables import MIB, kv_gbps
+from prfaas_jax.planning.plan_config import PlanConfig, load_plan_config
+from prfaas_jax.planning.prefill_cost import scale_profile
+from prfaas_jax.policy.profiles import Profile
+from prfaas_jax.policy.search import Plan, search
+from prfaas_jax.policy.throughput_model import mib_per_s_to_gbps
+
+
+class RecallLike(Protocol):
+    """What `run_codesign` reads from train/recall_probe.py's `RecallResult`."""
+
+    accuracy: Mapping[int, float]  # held-out accuracy by evaluation length
+    seconds: float
+
+
+# (layout, lengths, trace): sizes at each length; ``trace`` runs the abstract prefill too.
+Measure = Callable[[ModelConfig, Sequence[int], bool], Sequence[SizeLike]]
+Recall = Callable[[ModelConfig, ToySpec], RecallLike]
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CodesignRow:
+    point: Point
+    label: str
+    layout: ModelConfig
+    kv: tuple[SizeLike, ...]  # at the sweep's kv_lengths
+    kv_profile: Profile  # S_kv(l) in MiB
+    prfaas_prefill_s: Profile
+    local_prefill_s: Profile
+    plan: Plan
+    plan_config: PlanConfig
+    toy: ModelConfig | None = None
+    recall: RecallLike | None = None
+    recall_shared_with: str | None = None  # the label of the point whose toy run this reuses
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Growing bytes per token (full-attention caches; 0 without them)."""
+        first, last = self.kv[0], self.kv[-1]
+        if first.length == last.length:
+            return 0
+        return (last.growing_bytes - first.growing_bytes) // (last.length - first.length)
+
+    @property
+    def fixed_bytes(self) -> int:
+        return self.kv[-1].fixed_bytes
+
+    @property
+    def egress_per_instance_gbps(self) -> float:
+        """Eq. 2 per PrfaaS instance at t*: E[S_kv | L > t*] / E[T_prefill | L > t*]."""
+        routing = self.plan.best.routing
+        if not routing.kv_mib or not routing.prfaas_prefill_s:
+            return 0.0
+        return mib_per_s_to_gbps(routing.kv_mib / routing.prfaas_prefill_s)
+
+    def kv_gbps(self, size: SizeLike) -> float:
+        """Φ_kv at one length on the PrfaaS hardware (Eq. 1)."""
+        return kv_gbps(size.formula_bytes, self.prfaas_prefill_s(size.length))
+
+
+def kv_profile_lengths(cfg: ModelConfig, kv_lengths: Sequence[int]) -> tuple[int, ...]:
+    """Lengths at which S_kv(l), piecewise linear (a knot at an SWA window), is pinned down:
+    1, the window, and the longest length of interest."""
+    window = cfg.swa.window if cfg.swa is not None and LayerKind.SWA in cfg.layers else 0
+    top = max(max(kv_lengths), 2 * window, 2)
+    return tuple(sorted({1, top, *([window] if 1 < window < top else [])}))
+
+
+def kv_size_profile(sizes: Sequence[SizeLike]) -> Profile:
+    """S_kv(l) in MiB through the measured sizes (exact: S_kv is linear between them)."""
+    for size in sizes:
+        if size.measured_bytes is not None and size.measured_bytes != size.formula_bytes:
+            raise ConfigError(
+                f"the state the prefill returns at {size.length} tokens has "
+                f"{size.measured_bytes:,} B, the formula says {size.formula_bytes:,} B (a bug)"
+            )
+    nbytes = [s.formula_bytes if s.measured_bytes is None else s.measured_bytes for s in sizes]
+    return Profile.table([s.length for s in sizes], [b / MIB for b in nbytes])
+
+
+def _plan_for(
+    sweep: Sweep, base_plan: PlanConfig, base: ModelConfig, layout: ModelConfig, kv: Profile
+) -> tuple[PlanConfig, Profile, Profile]:
+    deployment = base_plan.model.deployment
+    try:
+        prfaas_s = scale_profile(deployment.prfaas.prefill_s, base, layout)
+        local_s = scale_profile(deployment.local.prefill_s, base, layout)
+    except ValueError as err:
+        raise ConfigError(f"{sweep.path}: model.base: {err}") from None
+    config = base_plan.with_profiles(
+        kv_size_mib=kv, prfaas_prefill_s=prfaas_s, local_prefill_s=local_s
+    )
+    return config, prfaas_s, local_s
+
+
+def run_codesign(
+    sweep: Sweep,
+    base: ModelConfig,
+    *,
+    measure: Measure,
+    recall: Recall | None = None,
+    toy_base: ModelConfig | None = None,
+    toy: ToySpec | None = None,
+    say: Say | None = None,
+) -> list[CodesignRow]:
+    """Every point of ``sweep`` (module docstring); ``recall`` None skips the toy side."""
+    base_plan = load_plan_config(sweep.plan_path)
+    if base_plan.model.deployment.prfaas is None:
+        raise ConfigError(f"{sweep.plan_path}: the plan has no [prfaas] cluster")
+    toy = toy or sweep.toy
+    points = sweep.points()
+    layouts = [sweep.layout(base, point) for point in points]
+    toys = (
+        [sweep.toy_layout(toy, toy_base, base, point) for point in points]
+        if recall is not None and toy_base is not None
+        else [None] * len(points)
+    )
+    trained: dict[str, tuple[str, RecallLike]] = {}
+    rows = []
+    for index, (point, layout, toy_cfg) in enumerate(zip(points, layouts, toys, strict=True)):
+        label = point.label(sweep.varying)
+        if say is not None:
+            say(f"[{index + 1}/{len(points)}] {label}: state sizes and plan")
+        lengths = kv_profile_lengths(layout, sweep.deployment.kv_lengths)
+        # One trace per layout (its cost does not depend on the length): at the longest length,
+        # where it must equal the formula; the formula gives the profile's other points.
+        traced = measure(layout, lengths[-1:], True)
+        kv = kv_size_profile([*measure(layout, lengths[:-1], False), *traced])
+        kv_rows = tuple(measure(layout, sweep.deployment.kv_lengths, False))
+        config, prfaas_s, local_s = _plan_for(sweep, base_plan, base, layout, kv)
+        plan = search(config.model, config.baseline, thresholds=config.thresholds)
+        result, shared = None, None
+        if toy_cfg is not None:
+            key = toy_cfg.fingerprint()
+            if key in trained:
+                shared, result = trained[key]
+            else:
+                if say is not None:
+                    say(f"[{index + 1}/{len(points)}] {label}: training {toy_cfg.name}")
+                result = recall(toy_cfg, toy)
+                trained[key] = (label, result)
+        rows.append(
+            CodesignRow(
+                point=point,
+                label=label,
+                layout=layout,
+                kv=kv_rows,
+                kv_profile=kv,
+                prfaas_prefill_s=prfaas_s,
+                local_prefill_s=local_s,
+                plan=plan,
+                plan_config=config,
+                toy=toy_cfg,
+                recall=result,
+                recall_shared_with=shared,
+            )
+        )
+    return rows
+
+
+def mean_recall(row: CodesignRow) -> float:
+    """Held-out accuracy averaged over the evaluation lengths (NaN without a toy run)."""
+    if row.recall is None:
+        return math.nan
+    values = list(row.recall.accuracy.values())
+    return sum(values) / len(values)

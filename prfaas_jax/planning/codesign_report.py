@@ -1,0 +1,212 @@
+"""What `prfaas codesign` prints: `row_json` (one JSON object per point, also the CSV's columns),
+`codesign_json`, `format_codesign` (the table), `write_csv` and `draw_codesign` (recall against
+the Λ_max gain over homogeneous PD, markers sized by bytes per token; needs matplotlib).
+
+JSON keys of a row: ``label``, ``layout`` (model name), ``layers`` (count per kind),
+``kv_bytes`` (S_kv per length of ``kv_lengths``), ``recurrent_bytes`` (the fixed part),
+``bytes_per_token`` (the growing part), ``kv_gbps`` (Φ_kv per length on the PrfaaS hardware),
+``threshold_tokens``, ``n_prfaas``, ``n_pd_prefill``, ``n_pd_decode``, ``lambda_max``,
+``speedup_vs_homogeneous``, ``speedup_vs_naive``, ``homogeneous_lambda_max``,
+``naive_lambda_max``, ``egress_gbps`` (at Λ_max), ``egress_per_instance_gbps`` (Eq. 2),
+``toy_layout``, ``recall`` (held-out accuracy per evaluation length), ``recall_mean``,
+``recall_seconds``, ``recall_shared_with``.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.errors import UserError
+from prfaas_jax.planning.codesign import CodesignRow, mean_recall
+from prfaas_jax.planning.codesign_config import Sweep, ToySpec
+from prfaas_jax.planning.kv_report import format_length
+from prfaas_jax.planning.paper_tables import MIB
+from prfaas_jax.tables import table
+
+
+def _layers(cfg: ModelConfig) -> dict[str, int]:
+    return {kind.value: cfg.layers.count(kind) for kind in dict.fromkeys(cfg.layers)}
+
+
+def _layers_text(cfg: ModelConfig | None) -> str:
+    if cfg is None:
+        return "—"
+    return " + ".join(f"{n} {kind}" for kind, n in _layers(cfg).items())
+
+
+def row_json(row: CodesignRow) -> dict[str, object]:
+    plan, best = row.plan, row.plan.best
+    recall = None if row.recall is None else {str(k): v for k, v in row.recall.accuracy.items()}
+    return {
+        "label": row.label,
+        "layout": row.layout.name,
+        "layers": _layers(row.layout),
+        "state_dtype": row.layout.state_dtype,
+        "kv_bytes": {str(s.length): s.formula_bytes for s in row.kv},
+        "recurrent_bytes": row.fixed_bytes,
+        "bytes_per_token": row.bytes_per_token,
+        "kv_gbps": {str(s.length): row.kv_gbps(s) for s in row.kv},
+        "threshold_tokens": best.routing.threshold,
+        "n_prfaas": best.num_prfaas,
+        "n_pd_prefill": best.num_pd_prefill,
+        "n_pd_decode": best.num_pd_decode,
+        "lambda_max": best.lambda_max,
+        "speedup_vs_homogeneous": plan.speedup_vs_homogeneous,
+        "speedup_vs_naive": plan.speedup_vs_naive,
+        "homogeneous_lambda_max": plan.homogeneous_pd.lambda_max,
+        "naive_lambda_max": plan.naive_heterogeneous.lambda_max,
+        "egress_gbps": best.egress_gbps,
+        "egress_per_instance_gbps": row.egress_per_instance_gbps,
+        "toy_layout": None if row.toy is None else _layers(row.toy),
+        "recall": recall,
+        "recall_mean": None if row.recall is None else mean_recall(row),
+        "recall_seconds": None if row.recall is None else row.recall.seconds,
+        "recall_shared_with": row.recall_shared_with,
+    }
+
+
+def codesign_json(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | None) -> dict:
+    return {
+        "sweep": str(sweep.path),
+        "plan": str(sweep.plan_path),
+        "toy": None if toy is None else {k: getattr(toy, k) for k in toy.__dataclass_fields__},
+        "rows": [row_json(row) for row in rows],
+    }
+
+
+def write_csv(rows: Sequence[CodesignRow], path: str | Path) -> None:
+    """One line per point; nested JSON values (per length, per kind) become ``key_sub`` columns."""
+    flat_rows = []
+    for row in rows:
+        flat: dict[str, object] = {}
+        for key, value in row_json(row).items():
+            if isinstance(value, dict):
+                flat.update({f"{key}_{sub}": v for sub, v in value.items()})
+            else:
+                flat[key] = value
+        flat_rows.append(flat)
+    columns = list(dict.fromkeys(key for flat in flat_rows for key in flat))
+    try:
+        with open(path, "w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(flat_rows)
+    except OSError as err:
+        raise UserError(f"--csv: cannot write {path}: {err.strerror}") from None
+
+
+def _pct(value: float) -> str:
+    return "—" if math.isnan(value) else f"{100 * value:.1f}"
+
+
+def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | None) -> str:
+    kv_at = rows[0].kv[-1].length if rows else 0
+    eval_lengths = list(toy.eval_lengths) if toy is not None else []
+    headers = [
+        "point",
+        "layers",
+        f"S_kv@{format_length(kv_at)} MiB",
+        "B/token",
+        "fixed MiB",
+        f"Φ_kv@{format_length(kv_at)} Gbps",
+        "t*",
+        "N_pf/N_p/N_d",
+        "Λ_max",
+        "× homog.",
+        "× naive",
+        "egress Gbps",
+        "Eq.2 Gbps/inst",
+        "toy layers",
+        *(f"recall@{n} %" for n in eval_lengths),
+    ]
+    lines = []
+    for row in rows:
+        best = row.plan.best
+        recall = [] if row.recall is None else [row.recall.accuracy[n] for n in eval_lengths]
+        lines.append(
+            [
+                row.label,
+                _layers_text(row.layout),
+                f"{row.kv[-1].formula_bytes / MIB:,.1f}",
+                f"{row.bytes_per_token:,}",
+                f"{row.fixed_bytes / MIB:,.1f}",
+                f"{row.kv_gbps(row.kv[-1]):.2f}",
+                f"{best.routing.threshold:,.0f}",
+                f"{best.num_prfaas}/{best.num_pd_prefill}/{best.num_pd_decode}",
+                f"{best.lambda_max:.3f}",
+                f"{row.plan.speedup_vs_homogeneous:.2f}",
+                f"{row.plan.speedup_vs_naive:.2f}",
+                f"{best.egress_gbps:.1f}",
+                f"{row.egress_per_instance_gbps:.2f}",
+                _layers_text(row.toy),
+                *(_pct(v) for v in recall),
+                *(["—"] * (len(eval_lengths) - len(recall))),
+            ]
+        )
+    notes = [
+        f"prfaas codesign: {sweep.path} (deployment {sweep.plan_path})",
+        "",
+        table(lines, headers=headers, align="ll" + "r" * (len(headers) - 2)),
+        "",
+        "S_kv: state of one sequence from the real prefill (abstract evaluation) = the formula;",
+        "T_prefill: the plan's profiles of the base layout, carried over by counted FLOPs term by",
+        "term; t*, split, Λ_max (req/s): the planner's optimum (prfaas plan) with these profiles;",
+        "× homog. / × naive: Λ_max over homogeneous PD / naive heterogeneous of the same layout;",
+        "Eq.2: E[S_kv | L > t*] / E[T_prefill | L > t*] per PrfaaS instance.",
+    ]
+    if toy is not None:
+        notes.append(
+            f"recall: held-out {toy.task} accuracy of the toy layout trained {toy.steps} steps "
+            f"(V={toy.vocab_size}, L={toy.seq_len}, N={toy.num_pairs}); lengths > {toy.seq_len} "
+            "are longer than trained on."
+        )
+        shared = [f"{r.label} = {r.recall_shared_with}" for r in rows if r.recall_shared_with]
+        if shared:
+            notes.append(f"same toy layout, one training run: {'; '.join(shared)}")
+    return "\n".join(notes)
+
+
+def draw_codesign(rows: Sequence[CodesignRow], path: str | Path, title: str = "") -> None:
+    """Recall (mean over the evaluation lengths) against Λ_max / homogeneous PD, one marker per
+    point, its area ∝ growing bytes per token (+ the fixed state at the longest length)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UserError("--plot needs matplotlib: pip install -e '.[plot]'") from None
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    sizes = [row.kv[-1].formula_bytes for row in rows]
+    largest = max(sizes) if sizes else 1
+    for index, (row, nbytes) in enumerate(zip(rows, sizes, strict=True)):
+        x, y = row.plan.speedup_vs_homogeneous, 100 * mean_recall(row)
+        area = 40 + 900 * nbytes / largest
+        ax.scatter([x], [0 if math.isnan(y) else y], s=area, alpha=0.5)
+        # Neighbouring points often share a Λ_max gain: labels alternate above and below.
+        above = index % 2 == 0
+        ax.annotate(
+            f"{row.label}\n{row.bytes_per_token:,} B/tok",
+            (x, 0 if math.isnan(y) else y),
+            fontsize=8,
+            ha="center",
+            va="bottom" if above else "top",
+            xytext=(0, 10 if above else -10),
+            textcoords="offset points",
+        )
+    ax.set_xlabel("Λ_max gain over homogeneous PD (×)")
+    ax.set_ylabel("toy-size held-out recall (%)")
+    ax.set_ylim(-5, 115)
+    ax.set_title(title or "co-design: recall vs cluster throughput (area ∝ S_kv at longest length)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as err:
+        raise UserError(f"--plot: cannot write {path}: {err.strerror}") from None
+    finally:
+        plt.close(fig)
