@@ -100,8 +100,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     pytest-xdist (`-n`, pyproject's addopts) the long files start at once and the short ones fill
     the gaps, instead of one long file running alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (item.path not in slow_files, order[id(item)]))
+    items.sort(key=lambda item: item.path not in slow_files)  # a stable sort keeps the rest
 
 
 def _mappings() -> int:
