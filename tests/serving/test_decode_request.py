@@ -131,12 +131,17 @@ def decode(monkeypatch):
     server.stop(grace_s=0.5)
 
 
-def push(stub: pb_grpc.DecodeWorkerStub, request_id: str, prompt: list[int]) -> None:
+def state_chunks(request_id: str, prompt: list[int], *, frames: int | None = None):
+    """The push of `prompt`'s state and handoff frame, or of its first `frames` frames."""
     result = FakePrefillEngine(CFG).prefill(prompt)
-    frames = list(codec.encode(result.state, CFG))
-    frames.append(pack_handoff(Handoff(result.first_token, GREEDY), frames[0]))
-    chunks = [pb.StateChunk(request_id=request_id), *(pb.StateChunk(frame=f) for f in frames)]
-    stub.PushState(iter(chunks), timeout=10)
+    stream = list(codec.encode(result.state, CFG))
+    stream.append(pack_handoff(Handoff(result.first_token, GREEDY), stream[0]))
+    chunks = (pb.StateChunk(frame=f) for f in stream[:frames])
+    return [pb.StateChunk(request_id=request_id), *chunks]
+
+
+def push(stub: pb_grpc.DecodeWorkerStub, request_id: str, prompt: list[int]) -> None:
+    stub.PushState(iter(state_chunks(request_id, prompt)), timeout=10)
 
 
 def generate(stub: pb_grpc.DecodeWorkerStub, request_id: str, prompt: list[int], n: int):
@@ -184,3 +189,65 @@ def test_each_way_through_the_service_takes_its_path(decode):
         "left-mid-stream": [P.NEW, P.PARKED, P.READY, P.TAKEN, P.DECODING, P.CANCELLED],
     }
     assert service.stats()["completed"] == 3
+
+
+class AbortedError(Exception):
+    """`ServerContext.abort` ends the handler as gRPC's does."""
+
+
+class ServerContext:
+    """What `PushState` uses of a gRPC server context. `cancelled`: its client cancelled the call,
+    so gRPC runs the call's callbacks (at once here, milliseconds later in gRPC)."""
+
+    def __init__(self, *, cancelled: bool) -> None:
+        self.cancelled = cancelled
+        self.code: grpc.StatusCode | None = None
+        self.details = ""
+
+    def add_callback(self, callback) -> bool:
+        if self.cancelled:
+            callback()
+        return True
+
+    def abort(self, code: grpc.StatusCode, details: str):
+        self.code, self.details = code, details
+        raise AbortedError(details)
+
+
+def test_a_cut_push_fails_nothing_and_a_short_one_fails_its_request(decode):
+    """gRPC's server can end a cancelled request stream like a complete one before it reports
+    the cancel. Such a cut push is CANCELLED and leaves the waiting `Generate` to the next push;
+    a stream that stops short while its sender is still there is malformed: INVALID_ARGUMENT,
+    and the waiting `Generate` fails with it."""
+    service, stub, recorder = decode
+    prompt = [2, 7, 1, 8, 2]
+    want = fake_tokens(prompt, 4, CFG.vocab_size)
+    header_and_one = 2
+
+    waiting = generate(stub, "cut", prompt, 4)
+    assert wait_for(lambda: service.stats()["pending_states"] == 1)
+    cut = ServerContext(cancelled=True)
+    with pytest.raises(AbortedError):
+        service.PushState(iter(state_chunks("cut", prompt, frames=header_and_one)), cut)
+    assert cut.code is grpc.StatusCode.CANCELLED, cut.details
+    assert service.stats()["pending_states"] == 1  # still waiting, for the retried push
+    push(stub, "cut", prompt)
+    assert tokens_of(waiting) == want
+
+    waiting = generate(stub, "short", prompt, 4)
+    assert wait_for(lambda: service.stats()["pending_states"] == 1)
+    short = ServerContext(cancelled=False)
+    with pytest.raises(AbortedError):
+        service.PushState(iter(state_chunks("short", prompt, frames=header_and_one)), short)
+    assert short.code is grpc.StatusCode.INVALID_ARGUMENT
+    assert "does not end with a handoff frame" in short.details
+    with pytest.raises(grpc.RpcError) as failed:
+        tokens_of(waiting)
+    assert failed.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "short: its state was rejected" in failed.value.details()
+
+    assert wait_for(lambda: not service.busy)
+    assert recorder.paths == {
+        "cut": [P.NEW, P.WAITING, P.READY, P.TAKEN, P.DECODING, P.FINISHED],
+        "short": [P.NEW, P.WAITING, P.CANCELLED],  # its call ended on the rejected state
+    }

@@ -1,6 +1,6 @@
 """The handoff frame: what decoding a prefilled state needs besides the state itself — token 0
 and the request's sampling settings — sent after the state's trailer (``Handoff``,
-``pack_handoff``, ``split_handoff``).
+``pack_handoff``, ``split_handoff``, ``is_handoff_frame``).
 
 The frame repeats the state header's stream id, which binds it to that state; its byte layout
 is in docs/wire-format.md, "Handoff frame".
@@ -41,6 +41,11 @@ def pack_handoff(handoff: Handoff, header_frame: bytes) -> bytes:
     ).encode()
     body = _HANDOFF_HEAD.pack(HANDOFF_MAGIC, stream_id, len(blob)) + blob
     return body + _CRC.pack(zlib.crc32(body))
+
+
+def is_handoff_frame(frame: bytes) -> bool:
+    """Whether ``frame`` starts like a handoff frame (the last frame of a complete stream)."""
+    return bytes(frame[:4]) == HANDOFF_MAGIC
 
 
 def _parse_handoff(frame: bytes, stream_id: int) -> Handoff:

@@ -9,6 +9,9 @@ fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) —
 state longer than the node can decode, or one whose length differs from the prompt length the
 router announced. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
 waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
+A stream its sender cancelled is a cut transfer, not malformed input — also where gRPC ends it
+like a complete one before reporting the cancel — so it fails nothing here: the sender's
+status tells the router what happened.
 
 Each request's record moves only along the `LEGAL_TRANSITIONS` of its `Phase`
 (serving/worker/decode_request.py): parked or waiting, ready, taken, decoding, then finished,
@@ -50,7 +53,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.api import DecodeEngineLike
-from prfaas_jax.engine.codec.handoff import split_handoff
+from prfaas_jax.engine.codec.handoff import is_handoff_frame, split_handoff
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -58,6 +61,9 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
 
 _DONE = object()
+# How long a stream that stopped short waits for gRPC to report its sender's cancel: the server
+# sees a cancelled request stream end before it learns of the cancel (milliseconds apart).
+_CANCEL_SEEN_S = 1.0
 log = logging.getLogger("prfaas.decode")
 
 
@@ -150,6 +156,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         context: grpc.ServicerContext,
     ) -> pb.PushStateReply:
         """Read, validate and keep the state that `first` announced."""
+        ended = threading.Event()
+        context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
         frames, total = [], 0
         for chunk in request_iterator:
             total += len(chunk.frame)
@@ -161,6 +169,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                     f"{self.max_len}-token state of this model",
                 )
             frames.append(chunk.frame)
+        if not (frames and is_handoff_frame(frames[-1])) and ended.wait(_CANCEL_SEEN_S):
+            # A cut transfer, not a malformed one: its sender reports the failure.
+            context.abort(grpc.StatusCode.CANCELLED, f"{first.request_id}: the sender cancelled")
         try:
             state_frames, handoff = split_handoff(frames)
             vocab = self.cfg.vocab_size
