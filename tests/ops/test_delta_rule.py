@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from prfaas_jax.ops.delta_rule import gdn_chunk, gdn_reference, kda_chunk, kda_reference
+from prfaas_jax.ops.delta_rule.chunk import unit_lower_inverse
 
 from .linear_oracles import delta_rule_inputs, delta_rule_oracle, random_state, rel_rms
 
@@ -172,3 +173,15 @@ def test_rejects_mismatched_shapes(op):
         op.chunk_op(q, k, v, other_g, beta)
     with pytest.raises(ValueError):  # HV = 3 value heads cannot share H = 2 q/k heads
         op.reference_op(q, k, v[:, :, :3], g[:, :, :3], beta[:, :, :3])
+
+
+@pytest.mark.parametrize("size", (1, 2, 5, 8, 13, 64))
+def test_unit_lower_inverse_is_the_inverse(size):
+    """The chunk's (I + L)^-1 by blocked inversion, against NumPy's float64 inverse; sizes off a
+    power of two are padded inside."""
+    rng = np.random.default_rng(size)
+    L = np.tril(rng.normal(size=(3, 2, size, size)) * 0.3, -1).astype(np.float32)
+    want = np.linalg.inv(np.eye(size) + L.astype(np.float64))
+    got = np.asarray(unit_lower_inverse(jnp.asarray(L)), np.float64)
+    assert got.shape == want.shape
+    assert rel_rms(got, want) <= 1e-6
