@@ -279,8 +279,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         try:
             yield from self._stream(req, context)
         finally:
-            with self._cv:
-                self._requests.pop(req.request_id, None)
+            self._cancel(req)  # as the handler ends: the record leaves the table in a final phase
 
     def _stream(
         self, req: DecodeRequest, context: grpc.ServicerContext
