@@ -87,6 +87,14 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens to make (default: 16)")
     add_sampling_flags(p)
     add_impl_flag(p)
+    p.add_argument(
+        "--tiling",
+        choices=["auto", "gpu", "tpu"],
+        default="auto",
+        help="with --impl pallas: tile the kernels by Triton's (gpu) or Mosaic's (tpu) block "
+        "rules wherever they run, e.g. the TPU's tiling in the CPU interpreter (default: the "
+        "backend's own, docs/kernels.md)",
+    )
     add_mesh_flag(p)
     p.add_argument(
         "--dump-logits",
@@ -101,13 +109,20 @@ def _run_generate(args: argparse.Namespace) -> int:
     from prfaas_jax.cli.generation import generate_from_preset
 
     _check_new_tokens(args)
+    if args.tiling != "auto" and args.impl != "pallas":
+        raise UserError(f"--tiling {args.tiling} tiles Pallas kernels: it needs --impl pallas")
     request = dataclasses.replace(
         _request(args, args.max_new_tokens),
         hf_dir=args.hf,
         checkpoint=args.checkpoint,
         dump_logits=args.dump_logits,
     )
-    return _print_result(args, generate_from_preset(request))
+    if args.tiling == "auto":
+        return _print_result(args, generate_from_preset(request))
+    from prfaas_jax.ops.pallas_backend import forced_tiling
+
+    with forced_tiling(args.tiling):
+        return _print_result(args, generate_from_preset(request))
 
 
 def add_convert_hf(sub: argparse._SubParsersAction) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jax.numpy as jnp
+import pytest
 from conftest import jit_decode, jit_prefill, preset
 
 from prfaas_jax.cli import main
@@ -53,8 +54,29 @@ def test_user_errors_are_one_line(capsys):
         ("--prompt-ids", "1,300"),
         ("--max-new-tokens", "0"),
         ("--temperature", "-1"),
+        ("--tiling", "tpu"),  # tiles Pallas kernels only: needs --impl pallas
     ):
         code, _, err = _run(capsys, *argv)
         assert code == 2, argv
         assert len(err.strip().splitlines()) == 1 and "error:" in err, (argv, err)
         assert "Traceback" not in err
+
+
+def test_tiling_flag_traces_the_kernels_under_that_backends_rules(monkeypatch):
+    """``--tiling tpu`` makes the kernels traced during generation pick Mosaic's blocks (the
+    token equality itself, per tiling and preset, is tests/ops/test_pallas_kernels.py's)."""
+    from prfaas_jax.cli import generation
+    from prfaas_jax.ops.pallas_backend import Backend, target_backend
+
+    class TracedError(Exception):
+        pass
+
+    def fake_generate(request):
+        raise TracedError(request.impl, target_backend())
+
+    monkeypatch.setattr(generation, "generate_from_preset", fake_generate)
+    for tiling, backend in (("tpu", Backend.TPU), ("gpu", Backend.GPU)):
+        with pytest.raises(TracedError) as traced:
+            main(["generate", "--impl", "pallas", "--tiling", tiling, "--prompt-ids", "1,2"])
+        assert traced.value.args == ("pallas", backend)
+    assert target_backend() == Backend.GPU  # the CPU's own, restored on the way out
