@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import types
 from collections.abc import Iterator
 
 import grpc
@@ -23,6 +24,7 @@ from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tok
 from prfaas_jax.engine.sampling import GREEDY
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.worker import decode as decode_worker
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.prefill import PrefillService
 
@@ -139,6 +141,9 @@ class Context:
         self.code, self.details = code, details
         raise AbortedError(details)
 
+    def add_callback(self, callback) -> bool:
+        return True  # a direct call is never cancelled
+
 
 def test_the_decode_worker_holds_a_bounded_number_of_states(workers):
     _, channel, _, _, decode = workers
@@ -170,6 +175,36 @@ def test_the_decode_worker_holds_a_bounded_number_of_states(workers):
     )
     push(channel, "c", prompts["c"])
     for rid in "bc":
+        want = fake_tokens(prompts[rid], 2, CFG.vocab_size)
+        assert tokens_of(decode_call(channel, rid, prompts[rid], 2)) == want
+
+
+def test_a_state_kept_while_its_push_returns_counts_once(workers, monkeypatch):
+    """A push that comes while another push's state is already kept but its call has not yet
+    returned sees one state held, not two (a prefill worker opens its next push as soon as the
+    engine is free, before the previous push's reply is back)."""
+    _, channel, _, _, decode = workers
+    prompts = {rid: prompt_of(20 + i, 10) for i, rid in enumerate("abc")}
+    pushed = []
+    reply = pb.PushStateReply
+
+    def reply_and_push_another(**fields):
+        if not pushed:  # "a" is kept, its handler not returned: "b" comes now
+            pushed.append("b")
+            chunks = [pb.StateChunk(request_id="b")]
+            chunks += [pb.StateChunk(frame=frame) for frame in state_frames(prompts["b"])]
+            decode.PushState(iter(chunks), Context())  # AbortedError if refused
+        return reply(**fields)
+
+    # The decode worker builds its reply through this module view; the wire sees the real one.
+    hooked = types.SimpleNamespace(**{**vars(pb), "PushStateReply": reply_and_push_another})
+    monkeypatch.setattr(decode_worker, "pb", hooked)
+    push(channel, "a", prompts["a"])
+    assert pushed == ["b"]
+    with pytest.raises(grpc.RpcError) as err:  # two states held now: the limit
+        push(channel, "c", prompts["c"])
+    assert err.value.code() == EXHAUSTED and "2 states already wait here" in err.value.details()
+    for rid in "ab":
         want = fake_tokens(prompts[rid], 2, CFG.vocab_size)
         assert tokens_of(decode_call(channel, rid, prompts[rid], 2)) == want
 

@@ -82,7 +82,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
         self.state_timeout_s = state_timeout_s
         self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
-        self._receiving = 0  # pushes accepted and still streaming
+        # Pushes accepted and still streaming, one token each until their state is kept.
+        self._receiving: set[object] = set()
         # Frames of the longest state this node decodes, with generous room for headers.
         self.max_push_bytes = 2 * state_nbytes(cfg, max_len) + 2**20
         self._cv = threading.Condition()
@@ -115,7 +116,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     def _held_states(self) -> int:
         """States outside a slot, received or being received (caller holds `_cv`)."""
         held = (Phase.PARKED, Phase.READY)
-        return sum(1 for r in self._requests.values() if r.phase in held) + self._receiving
+        return sum(1 for r in self._requests.values() if r.phase in held) + len(self._receiving)
 
     def _waiting(self) -> int:
         """`Generate` calls waiting for a state or a slot (caller holds `_cv`)."""
@@ -133,10 +134,11 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message must name the request"
             )
+        stream = object()
         with self._cv:
             full = self._held_states() >= self.max_pending_states
             if not full:
-                self._receiving += 1
+                self._receiving.add(stream)
         if full:  # refused before reading a frame: nothing of this stream is buffered
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -144,18 +146,20 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 "for a Generate or a slot, this node's limit",
             )
         try:
-            return self._receive(first, request_iterator, context)
+            return self._receive(first, request_iterator, context, stream)
         finally:
             with self._cv:
-                self._receiving -= 1
+                self._receiving.discard(stream)
 
     def _receive(
         self,
         first: pb.StateChunk,
         request_iterator: Iterator[pb.StateChunk],
         context: grpc.ServicerContext,
+        stream: object,
     ) -> pb.PushStateReply:
-        """Read, validate and keep the state that `first` announced."""
+        """Read, validate and keep the state that `first` announced; `stream` is this push's
+        token in `_receiving`."""
         ended = threading.Event()
         context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
         frames, total = [], 0
@@ -199,6 +203,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{req.request_id}: state length {length} ≠ prompt length {req.prompt_len}",
                 )
+            # Counted as held from here on, by its phase: a push that arrives before this call
+            # returns must not see the one state twice.
+            self._receiving.discard(stream)
             req.state, req.first_token, req.sampling = state, handoff.first_token, handoff.sampling
             req.state_bytes = state_bytes
             self.state_bytes_received += state_bytes
