@@ -4,12 +4,17 @@ compiler settings of the pytest process and of every process a test starts.
 The suite is compile-bound on a CPU: its programs are tiny, so compiling one costs far more
 than running it, and XLA is told to skip most optimization work
 (``jax_disable_most_optimizations``, the JAX flag made for that case; about 40 % less compile
-time). The variable is set before JAX is imported, so every process a test starts compiles the
-same way; ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` runs the suite with the optimizing compiler users
-get. Child processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one
-persistent compilation cache, made for the session (``child_cache_home``): the first one to
-compile a program stores it and the others load it. The pytest process itself never uses a
-persistent cache — a hit would hide the compiles tests/engine/test_engines.py counts.
+time), and XLA:CPU emits fused loops with its older, simpler emitters
+(``--xla_cpu_use_fusion_emitters=false``; another ~20 % of a model's compile time, the same
+programs). Both variables are set before JAX is imported, so every process a test starts
+compiles the same way; ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` and an ``XLA_FLAGS`` that names
+``--xla_cpu_use_fusion_emitters=true`` run the suite with the compiler users get. Child
+processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one persistent
+compilation cache with the pytest processes, made for the session
+(``child_cache_home``): the first process to compile a program stores it and the others load
+it, and so does a module that needs a program again after ``release_compiled_programs``. (JAX
+reports a load as a compile too, so the compile counts tests/engine/test_engines.py bounds are
+the same with or without it.)
 
 Every executable XLA:CPU keeps alive holds ~18 memory mappings, and a process may hold at most
 ``vm.max_map_count`` (65,530 by default): the whole suite in one process compiles more than
@@ -35,10 +40,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # before JAX reads it
+if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(
+        filter(None, [os.environ.get("XLA_FLAGS"), "--xla_cpu_use_fusion_emitters=false"])
+    )
 
 import jax
 import pytest
 from hypothesis import settings
+from jax.experimental.compilation_cache import compilation_cache
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model import decode_step, init_params, prefill
@@ -99,6 +109,13 @@ def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(home))
         compile_cache = default_compile_cache_dir()  # where the workers look under this home
+    # This process compiles through the same cache: a program another worker (or this one,
+    # before ``release_compiled_programs``) compiled is loaded instead of compiled again.
+    jax.config.update("jax_compilation_cache_dir", str(compile_cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    jax.config.update("jax_enable_compilation_cache", True)
+    compilation_cache.reset_cache()  # JAX decided "no cache" at the first compile, if one ran
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JAX_COMPILATION_CACHE_DIR", str(compile_cache))
         # Every program counts: the test programs are small but many processes compile them.

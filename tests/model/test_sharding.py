@@ -25,7 +25,7 @@ def runs() -> dict[str, dict]:
     # LLVM optimisation off: the runs are compile-bound (~40% less CPU) and both sides of every
     # comparison are compiled alike in the same process.
     flags = "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    env = {**os.environ, "XLA_FLAGS": flags}
+    env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {flags}"}
     procs = {
         case: subprocess.Popen(
             [sys.executable, str(WORKER), case],
