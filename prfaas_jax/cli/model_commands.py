@@ -10,6 +10,7 @@ cli/state_files.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 from typing import TYPE_CHECKING
 
@@ -117,11 +118,10 @@ def _run_generate(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
         dump_logits=args.dump_logits,
     )
-    if args.tiling == "auto":
-        return _print_result(args, generate_from_preset(request))
     from prfaas_jax.ops.pallas_backend import forced_tiling
 
-    with forced_tiling(args.tiling):
+    tiling = contextlib.nullcontext() if args.tiling == "auto" else forced_tiling(args.tiling)
+    with tiling:
         return _print_result(args, generate_from_preset(request))
 
 

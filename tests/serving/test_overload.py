@@ -115,9 +115,14 @@ def state_frames(prompt: list[int]) -> list[bytes]:
     return [*frames, pack_handoff(Handoff(result.first_token, GREEDY), frames[0])]
 
 
-def push(channel: grpc.Channel, request_id: str, prompt: list[int]) -> pb.PushStateReply:
+def state_chunks(request_id: str, prompt: list[int]) -> list[pb.StateChunk]:
+    """A whole `PushState` stream: the request's name, then its frames."""
     chunks = [pb.StateChunk(request_id=request_id)]
-    chunks += [pb.StateChunk(frame=frame) for frame in state_frames(prompt)]
+    return chunks + [pb.StateChunk(frame=frame) for frame in state_frames(prompt)]
+
+
+def push(channel: grpc.Channel, request_id: str, prompt: list[int]) -> pb.PushStateReply:
+    chunks = state_chunks(request_id, prompt)
     return pb_grpc.DecodeWorkerStub(channel).PushState(iter(chunks), timeout=WAIT_S)
 
 
@@ -191,9 +196,7 @@ def test_a_state_kept_while_its_push_returns_counts_once(workers, monkeypatch):
     def reply_and_push_another(**fields):
         if not pushed:  # "a" is kept, its handler not returned: "b" comes now
             pushed.append("b")
-            chunks = [pb.StateChunk(request_id="b")]
-            chunks += [pb.StateChunk(frame=frame) for frame in state_frames(prompts["b"])]
-            decode.PushState(iter(chunks), Context())  # AbortedError if refused
+            decode.PushState(iter(state_chunks("b", prompts["b"])), Context())  # or AbortedError
         return reply(**fields)
 
     # The decode worker builds its reply through this module view; the wire sees the real one.
