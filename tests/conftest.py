@@ -51,8 +51,8 @@ from hypothesis import settings
 from jax.experimental.compilation_cache import compilation_cache
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.compile_cache import default_compile_cache_dir
 from prfaas_jax.model import decode_step, init_params, prefill
-from prfaas_jax.serving.worker.engines import default_compile_cache_dir
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
 jax.config.update("jax_enable_compilation_cache", False)

@@ -14,7 +14,14 @@ import argparse
 import itertools
 from pathlib import Path
 
-from prfaas_jax.cli.flags import add_json_flag, add_mesh_flag, add_model_flags, print_json
+from prfaas_jax.cli.flags import (
+    add_compile_cache_flag,
+    add_json_flag,
+    add_mesh_flag,
+    add_model_flags,
+    print_json,
+    use_compile_cache,
+)
 from prfaas_jax.cli.progress import progress
 from prfaas_jax.errors import UserError
 
@@ -49,6 +56,7 @@ def add_codesign(sub: argparse._SubParsersAction) -> None:
         metavar="DIR",
         help="also write each point's full-size model TOML here (for prfaas kv / plan --model)",
     )
+    add_compile_cache_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_run_codesign)
 
@@ -66,6 +74,7 @@ def _run_codesign(args: argparse.Namespace) -> int:
     from prfaas_jax.train.recall_probe import measure_recall
     from prfaas_jax.train.tasks import TaskSpec
 
+    use_compile_cache(args)
     sweep = load_sweep(args.config)
     base_name = sweep.model.base
     if not Path(base_name).is_absolute() and (sweep.path.parent / base_name).exists():

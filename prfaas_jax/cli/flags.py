@@ -2,8 +2,9 @@
 
 `add_model_flags` (--model, --seed), `add_prompt_flags` (--prompt-ids | --prompt),
 `add_sampling_flags` (--temperature, --top-k, --top-p, --sample-seed), `add_impl_flag`,
-`add_mesh_flag` and `add_json_flag` declare them; `parse_int_list` is the type of comma-separated
-integer flags, `print_json` writes a ``--json`` payload to stdout. Declaring a group in one place
+`add_mesh_flag`, `add_compile_cache_flag` (read back by `use_compile_cache`) and `add_json_flag`
+declare them; `parse_int_list` is the type of comma-separated integer flags, `print_json` writes a
+``--json`` payload to stdout. Declaring a group in one place
 keeps its names, defaults and help texts the same in every command.
 """
 
@@ -69,3 +70,21 @@ def add_mesh_flag(p: argparse.ArgumentParser) -> None:
         help="shard the model over a device mesh, e.g. tensor=4 or tensor=2,expert=4[,data=K] "
         "(default: one device; multi-host and CPU testing: docs/sharding.md)",
     )
+
+
+def add_compile_cache_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-compile-cache",
+        dest="compile_cache",
+        action="store_false",
+        help="compile everything afresh instead of through JAX's persistent cache "
+        "($JAX_COMPILATION_CACHE_DIR, else ~/.cache/prfaas_jax/xla)",
+    )
+
+
+def use_compile_cache(args: argparse.Namespace) -> None:
+    """Honour `add_compile_cache_flag`: call before anything compiles."""
+    if args.compile_cache:
+        from prfaas_jax.engine.compile_cache import enable_compile_cache
+
+        enable_compile_cache()

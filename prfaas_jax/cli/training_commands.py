@@ -13,7 +13,12 @@ import argparse
 import time
 from pathlib import Path
 
-from prfaas_jax.cli.flags import add_json_flag, print_json
+from prfaas_jax.cli.flags import (
+    add_compile_cache_flag,
+    add_json_flag,
+    print_json,
+    use_compile_cache,
+)
 from prfaas_jax.cli.progress import progress
 from prfaas_jax.errors import UserError
 
@@ -70,6 +75,7 @@ def add_train(sub: argparse._SubParsersAction) -> None:
         help="op implementation; training runs chunk (the others are refused)",
     )
     p.add_argument("--plot", metavar="PNG", help="save loss and accuracy curves (needs matplotlib)")
+    add_compile_cache_flag(p)
     add_json_flag(p, help="print a JSON summary (eval_accuracy, steps, tokens_per_s, seconds)")
     p.set_defaults(run=_run_train)
 
@@ -84,6 +90,7 @@ def _run_train(args: argparse.Namespace) -> int:
     from prfaas_jax.train.report import draw_curves, format_summary, summary
     from prfaas_jax.train.tasks import TaskSpec
 
+    use_compile_cache(args)
     cfg = load_model_config(args.model)
     vocab = cfg.vocab_size if args.vocab_size is None else args.vocab_size
     spec = TaskSpec(

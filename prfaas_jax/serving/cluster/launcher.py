@@ -37,13 +37,13 @@ import threading
 import time
 from pathlib import Path
 
+from prfaas_jax.engine.compile_cache import default_compile_cache_dir
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster.processes import ChildProcess
 from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
-from prfaas_jax.serving.worker.engines import default_compile_cache_dir
 
 INTERPRETED_WARNING = (
     'prfaas serve: warning: impl = "pallas" without a GPU or TPU: the workers run the Pallas '

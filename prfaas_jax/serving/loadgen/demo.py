@@ -250,11 +250,8 @@ def run_demo(
     expected: dict[str, list[list[int]]] = {}
 
     def compute_reference() -> None:
+        from prfaas_jax.engine.compile_cache import default_compile_cache_dir, enable_compile_cache
         from prfaas_jax.model.weights import load_model
-        from prfaas_jax.serving.worker.engines import (
-            default_compile_cache_dir,
-            enable_compile_cache,
-        )
 
         if cluster_config.engine.compile_cache:
             enable_compile_cache(default_compile_cache_dir())

@@ -6,18 +6,15 @@ engine/decode.py) with the preset's seeded weights, or the hand-computable fakes
 (engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
 compiles every executable a request can need — one prefill per length bucket at the fixed
 capacity `max_len`, the first-token sampler, the decode step and the slot insert — so that no
-request pays a compile. `enable_compile_cache` points JAX's persistent compilation cache at a
-directory shared by the worker processes: the first process to compile an executable stores it,
-the others load it.
+request pays a compile. The worker processes share JAX's persistent compilation cache
+(engine/compile_cache.py): the first to compile an executable stores it, the others load it.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from pathlib import Path
 
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
@@ -25,20 +22,6 @@ from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.serving.cluster_config import ClusterConfig
 
 log = logging.getLogger(__name__)
-
-
-def default_compile_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "prfaas_jax" / "xla"
-
-
-def enable_compile_cache(directory: str | os.PathLike[str]) -> None:
-    import jax
-
-    jax.config.update("jax_compilation_cache_dir", str(directory))
-    # Every executable counts: the toy model's compiles are short but there are many processes.
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 class EngineFactory:

@@ -33,6 +33,7 @@ import time
 
 import grpc
 
+from prfaas_jax.engine.compile_cache import enable_compile_cache
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
@@ -48,7 +49,7 @@ from prfaas_jax.serving.transport.messages import role_from_proto, role_to_proto
 from prfaas_jax.serving.transport.security import server_credentials
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.engines import EngineFactory, enable_compile_cache
+from prfaas_jax.serving.worker.engines import EngineFactory
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
 from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
