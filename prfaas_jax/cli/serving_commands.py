@@ -20,6 +20,16 @@ if TYPE_CHECKING:
     from prfaas_jax.serving.loadgen.bench import InputDist
 
 
+def add_netns_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="run the PrfaaS and PD clusters in network namespaces of their own, joined by a "
+        "veth the kernel shapes to [link] bandwidth_mbps (tbf; needs root); the router stays "
+        "here. See docs/serving.md",
+    )
+
+
 def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
@@ -36,6 +46,7 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
         help="cluster config: a name under configs/clusters/ or a TOML path (default: toy)",
     )
     p.add_argument("--log-dir", help="where the processes' logs go (default: a temp dir)")
+    add_netns_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_run_demo)
 
@@ -48,7 +59,13 @@ def _run_demo(args: argparse.Namespace) -> int:
         def served(done: int, total: int) -> None:
             shown.update(completed=done, total=total, description="demo: requests served")
 
-        return run_demo(args.config, as_json=args.json, log_dir=args.log_dir, on_served=served)
+        return run_demo(
+            args.config,
+            as_json=args.json,
+            log_dir=args.log_dir,
+            on_served=served,
+            netns=args.netns,
+        )
 
 
 def add_serve(sub: argparse._SubParsersAction) -> None:
@@ -67,13 +84,14 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "here once every server is SERVING (removed on shutdown)",
     )
     p.add_argument("--log-dir", help="where the processes' logs go (default: a temp dir)")
+    add_netns_flag(p)
     p.set_defaults(run=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from prfaas_jax.serving.cluster.launcher import serve
 
-    return serve(args.config, args.ready_file, log_dir=args.log_dir)
+    return serve(args.config, args.ready_file, log_dir=args.log_dir, netns=args.netns)
 
 
 def _parse_goodput(items: list[str]) -> dict[str, float]:

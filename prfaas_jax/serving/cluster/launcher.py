@@ -1,4 +1,8 @@
-"""Start and stop a toy cluster of real processes on loopback: `ClusterProcesses` and `serve`.
+"""Start and stop a toy cluster of real processes: `ClusterProcesses` and `serve`.
+
+On loopback by default; with `netns` the PrfaaS and PD clusters each run in a network namespace
+of their own, joined by a kernel-shaped veth (serving/cluster/netns.py), and the ready info
+gains `"netns"`: the namespaces, host addresses, link device and rate.
 
 The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
 `write_json`) are in serving/transport/lifecycle.py, the launcher's record of a child
@@ -40,6 +44,7 @@ from pathlib import Path
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
 from prfaas_jax.serving.cluster.processes import ChildProcess
 from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
 from prfaas_jax.serving.transport.lifecycle import write_json
@@ -65,10 +70,23 @@ class ClusterProcesses:
         ready_timeout_s: float = 600.0,
         stop_event: threading.Event | None = None,
         restart_workers: bool = False,
+        netns: bool = False,
     ) -> None:
         """`restart_workers`: replace a worker process that dies (same name and role, a new
-        port) from a supervisor thread, and tell the router through the workers file."""
+        port) from a supervisor thread, and tell the router through the workers file.
+        `netns`: run each cluster in its own network namespace, the link between them shaped
+        by the kernel (serving/cluster/netns.py); the router stays in this namespace."""
         self.config = load_cluster_config(config_path)
+        if netns:
+            require_netns()
+            if self.config.security.tls:
+                raise UserError(
+                    "--netns with [security] certificates is not supported: the generated "
+                    "certificates name 127.0.0.1 only, and the namespaced workers have other "
+                    "addresses"
+                )
+        self.netns = netns
+        self.topology: NetnsTopology | None = None
         self.config_path = str(self.config.path)
         # A temporary log dir is removed after a clean run and kept when something failed.
         self._temporary_logs = log_dir is None
@@ -99,9 +117,15 @@ class ClusterProcesses:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def _spawn(
-        self, name: str, role: str, module: str, extra: list[str], log_name: str = ""
+        self,
+        name: str,
+        role: str,
+        module: str,
+        extra: list[str],
+        log_name: str = "",
+        prefix: list[str] | None = None,
     ) -> ChildProcess:
-        argv = [sys.executable, "-m", module, "--config", self.config_path]
+        argv = [*(prefix or []), sys.executable, "-m", module, "--config", self.config_path]
         argv += ["--parent-pid", str(os.getpid())]
         log_path = self.log_dir / f"{log_name or name}.log"
         child = ChildProcess(
@@ -118,7 +142,16 @@ class ClusterProcesses:
         extra = ["--name", name, "--role", role.value]
         if self.compile_cache:
             extra += ["--compile-cache", self.compile_cache]
-        return self._spawn(name, role.value, "prfaas_jax.serving.worker.main", extra, log_name)
+        prefix = None
+        if self.topology is not None:
+            prfaas = role is Role.PRFAAS_PREFILL
+            topology = self.topology
+            extra += ["--host", topology.prfaas_host if prfaas else topology.pd_host]
+            if prfaas:
+                extra += ["--kernel-link", LINK_DEVICE]
+            prefix = topology.exec_prefix(prfaas)
+        module = "prfaas_jax.serving.worker.main"
+        return self._spawn(name, role.value, module, extra, log_name, prefix)
 
     def _wait_serving(
         self, children: list[ChildProcess], deadline: float, stop: threading.Event | None = None
@@ -154,6 +187,8 @@ class ClusterProcesses:
         deadline = time.monotonic() + self.ready_timeout_s
         roles = instance_roles(self.config)
         try:
+            if self.netns:
+                self.topology = NetnsTopology.create(self.config.link.bandwidth_bytes_per_s)
             pending = list(roles.items())
             if self.compile_cache:
                 # One worker per engine kind first: the others then hit the compile cache.
@@ -195,6 +230,8 @@ class ClusterProcesses:
                 c.info.get("interpreted_kernels", False) for c in self.children
             ),
         }
+        if self.topology is not None:
+            self.ready["netns"] = self.topology.describe()
         return self.ready
 
     def _write_workers(self) -> dict:
@@ -282,9 +319,14 @@ class ClusterProcesses:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=5)
         self.children = []
+        if self.topology is not None:
+            self.topology.close()
+            self.topology = None
 
 
-def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = None) -> int:
+def serve(
+    config_path: str, ready_file: str | None, *, log_dir: str | None = None, netns: bool = False
+) -> int:
     """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if the router died on its own
     (a dead worker is restarted, and its logs are then kept)."""
     stop = threading.Event()
@@ -293,7 +335,7 @@ def serve(config_path: str, ready_file: str | None, *, log_dir: str | None = Non
     }
     try:
         with ClusterProcesses(
-            config_path, log_dir=log_dir, stop_event=stop, restart_workers=True
+            config_path, log_dir=log_dir, stop_event=stop, restart_workers=True, netns=netns
         ) as cluster:
             try:
                 ready = cluster.start()

@@ -230,10 +230,13 @@ def run_demo(
     as_json: bool = False,
     log_dir: str | None = None,
     on_served: Callable[[int, int], None] | None = None,
+    netns: bool = False,
 ) -> int:
     """Run the demo on a cluster config (a name under configs/clusters/ or a path).
 
     ``on_served(served, total)`` is called when the workload starts and as each request ends.
+    ``netns``: the clusters in network namespaces (`ClusterProcesses`); the demo then also
+    checks that the kernel counted the shipped states on the inter-cluster veth.
     """
     from prfaas_jax.model.state import state_nbytes
     from prfaas_jax.serving.cluster.launcher import ClusterProcesses
@@ -265,10 +268,14 @@ def run_demo(
 
     reference = threading.Thread(target=compute_reference, name="reference", daemon=True)
     reference.start()
-    log(f"starting the cluster of {cluster_config.path} (router + workers, loopback)")
-    with ClusterProcesses(cluster_config.path, log_dir=log_dir) as cluster:
+    where = "network namespaces, a tbf-shaped veth" if netns else "loopback"
+    log(f"starting the cluster of {cluster_config.path} (router + workers, {where})")
+    link_bytes: int | None = None
+    with ClusterProcesses(cluster_config.path, log_dir=log_dir, netns=netns) as cluster:
         ready = cluster.start()
         log(f"cluster ready: router {ready['router']}, {len(ready['workers'])} workers")
+        topology = cluster.topology
+        link_before = topology.link_tx_bytes() if topology is not None else 0
         # The reference compiles while the workers start; let it finish before the workload,
         # so its compiles do not compete with the requests being timed.
         reference.join()
@@ -301,6 +308,8 @@ def run_demo(
             # The router polls the link counters once per control period.
             time.sleep(2 * cluster_config.router.control_period_s)
             stats = stub.GetStats(pb.GetStatsRequest())
+            if topology is not None:
+                link_bytes = topology.link_tx_bytes() - link_before
         log(f"{len(results)} requests served")
     for result, tokens, answer in zip(results, expected["tokens"], answers, strict=True):
         result.expected_tokens, result.answer = tokens, answer
@@ -309,7 +318,9 @@ def run_demo(
         r.output_ok and r.bytes_ok and r.route_ok and r.recalled == r.recalled_alone
         for r in results
     )
-    summary = _summary(results, stats, time.perf_counter() - started, ok)
+    link_ok = link_bytes is None or link_matches(link_bytes, stats.egress_bytes)
+    summary = _summary(results, stats, time.perf_counter() - started, ok and link_ok)
+    summary["link_kernel_bytes"] = link_bytes
     if as_json:
         payload = {"requests": [r.to_json() for r in results], "summary": summary}
         json.dump(payload, sys.stdout, indent=2)
@@ -319,6 +330,17 @@ def run_demo(
         print()
         print(_format_summary(summary))
     return 0 if ok else 1
+
+
+# What the wire adds to the frames: Ethernet + IPv4 + TCP (with timestamps) headers are 66 bytes
+# per segment of at most 1,448 payload bytes (4.6 %), and gRPC adds its HTTP/2 frame headers.
+LINK_TOLERANCE = 0.08
+
+
+def link_matches(kernel_bytes: int, shipped_bytes: int) -> bool:
+    """The veth carried the shipped states: every shipped byte crossed it, and little else did
+    (at most `LINK_TOLERANCE` more: the headers)."""
+    return 0 < shipped_bytes <= kernel_bytes <= (1 + LINK_TOLERANCE) * shipped_bytes
 
 
 def _summary(results: list[DemoResult], stats: pb.RouterStats, wall_s: float, ok: bool) -> dict:
@@ -367,6 +389,19 @@ def _recall_lines(recall: dict | None) -> list[str]:
     ]
 
 
+def _link_lines(s: dict) -> list[str]:
+    kernel = s.get("link_kernel_bytes")
+    if kernel is None:
+        return []
+    shipped = s["egress_bytes"]
+    off = 100 * (kernel - shipped) / shipped if shipped else float("nan")
+    return [
+        f"bytes the kernel sent on the inter-cluster veth: {kernel} ({off:+.1f} % of the "
+        f"egress, headers included; within 0 to +{100 * LINK_TOLERANCE:.0f} %: "
+        f"{'yes' if link_matches(kernel, shipped) else 'NO'})"
+    ]
+
+
 def _format_summary(s: dict) -> str:
     n = s["requests"]
     ttft = s["mean_ttft_s"]
@@ -378,6 +413,7 @@ def _format_summary(s: dict) -> str:
         *_recall_lines(s["recall_accuracy"]),
         f"mean TTFT: PrfaaS {ttft['prfaas'] * 1e3:.0f} ms, PD {ttft['pd'] * 1e3:.0f} ms",
         f"inter-cluster egress: {s['egress_bytes']} bytes; final t = {s['threshold_final']:.0f}",
+        *_link_lines(s),
         f"wall time: {s['wall_s']:.1f} s (cluster start and compiles included)",
         "demo: OK" if s["ok"] else "demo: FAILED",
     ]

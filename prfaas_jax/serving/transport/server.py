@@ -1,6 +1,7 @@
 """gRPC plumbing shared by every server: `ServingServer` (health + reflection) and status mapping.
 
-`ServingServer` binds 127.0.0.1 on a free port (or the one given), registers the project's
+`ServingServer` binds `host` (127.0.0.1 unless the cluster config's `[hosts]` or `--netns` says
+otherwise) on a free port (or the one given), registers the project's
 servicers, the standard `grpc.health.v1.Health` service and server reflection, and starts
 NOT_SERVING; `set_serving` flips every registered service (and the overall "" entry) to
 SERVING once the process is ready (engines built and warmed). `abort_for` maps the project's
@@ -37,12 +38,13 @@ CHANNEL_OPTIONS = (
 
 
 class ServingServer:
-    """A started gRPC server on loopback with health and reflection."""
+    """A started gRPC server with health and reflection, on ``host`` (loopback by default)."""
 
     def __init__(
         self,
         registrations: Sequence[tuple[Callable[[object, grpc.Server], None], object, str]],
         *,
+        host: str = "127.0.0.1",
         port: int = 0,
         max_workers: int = 64,
         credentials: grpc.ServerCredentials | None = None,
@@ -67,19 +69,20 @@ class ServingServer:
             add(servicer, self.server)
         names = (*self.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, self.server)
-        bind = f"127.0.0.1:{port}"
+        self.host = host
+        bind = f"{host}:{port}"
         if credentials is None:
             self.port = self.server.add_insecure_port(bind)
         else:
             self.port = self.server.add_secure_port(bind, credentials)
         if self.port == 0:
-            raise OSError(f"cannot bind 127.0.0.1:{port}")
+            raise OSError(f"cannot bind {bind}")
         self._set(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.server.start()
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def _set(self, status: int) -> None:
         for name in ("", *self.service_names):

@@ -5,13 +5,16 @@ Exposes `WorkerNode` (the role, the engines and the `WorkerControl` service) and
 A node serves `WorkerControl` and `PrefixCache` (serving/worker/prefix.py: its hybrid prefix
 cache, which prefill goes through) always, and `PrefillWorker` or `DecodeWorker` according to
 its current role; a call for the other role is FAILED_PRECONDITION. PrfaaS nodes are prefill-only
-and own the inter-cluster `LinkShaper` (`SetLink` changes its bandwidth at run time). PD nodes
+and own the inter-cluster `LinkShaper` (`SetLink` changes its bandwidth at run time); under
+`--netns` the kernel shapes the link (`--kernel-link`: a `tbf` on the namespace's veth, which
+`SetLink` reshapes) and the shaper only adds the propagation delay. PD nodes
 may be switched between pd_prefill and pd_decode by `SetRole`, which the router sends only
 after draining the node: the call is refused while the node still has work, builds and warms
 the engine of the new role if this node never had it (both engines then stay resident, so
 switching back is instant), and returns how long that took.
 
-The process binds 127.0.0.1 on a free port, writes {"address", "pid"} to `--address-file`
+The process binds `--host` (127.0.0.1 by default; the cluster's host address under `--netns`)
+on a free port, writes {"address", "pid"} to `--address-file`
 (atomically) as soon as it listens, builds and warms the engine of its first role, then reports
 SERVING on the health service. With `[security]` certificates its port and every channel it
 opens use mutual TLS (serving/transport/security.py).
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import threading
 import time
@@ -39,6 +43,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.kernel_link import KernelLink, KernelLinkError
 from prfaas_jax.serving.transport.lifecycle import (
     die_with_parent,
     install_stop_handlers,
@@ -57,11 +62,12 @@ from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
 log = logging.getLogger("prfaas.worker")
 
 
-def link_profile(config: ClusterConfig) -> LinkProfile:
-    """One PrfaaS worker's share of the cluster's egress link."""
+def link_profile(config: ClusterConfig, *, kernel_shaped: bool = False) -> LinkProfile:
+    """One PrfaaS worker's share of the cluster's egress link; ``kernel_shaped``: the kernel
+    holds the rate (`--netns`), the sender only adds the propagation delay."""
     link, share = config.link, max(config.instances.prfaas_prefill, 1)
     return LinkProfile(
-        bandwidth_bytes_per_s=link.bandwidth_bytes_per_s / share,
+        bandwidth_bytes_per_s=math.inf if kernel_shaped else link.bandwidth_bytes_per_s / share,
         latency_s=link.latency_ms / 1e3,
         burst_bytes=link.burst_kib * 1024,
         schedule=link.schedule,
@@ -70,12 +76,25 @@ def link_profile(config: ClusterConfig) -> LinkProfile:
 
 
 class WorkerNode(pb_grpc.WorkerControlServicer):
-    def __init__(self, name: str, role: Role, config: ClusterConfig) -> None:
+    def __init__(
+        self, name: str, role: Role, config: ClusterConfig, *, kernel_link: str | None = None
+    ) -> None:
+        """``kernel_link``: the veth (in this process's namespace) whose `tbf` shapes the
+        inter-cluster link (`--netns`); None shapes it in this process."""
         self.name, self.config = name, config
         self._role, self._role_lock = role, threading.Lock()
         self.factory = EngineFactory(config)
         cfg, engine = self.factory.cfg, config.engine
-        self.shaper = LinkShaper(link_profile(config)) if role is Role.PRFAAS_PREFILL else None
+        prfaas = role is Role.PRFAAS_PREFILL
+        self.kernel_link = (
+            KernelLink(kernel_link, config.instances.prfaas_prefill)
+            if prfaas and kernel_link
+            else None
+        )
+        shaped_by_kernel = self.kernel_link is not None
+        self.shaper = (
+            LinkShaper(link_profile(config, kernel_shaped=shaped_by_kernel)) if prfaas else None
+        )
         # The cache lives as long as the process: a PD node switched to decode and back keeps it.
         self.prefixes = PrefixService(
             cfg=cfg,
@@ -166,9 +185,8 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
 
     def _link_state(self) -> pb.LinkState:
         assert self.shaper is not None
-        return pb.LinkState(
-            bandwidth_bytes_per_s=self.shaper.rate(), latency_s=self.shaper.latency_s
-        )
+        rate = self.kernel_link.rate() if self.kernel_link is not None else self.shaper.rate()
+        return pb.LinkState(bandwidth_bytes_per_s=rate, latency_s=self.shaper.latency_s)
 
     def SetRole(  # noqa: N802
         self, request: pb.SetRoleRequest, context: grpc.ServicerContext
@@ -205,9 +223,17 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
                 grpc.StatusCode.FAILED_PRECONDITION, f"{self.name} has no inter-cluster link"
             )
         try:
-            self.shaper.set_link(request.bandwidth_bytes_per_s, request.latency_s)
+            if self.kernel_link is None:
+                self.shaper.set_link(request.bandwidth_bytes_per_s, request.latency_s)
+            elif request.bandwidth_bytes_per_s > 0:
+                self.kernel_link.set_rate(request.bandwidth_bytes_per_s)
+                self.shaper.set_link(math.inf, request.latency_s)
+            else:
+                raise ValueError("a link needs bandwidth > 0 and latency ≥ 0")
         except ValueError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        except KernelLinkError as err:
+            context.abort(grpc.StatusCode.INTERNAL, f"cannot reshape the link: {err}")
         return self._link_state()
 
 
@@ -219,6 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address-file", required=True)
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
     parser.add_argument("--compile-cache", help="shared JAX compilation cache directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument(
+        "--kernel-link", metavar="DEV", help="the tbf-shaped veth of the inter-cluster link"
+    )
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
@@ -227,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     config = load_cluster_config(args.config)
     if args.compile_cache:
         enable_compile_cache(args.compile_cache)
-    node = WorkerNode(args.name, Role(args.role), config)
+    node = WorkerNode(args.name, Role(args.role), config, kernel_link=args.kernel_link)
     server = ServingServer(
         [
             (pb_grpc.add_WorkerControlServicer_to_server, node, full_service_name("WorkerControl")),
@@ -250,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         # With certificates configured, only CA-signed peers may call a worker (mutual TLS).
         credentials=server_credentials(config.security, require_client_auth=True),
         max_workers=node.rpc_threads,
+        host=args.host,
     )
     interpreted = node.factory.interprets_kernels
     write_json(
