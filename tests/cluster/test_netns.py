@@ -1,0 +1,189 @@
+"""Clusters in network namespaces (`--netns`, fake engines, real processes): the states cross a
+veth the kernel shapes, its byte counter matches the router's egress, the link runs at the rate
+it is shaped to and can be reshaped while serving without losing a request, and no namespace,
+veth or process outlives the cluster."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import pytest
+from serving_support import fake_config, generate
+
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.netns import (
+    NetnsTopology,
+    owned_namespaces,
+    remove_stale,
+    root_devices,
+)
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.kernel_link import tbf_rate_bytes_per_s
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+    reason="--netns needs root and iproute2 (ip, tc)",
+)
+
+RATE = 2_000_000.0  # bytes/s (16 Mbit/s); a 480-token toy state is ~100 KB
+PROMPT_LEN = 480
+
+
+def _config(root: pathlib.Path) -> pathlib.Path:
+    return fake_config(
+        root / "cluster.toml",
+        fake={"prefill_s_per_token": 1e-5, "decode_step_s": 0.001},
+        link={"bandwidth_mbps": RATE * 8 / 1e6, "latency_ms": 0.0},
+        engine={"max_len": 512, "max_slots": 8},
+        router={"prfaas_max_queue": 256, "max_in_flight": 64},
+    )
+
+
+def _devices_left(index: int) -> list[str]:
+    return [d for d in root_devices(index) if pathlib.Path(f"/sys/class/net/{d}").exists()]
+
+
+@pytest.fixture(scope="module")
+def netns_cluster(tmp_path_factory):
+    root = tmp_path_factory.mktemp("netns-cluster")
+    cluster = ClusterProcesses(_config(root), log_dir=root / "logs", netns=True)
+    with cluster:
+        ready = cluster.start()
+        index, pids = cluster.topology.index, [w["pid"] for w in ready["workers"].values()]
+        yield cluster, ready
+    # Nothing outlives the cluster: its namespaces, the root ends of its veths, its processes.
+    assert owned_namespaces(os.getpid()) == []
+    assert _devices_left(index) == []
+    for pid in [*pids, ready["router_pid"]]:
+        assert not pathlib.Path(f"/proc/{pid}").exists() or _is_zombie(pid), pid
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return pathlib.Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+class LinkSampler:
+    """The PrfaaS end's kernel tx counter, sampled every 20 ms on a thread."""
+
+    def __init__(self, topology: NetnsTopology) -> None:
+        self.topology, self.samples = topology, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((time.monotonic(), self.topology.link_tx_bytes()))
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def rate(self, start: float, end: float) -> float:
+        """Bytes/s over the samples in ``[start, end]`` (the link busy throughout)."""
+        inside = [(t, b) for t, b in self.samples if start <= t <= end]
+        (t0, b0), (t1, b1) = inside[0], inside[-1]
+        return (b1 - b0) / (t1 - t0)
+
+
+def _burst(stub, count: int, errors: list[str]) -> None:
+    def one(i: int) -> None:
+        try:
+            generate(stub, [(i + j) % 200 + 1 for j in range(PROMPT_LEN)], 1)
+        except grpc.RpcError as err:
+            errors.append(err.code().name)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=count) as pool:
+        list(pool.map(one, range(count)))
+
+
+def test_states_cross_the_shaped_veth(netns_cluster):
+    cluster, ready = netns_cluster
+    assert ready["netns"]["link_rate_bytes_per_s"] == RATE
+    assert ready["workers"]["prfaas-0"]["address"].startswith(ready["netns"]["prfaas_host"] + ":")
+    assert ready["workers"]["pd-1"]["address"].startswith(ready["netns"]["pd_host"] + ":")
+    with grpc.insecure_channel(ready["router"]) as channel:
+        stub = pb_grpc.RouterStub(channel)
+        before_router = stub.GetStats(pb.GetStatsRequest()).egress_bytes
+        before_kernel = cluster.topology.link_tx_bytes()
+        replies = [generate(stub, [7] * n, 2) for n in (32, 200, 480)]
+        assert [r.report.route for r in replies] == ["pd", "prfaas", "prfaas"]
+        time.sleep(1.0)  # the router polls the egress counters once per control period
+        shipped = stub.GetStats(pb.GetStatsRequest()).egress_bytes - before_router
+    sent = cluster.topology.link_tx_bytes() - before_kernel
+    states = sum(r.report.state_bytes for r in replies if r.report.route == "prfaas")
+    assert states <= shipped <= 1.02 * states  # the codec's frames: the state and its headers
+    # Every shipped byte crossed the veth, plus headers (66 B per ≤ 1,448-B segment) and framing.
+    assert shipped <= sent <= 1.08 * shipped, (sent, shipped)
+
+
+def test_the_link_runs_at_its_shaped_rate_and_reshapes_without_loss(netns_cluster):
+    cluster, ready = netns_cluster
+    errors: list[str] = []
+    sampler = LinkSampler(cluster.topology)
+    try:
+        with grpc.insecure_channel(ready["router"]) as channel:
+            stub = pb_grpc.RouterStub(channel)
+            control = pb_grpc.WorkerControlStub(
+                grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"])
+            )
+            start = time.monotonic()
+            _burst(stub, 30, errors)  # ~3 MB queued at once: the link stays busy
+            full = sampler.rate(start + 0.3, time.monotonic() - 0.3)
+            # Halve the rate through the worker, as the router or an operator would, while a
+            # second burst is in flight.
+            second = threading.Thread(target=_burst, args=(stub, 30, errors))
+            second.start()
+            time.sleep(0.2)
+            state = control.SetLink(pb.SetLinkRequest(bandwidth_bytes_per_s=RATE / 2))
+            changed = time.monotonic()
+            second.join()
+            half = sampler.rate(changed + 0.3, time.monotonic() - 0.3)
+    finally:
+        sampler.stop()
+    print(
+        f"measured {full:,.0f} B/s shaped to {RATE:,.0f}; {half:,.0f} B/s shaped to {RATE / 2:,.0f}"
+    )
+    assert errors == []  # no request lost to the change
+    assert full == pytest.approx(RATE, rel=0.15)
+    assert half == pytest.approx(RATE / 2, rel=0.15)
+    assert state.bandwidth_bytes_per_s == pytest.approx(RATE / 2, rel=1e-3)  # one PrfaaS worker
+    assert tbf_rate_bytes_per_s("link0", namespace=cluster.topology.prfaas_ns) == pytest.approx(
+        RATE / 2, rel=1e-3
+    )
+    cluster.topology.set_rate(RATE)  # as it was, for whatever runs next
+
+
+def test_a_killed_launchers_namespaces_go_at_the_next_start():
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    topology = NetnsTopology(255, dead.pid, RATE)
+    try:
+        topology._build()
+        assert set(owned_namespaces(dead.pid)) == {topology.prfaas_ns, topology.pd_ns}
+        removed = remove_stale()
+        assert {topology.prfaas_ns, topology.pd_ns} <= set(removed)
+        assert owned_namespaces(dead.pid) == [] and _devices_left(255) == []
+    finally:
+        topology.close()
+
+
+def test_netns_is_refused_in_one_line_without_root(tmp_path, monkeypatch):
+    from prfaas_jax.errors import UserError
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match="needs root"):
+        ClusterProcesses(_config(tmp_path), netns=True)
