@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -27,6 +28,7 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.model import init_state, prefill
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.model.weights import load_model
+from prfaas_jax.serving.cluster.netns import owned_namespaces
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.loadgen.demo import (
     DEMO_NEW_TOKENS,
@@ -73,19 +75,32 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+NETNS = pytest.param(
+    True,
+    id="netns",
+    marks=pytest.mark.skipif(
+        os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
+        reason="--netns needs root and iproute2 (ip, tc)",
+    ),
+)
+
+
 @pytest.mark.slow
-def test_demo_on_the_real_model(tmp_path, child_cache_home):
+@pytest.mark.parametrize("netns", [pytest.param(False, id="loopback"), NETNS])
+def test_demo_on_the_real_model(tmp_path, child_cache_home, netns):
     log_dir = tmp_path / "logs"
+    argv = [sys.executable, "-m", "prfaas_jax.cli", "demo", "--json", "--log-dir", str(log_dir)]
     # The demo's config keeps a compile cache: the session's (tests/conftest.py), not the user's.
-    result = subprocess.run(
-        [sys.executable, "-m", "prfaas_jax.cli", "demo", "--json", "--log-dir", str(log_dir)],
-        capture_output=True,
+    demo = subprocess.Popen(
+        [*argv, *(["--netns"] if netns else [])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
         env=dict(os.environ, XDG_CACHE_HOME=str(child_cache_home)),
     )
-    assert result.returncode == 0, result.stderr[-3000:]
-    payload = json.loads(result.stdout)
+    stdout, stderr = demo.communicate(timeout=600)
+    assert demo.returncode == 0, stderr[-3000:]
+    payload = json.loads(stdout)
     requests = payload["requests"]
     cluster_config = load_cluster_config("toy")
     preset = cluster_config.model.preset
@@ -113,3 +128,9 @@ def test_demo_on_the_real_model(tmp_path, child_cache_home):
     assert answered == [r["recalled_single_process"] for r in requests]
     assert summary["egress_bytes"] > 0
     assert not processes_mentioning(str(log_dir)), "processes left behind"
+    if netns:  # the states crossed the kernel-shaped veth: its count is theirs plus headers
+        assert summary["egress_bytes"] <= summary["link_kernel_bytes"]
+        assert summary["link_kernel_bytes"] <= 1.08 * summary["egress_bytes"]
+        assert owned_namespaces(demo.pid) == [], "namespaces left behind"
+    else:
+        assert summary["link_kernel_bytes"] is None
