@@ -107,7 +107,12 @@ def load_checkpoint(directory: str | os.PathLike[str]) -> tuple[ModelConfig, Par
             "`prfaas convert-hf` writes one)"
         )
     cfg = load_model_config(path)
-    target = param_specs(cfg)
+    # Every leaf whole on this process's first device: in a multi-process job each process reads
+    # the full tree (Orbax otherwise asks for the saving run's topology).
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), param_specs(cfg)
+    )
     try:
         params = ocp.StandardCheckpointer().restore(path / PARAMS_DIR, target)
     except (ValueError, KeyError, TypeError, OSError) as err:
