@@ -10,7 +10,8 @@ except `[model] preset` (docs/serving.md explains each):
                   (per prefill worker: requests waiting for or on its engine), max_pending_states
                   (per decode worker: states held outside a slot; 0 = router.max_in_flight)
     [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)
-    [instances]   prfaas_prefill, pd_prefill, pd_decode
+    [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
+                  PrfaaS instance, sharing [engine] prefill_mesh: engine/spmd.py)
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s
     [router]      threshold, prfaas_max_queue, bandwidth_abundant, control_period_s,
                   request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
@@ -40,12 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from prfaas_jax.model.sharding import parse_mesh_spec
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates
 from prfaas_jax.serving.cluster_sections import (
     ChaosSection,
     ControllerSection,
+    EngineKind,
     EngineSection,
     FakeSection,
     InstancesSection,
@@ -142,7 +145,7 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         return build(cls, doc.get(name, {}), where.at(name))
 
     engine = section("engine", EngineSection)
-    return ClusterConfig(
+    config = ClusterConfig(
         path=path,
         model=section("model", ModelSection),
         engine=engine,
@@ -157,6 +160,49 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         security=_security(doc.get("security", {}), where.at("security"), path.parent),
         chaos=section("chaos", ChaosSection),
     )
+    _check_processes(config, where)
+    return config
+
+
+def _check_processes(config: ClusterConfig, root: Where) -> None:
+    """A multi-process PrfaaS instance needs a prefill mesh it can split evenly, the JAX
+    engines, and no prefix cache (engine/spmd.py)."""
+    for key in ("prefill_mesh", "decode_mesh"):
+        if mesh := getattr(config.engine, key):
+            with located(root.at("engine").at(key)):
+                parse_mesh_spec(mesh)
+    processes = config.instances.prfaas_processes
+    if processes == 1:
+        return
+    where = root.at("instances").at("prfaas_processes")
+    mesh = config.engine.prefill_mesh
+    devices = parse_mesh_spec(mesh).num_devices if mesh else 1
+    if devices % processes:
+        raise where.error(
+            f"{processes} processes need [engine] prefill_mesh to span them with the same number "
+            f"of devices each (e.g. tensor={2 * processes}); {mesh or 'one device'} does not"
+        )
+    if config.model.engine != EngineKind.JAX:
+        raise where.error('needs [model] engine = "jax" (a fake engine has no devices)')
+    if config.prefix_cache.enabled:
+        raise where.error(
+            "needs [prefix_cache] enabled = false: a cached state would have to reach every "
+            "process of the instance"
+        )
+
+
+def local_devices(config: ClusterConfig, role: Role) -> int:
+    """CPU devices a worker process of ``role`` holds: its share of a multi-process PrfaaS
+    instance's mesh, else enough for the largest mesh the node may run (a PD node may switch
+    between prefill and decode)."""
+    meshes = [config.engine.prefill_mesh]
+    if role is Role.PRFAAS_PREFILL:
+        processes = config.instances.prfaas_processes
+    else:
+        processes = 1
+        meshes.append(config.engine.decode_mesh)
+    sizes = [parse_mesh_spec(mesh).num_devices for mesh in meshes if mesh]
+    return max(sizes, default=1) // processes
 
 
 def resolve_cluster_path(name_or_path: str | Path) -> Path:

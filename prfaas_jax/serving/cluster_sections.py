@@ -80,9 +80,13 @@ class InstancesSection:
     prfaas_prefill: int = 1
     pd_prefill: int = 1
     pd_decode: int = 1
+    # JAX processes per PrfaaS prefill instance: > 1 spans [engine] prefill_mesh over them
+    # (engine/spmd.py), each process holding prefill_mesh's devices / prfaas_processes.
+    prfaas_processes: int = 1
 
     def __post_init__(self) -> None:
         _check(min(self.prfaas_prefill, self.pd_prefill) >= 0, "instances", "counts must be ≥ 0")
+        _check(self.prfaas_processes >= 1, "instances.prfaas_processes", "must be ≥ 1")
         _check(self.pd_decode >= 1, "instances.pd_decode", "must be ≥ 1")
         ok = self.prfaas_prefill + self.pd_prefill >= 1
         _check(ok, "instances", "need a prefill instance")

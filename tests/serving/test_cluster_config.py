@@ -8,7 +8,7 @@ import pytest
 
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.routing import Role
-from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
+from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
 
 
 def test_toy_config():
@@ -116,3 +116,57 @@ def test_overload_keys(tmp_path):
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_cluster_config(write(tmp_path, text))
+
+
+MESH = '[engine]\nprefill_mesh = "tensor=4"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[instances]\nprfaas_processes = 0\n", "instances.prfaas_processes: must be ≥ 1"),
+        (
+            "[instances]\nprfaas_processes = 2\n",
+            "instances.prfaas_processes: 2 processes need [engine] prefill_mesh to span them",
+        ),
+        (
+            '[engine]\nprefill_mesh = "tensor=3"\n[instances]\nprfaas_processes = 2\n',
+            "tensor=3 does not",
+        ),
+        (
+            MESH + "[instances]\nprfaas_processes = 2\n[prefix_cache]\nenabled = true\n",
+            "instances.prfaas_processes: needs [prefix_cache] enabled = false",
+        ),
+        (
+            MESH + '[instances]\nprfaas_processes = 2\n[model]\nengine = "fake"\n',
+            'needs [model] engine = "jax"',
+        ),
+        ('[engine]\ndecode_mesh = "tensors=2"\n', "engine.decode_mesh: bad mesh entry"),
+    ],
+)
+def test_multiprocess_mistakes(tmp_path, text, message):
+    if "[model]" in text:  # a second [model] table: fold it into the first
+        path = tmp_path / "cluster.toml"
+        path.write_text(text.replace("[model]\n", '[model]\npreset = "tiny"\n'))
+    else:
+        path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_cluster_config(path)
+
+
+def test_local_devices_per_process(tmp_path):
+    """A multi-process PrfaaS instance splits prefill_mesh evenly; a PD node holds enough for
+    either of its meshes; no mesh, one device."""
+    config = load_cluster_config(
+        write(
+            tmp_path,
+            '[engine]\nprefill_mesh = "tensor=2,data=2"\ndecode_mesh = "tensor=8"\n'
+            "[instances]\nprfaas_processes = 2\n",
+        )
+    )
+    assert local_devices(config, Role.PRFAAS_PREFILL) == 2
+    assert local_devices(config, Role.PD_PREFILL) == local_devices(config, Role.PD_DECODE) == 8
+    assert local_devices(load_cluster_config(write(tmp_path, "")), Role.PD_DECODE) == 1
+    shipped = load_cluster_config("multiprocess")
+    assert shipped.instances.prfaas_processes == 2
+    assert local_devices(shipped, Role.PRFAAS_PREFILL) == 2

@@ -45,8 +45,8 @@ from prfaas_jax.engine.compile_cache import default_compile_cache_dir
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
-from prfaas_jax.serving.cluster.processes import ChildProcess
-from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config
+from prfaas_jax.serving.cluster.processes import ChildProcess, free_port
+from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
 
@@ -116,7 +116,7 @@ class ClusterProcesses:
         if self._temporary_logs and exc_type is None and not self.failed:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    def _spawn(
+    def _child(
         self,
         name: str,
         role: str,
@@ -128,30 +128,59 @@ class ClusterProcesses:
         argv = [*(prefix or []), sys.executable, "-m", module, "--config", self.config_path]
         argv += ["--parent-pid", str(os.getpid())]
         log_path = self.log_dir / f"{log_name or name}.log"
-        child = ChildProcess(
+        return ChildProcess(
             name,
             role,
             [*argv, *extra, "--address-file", str(log_path.with_suffix(".json"))],
             log_path,
         )
+
+    def _spawn(self, *args, **kwargs) -> ChildProcess:
+        child = self._child(*args, **kwargs)
         with self._children_lock:
             self.children.append(child)
         return child
 
     def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> ChildProcess:
+        """One instance: a worker process, or for a multi-process PrfaaS instance its leader
+        (process 0, which serves) with the followers attached to it (engine/spmd.py)."""
         extra = ["--name", name, "--role", role.value]
         if self.compile_cache:
             extra += ["--compile-cache", self.compile_cache]
-        prefix = None
+        devices = local_devices(self.config, role)
+        if devices > 1:
+            extra += ["--local-devices", str(devices)]
+        prfaas = role is Role.PRFAAS_PREFILL
+        host, prefix = "127.0.0.1", None
         if self.topology is not None:
-            prfaas = role is Role.PRFAAS_PREFILL
             topology = self.topology
-            extra += ["--host", topology.prfaas_host if prfaas else topology.pd_host]
+            host = topology.prfaas_host if prfaas else topology.pd_host
+            extra += ["--host", host]
             if prfaas:
                 extra += ["--kernel-link", LINK_DEVICE]
             prefix = topology.exec_prefix(prfaas)
         module = "prfaas_jax.serving.worker.main"
-        return self._spawn(name, role.value, module, extra, log_name, prefix)
+        processes = self.config.instances.prfaas_processes if prfaas else 1
+        if processes == 1:
+            return self._spawn(name, role.value, module, extra, log_name, prefix)
+        extra += ["--coordinator", f"{host}:{free_port()}", "--num-processes", str(processes)]
+        log_name = log_name or name
+        followers = [
+            self._child(
+                name,
+                role.value,
+                module,
+                [*extra, "--process-id", str(i)],
+                f"{log_name}.p{i}",
+                prefix,
+            )
+            for i in range(1, processes)
+        ]
+        leader = self._spawn(
+            name, role.value, module, [*extra, "--process-id", "0"], log_name, prefix
+        )
+        leader.followers = followers
+        return leader
 
     def _wait_serving(
         self, children: list[ChildProcess], deadline: float, stop: threading.Event | None = None
@@ -161,11 +190,11 @@ class ClusterProcesses:
             if self._stop.is_set() or (stop is not None and stop.is_set()):
                 raise ClusterError("interrupted while the cluster was starting")
             for child in list(waiting):
-                code = child.popen.poll()
-                if code is not None:
+                if (exited := child.exited()) is not None:
+                    process, code = exited
                     raise ClusterError(
                         f"{child.name} exited with status {code} while starting; its log "
-                        f"({child.log_path}) ends with:\n{child.log_tail()}"
+                        f"({process.log_path}) ends with:\n{process.log_tail()}"
                     )
                 if not child.info and child.address_file.exists():
                     child.info = json.loads(child.address_file.read_text())
@@ -246,12 +275,18 @@ class ClusterProcesses:
         return workers
 
     def worker_pid(self, name: str) -> int | None:
-        """The pid of the process that is instance `name` now (None: none is running)."""
+        """The pid of the process that is instance `name` now (None: none is running); of a
+        multi-process instance, its leader's."""
+        pids = self.instance_pids(name)
+        return pids[0] if pids else None
+
+    def instance_pids(self, name: str) -> list[int]:
+        """The pids of instance `name`'s running processes, its leader first."""
         with self._children_lock:
             for child in self.children:
                 if child.name == name and child.popen.poll() is None:
-                    return child.popen.pid
-        return None
+                    return [c.popen.pid for c in child.group() if c.popen.poll() is None]
+        return []
 
     def _supervise(self) -> None:
         """Replace dead workers until the cluster stops. Runs on its own thread, which then
@@ -259,21 +294,25 @@ class ClusterProcesses:
         as long as the cluster)."""
         while not self._stopping.wait(0.1):
             with self._children_lock:
-                dead = [
-                    c for c in self.children if c.role != "router" and c.popen.poll() is not None
-                ]
+                dead = [c for c in self.children if c.role != "router" and c.exited() is not None]
             for child in dead:
                 if self._stopping.is_set():
                     return
                 self._replace(child)
 
     def _replace(self, dead: ChildProcess) -> None:
-        code = dead.popen.poll()
+        process, code = dead.exited() or (dead, dead.popen.poll())
+        which = dead.name if process is dead else f"process {process.log_path.stem} of {dead.name}"
         print(
-            f"prfaas serve: {dead.name} exited with status {code}; restarting it",
+            f"prfaas serve: {which} exited with status {code}; restarting {dead.name}",
             file=sys.stderr,
             flush=True,
         )
+        # An instance lives and dies whole: its other processes would wait on the lost one.
+        for child in dead.group():
+            child.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=5)  # reaped: no zombie keeps its pid
         self.failed = True  # keep the logs: they hold the dead process's last words
         with self._children_lock:
             self.children.remove(dead)
@@ -307,13 +346,14 @@ class ClusterProcesses:
         self._stopping.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout=self.ready_timeout_s)
-        for child in reversed(self.children):  # the router first: it stops taking requests
+        processes = [p for child in reversed(self.children) for p in child.group()]
+        for child in processes:  # the router first: it stops taking requests
             child.signal_group(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        for child in self.children:
+        for child in processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=max(deadline - time.monotonic(), 0.1))
-        for child in self.children:
+        for child in processes:
             # Also catches anything a child left in its group.
             child.signal_group(signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):

@@ -1,13 +1,22 @@
 """`ChildProcess`: one process the launcher started (its own session, a log file, an address
-file). What each child does for itself (parent death, stop signals, its address file) is in
+file), with the followers of a multi-process instance; and `free_port`. What each child does
+for itself (parent death, stop signals, its address file) is in
 serving/transport/lifecycle.py."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the caller's child binds it a moment later)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 class ChildProcess:
@@ -27,6 +36,19 @@ class ChildProcess:
                 start_new_session=True,
             )
         self.info: dict = {}
+        # Processes 1… of a multi-process instance this child leads: they live and die with it.
+        self.followers: list[ChildProcess] = []
+
+    def group(self) -> list[ChildProcess]:
+        return [self, *self.followers]
+
+    def exited(self) -> tuple[ChildProcess, int] | None:
+        """The first process of this child's group that exited, with its status."""
+        for child in self.group():
+            code = child.popen.poll()
+            if code is not None:
+                return child, code
+        return None
 
     def log_tail(self, lines: int = 15) -> str:
         try:

@@ -6,8 +6,10 @@ engine/decode.py) with the preset's seeded weights, or the hand-computable fakes
 (engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
 compiles every executable a request can need — one prefill per length bucket at the fixed
 capacity `max_len`, the first-token sampler, the decode step and the slot insert — so that no
-request pays a compile. The worker processes share JAX's persistent compilation cache
-(engine/compile_cache.py): the first to compile an executable stores it, the others load it.
+request pays a compile. In a multi-process instance every process builds and warms the same
+engine, and the leader's is wrapped to publish each call to the others (engine/spmd.py). The
+worker processes share JAX's persistent compilation cache (engine/compile_cache.py): the first
+to compile an executable stores it, the others load it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
+from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.serving.cluster_config import ClusterConfig
 
@@ -27,8 +30,10 @@ log = logging.getLogger(__name__)
 class EngineFactory:
     """Builds (once) and warms the prefill and decode engines of one worker process."""
 
-    def __init__(self, config: ClusterConfig) -> None:
-        self.config = config
+    def __init__(self, config: ClusterConfig, group: ProcessGroup | None = None) -> None:
+        """``group``: this process's place in a multi-process instance (engine/spmd.py); its
+        leader's prefill engine publishes each call to the followers."""
+        self.config, self.group = config, group
         self.cfg: ModelConfig = load_model_config(config.model.preset)
         self._params: dict | None = None
         self._prefill: PrefillEngineLike | None = None
@@ -61,9 +66,17 @@ class EngineFactory:
         with self._lock:
             if self._prefill is None:
                 start = time.perf_counter()
-                self._prefill = self._build_prefill()
+                engine = self._build_prefill()  # every process warms up alike
+                if self.group is not None and self.group.num_processes > 1 and self.group.leader:
+                    engine = LeaderPrefillEngine(engine, CommandChannel())
+                self._prefill = engine
                 log.info("prefill engine ready in %.1f s", time.perf_counter() - start)
             return self._prefill
+
+    def close(self) -> None:
+        """A multi-process leader tells its followers to exit."""
+        if isinstance(self._prefill, LeaderPrefillEngine):
+            self._prefill.close()
 
     def decode_engine(self) -> DecodeEngineLike:
         with self._lock:

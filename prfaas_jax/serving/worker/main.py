@@ -36,8 +36,10 @@ import threading
 import time
 
 import grpc
+import jax
 
 from prfaas_jax.engine.compile_cache import enable_compile_cache
+from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
@@ -77,13 +79,20 @@ def link_profile(config: ClusterConfig, *, kernel_shaped: bool = False) -> LinkP
 
 class WorkerNode(pb_grpc.WorkerControlServicer):
     def __init__(
-        self, name: str, role: Role, config: ClusterConfig, *, kernel_link: str | None = None
+        self,
+        name: str,
+        role: Role,
+        config: ClusterConfig,
+        *,
+        kernel_link: str | None = None,
+        group: ProcessGroup | None = None,
     ) -> None:
         """``kernel_link``: the veth (in this process's namespace) whose `tbf` shapes the
-        inter-cluster link (`--netns`); None shapes it in this process."""
+        inter-cluster link (`--netns`); None shapes it in this process. ``group``: this node
+        leads a multi-process instance (engine/spmd.py)."""
         self.name, self.config = name, config
         self._role, self._role_lock = role, threading.Lock()
-        self.factory = EngineFactory(config)
+        self.factory = EngineFactory(config, group)
         cfg, engine = self.factory.cfg, config.engine
         prfaas = role is Role.PRFAAS_PREFILL
         self.kernel_link = (
@@ -249,15 +258,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kernel-link", metavar="DEV", help="the tbf-shaped veth of the inter-cluster link"
     )
+    parser.add_argument("--local-devices", type=int, help="CPU devices of this process")
+    spmd = parser.add_argument_group("a multi-process instance (engine/spmd.py)")
+    spmd.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's coordination service")
+    spmd.add_argument("--num-processes", type=int, default=1)
+    spmd.add_argument("--process-id", type=int, default=0, help="0 serves; the others follow it")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(message)s")
-    stop = install_stop_handlers()
+    tag = args.name if args.process_id == 0 else f"{args.name}/{args.process_id}"
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(message)s")
     config = load_cluster_config(args.config)
+    group = None
+    if args.num_processes > 1:
+        group = ProcessGroup(
+            args.coordinator, args.num_processes, args.process_id, args.local_devices or 1
+        )
+        join(group)  # before anything touches a device
+    elif args.local_devices:
+        jax.config.update("jax_num_cpu_devices", args.local_devices)
+    # After join: jax.distributed installs a SIGTERM handler of its own (preemption notices).
+    stop = install_stop_handlers()
     if args.compile_cache:
         enable_compile_cache(args.compile_cache)
-    node = WorkerNode(args.name, Role(args.role), config, kernel_link=args.kernel_link)
+    if group is not None and not group.leader:
+        return _follow(config, group, args.address_file, stop)
+    node = WorkerNode(args.name, Role(args.role), config, kernel_link=args.kernel_link, group=group)
     server = ServingServer(
         [
             (pb_grpc.add_WorkerControlServicer_to_server, node, full_service_name("WorkerControl")),
@@ -304,6 +330,23 @@ def main(argv: list[str] | None = None) -> int:
         pass
     server.stop()
     node.decode.stop()
+    node.factory.close()
+    return 0
+
+
+def _follow(
+    config: ClusterConfig, group: ProcessGroup, address_file: str, stop: threading.Event
+) -> int:
+    """A follower process: warm the same engine as the leader, then replay its calls."""
+    engine = EngineFactory(config, group).prefill_engine()
+    write_json(address_file, {"pid": os.getpid(), "process_id": group.process_id})
+    log.info("following process 0 at %s", group.coordinator)
+    try:
+        replayed = follow(engine, CommandChannel(), stop)
+    except LeaderLostError as err:
+        log.error("%s; exiting", err)
+        return 1
+    log.info("replayed %d prefills; stopping", replayed)
     return 0
 
 
