@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prfaas_jax.cli.flags import add_json_flag, parse_int_list, print_json
@@ -122,11 +123,25 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="load-test a running router (vllm bench serve conventions)",
         description="Send prompts to a router at a Poisson or gamma arrival rate and report "
         "TTFT, TPOT, ITL and end-to-end latency (mean, median, std, percentiles), goodput "
-        "against SLOs, the fraction offloaded to PrfaaS and the inter-cluster egress.",
+        "against SLOs, the fraction offloaded to PrfaaS and the inter-cluster egress (with a "
+        "link device, also as the kernel counted it on the wire).",
         epilog="example: prfaas bench --router 127.0.0.1:50051 --num-prompts 50 "
-        "--request-rate 4 --burstiness 0.5 --goodput ttft:500 tpot:50",
+        "--request-rate 4 --burstiness 0.5 --goodput ttft:500 tpot:50; against "
+        "`prfaas serve --netns --ready-file ready.json`: prfaas bench --ready-file ready.json",
     )
-    p.add_argument("--router", required=True, help="router address host:port (the ready file's)")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--router", help="router address host:port")
+    target.add_argument(
+        "--ready-file",
+        help="a `prfaas serve --ready-file` file: its router, and under --netns its link device",
+    )
+    p.add_argument(
+        "--link-device",
+        type=_link_device,
+        metavar="[NS/]DEV",
+        help="also count the bytes the kernel sends on this network device (in network "
+        "namespace NS), e.g. the inter-cluster link's; needs the rights to read it there",
+    )
     p.add_argument("--num-prompts", type=int, default=100, help="requests to send (default 100)")
     p.add_argument(
         "--request-rate",
@@ -186,6 +201,32 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_run_bench)
 
 
+def _link_device(text: str):
+    from prfaas_jax.serving.loadgen.bench import LinkDevice
+
+    try:
+        return LinkDevice.parse(text)
+    except UserError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _bench_target(args: argparse.Namespace):
+    """The router address and the link device: from the flags, or from a ready file."""
+    from prfaas_jax.serving.loadgen.bench import LinkDevice
+
+    if args.router:
+        return args.router, args.link_device
+    try:
+        ready = json.loads(Path(args.ready_file).read_text())
+        router, netns = ready["router"], ready.get("netns")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"cannot read the ready file {args.ready_file}: {err}") from None
+    link = args.link_device
+    if link is None and netns:
+        link = LinkDevice(netns["link_device"], netns["prfaas_namespace"])
+    return router, link
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from prfaas_jax.serving.loadgen.bench import (
         BenchOptions,
@@ -195,8 +236,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     )
     from prfaas_jax.serving.transport.security import client_section
 
+    router, link_device = _bench_target(args)
     opts = BenchOptions(
-        router=args.router,
+        router=router,
+        link_device=link_device,
         num_prompts=args.num_prompts,
         request_rate=args.request_rate,
         burstiness=args.burstiness,

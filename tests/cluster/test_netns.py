@@ -6,6 +6,7 @@ veth or process outlives the cluster."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import pathlib
 import shutil
@@ -18,6 +19,7 @@ import grpc
 import pytest
 from serving_support import fake_config, generate
 
+from prfaas_jax.cli import main as prfaas
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster.netns import (
     NetnsTopology,
@@ -128,6 +130,32 @@ def test_states_cross_the_shaped_veth(netns_cluster):
     assert states <= shipped <= 1.02 * states  # the codec's frames: the state and its headers
     # Every shipped byte crossed the veth, plus headers (66 B per ≤ 1,448-B segment) and framing.
     assert shipped <= sent <= 1.08 * shipped, (sent, shipped)
+
+
+def test_bench_reports_the_veths_bytes_next_to_the_routers(netns_cluster, tmp_path, capsys):
+    """`prfaas bench --ready-file` finds the router and, under --netns, the link's veth: its
+    kernel count sits next to the router's egress, above it by the headers only."""
+    cluster, ready = netns_cluster
+    ready_file = tmp_path / "ready.json"
+    ready_file.write_text(json.dumps(ready))
+    argv = ["bench", "--ready-file", str(ready_file), "--num-prompts", "12"]
+    argv += ["--input-dist", "fixed", "--input-len", "300", "--output-len", "2", "--json"]
+    before = cluster.topology.link_tx_bytes()
+    code = prfaas(argv)
+    sent = cluster.topology.link_tx_bytes() - before
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["completed"] == 12 and summary["offload_fraction"] == 1.0
+    egress, kernel = summary["egress_bytes"], summary["link_kernel_bytes"]
+    assert egress > 12 * 50_000  # twelve 300-token states
+    assert egress <= kernel <= 1.08 * egress, (kernel, egress)
+    assert kernel <= sent  # the bench's window lies inside this test's
+    argv[argv.index("--json")] = "--seed"
+    argv.append("1")
+    assert prfaas(argv) == 0
+    text = capsys.readouterr().out
+    assert "Egress on the link device (bytes)" in text and "over the router's count" in text
 
 
 def test_the_link_runs_at_its_shaped_rate_and_reshapes_without_loss(netns_cluster):

@@ -12,6 +12,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.serving.loadgen.bench import (
     BenchOptions,
     BenchResult,
+    LinkDevice,
     arrival_times,
     format_summary,
     input_lengths,
@@ -92,3 +93,21 @@ def test_metrics_on_literal_records():
     text = format_summary(s, opts)
     assert "Serving Benchmark Result" in text and "P90 E2EL (ms)" in text
     assert "Request goodput (req/s)" in text and "64 → 80" in text
+    assert s["link_kernel_bytes"] is None and "link device" not in text
+    # With the link's device: the kernel's count, and how far above the router's it is.
+    s = summarize(records, {**context, "link_kernel_bytes": 26_250_000}, opts)
+    assert s["link_kernel_bytes"] == 26_250_000
+    text = format_summary(s, opts)
+    assert "Egress on the link device (bytes)" in text and "26250000" in text
+    assert "+5.0%" in text
+
+
+def test_link_device_names():
+    assert LinkDevice.parse("link0") == LinkDevice("link0")
+    assert LinkDevice.parse("prfaas-1-0-pf/link0") == LinkDevice("link0", "prfaas-1-0-pf")
+    assert str(LinkDevice("link0", "ns")) == "ns/link0"
+    for bad in ("", "ns/"):
+        with pytest.raises(UserError, match="expected DEV or NAMESPACE/DEV"):
+            LinkDevice.parse(bad)
+    with pytest.raises(UserError, match="cannot read the link device's counters"):
+        LinkDevice("no-such-device0").tx_bytes()

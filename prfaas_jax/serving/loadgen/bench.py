@@ -1,7 +1,7 @@
 """`prfaas bench`: a load generator for a running router, with `vllm bench serve` conventions.
 
-Exposes `BenchOptions`, `InputDist`, `arrival_times`, `input_lengths`, `run_bench`, `summarize`
-and `format_summary`.
+Exposes `BenchOptions`, `LinkDevice`, `InputDist`, `arrival_times`, `input_lengths`,
+`run_bench`, `summarize` and `format_summary`.
 
 Arrivals (vLLM's `get_request`): inter-arrival gaps ~ Gamma(shape = burstiness,
 scale = 1 / (rate · burstiness)), so the mean gap is 1/rate for any burstiness (1: Poisson,
@@ -18,7 +18,9 @@ Metrics, per vLLM's definitions: TTFT (send → first token), TPOT = (E2EL − T
 ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chosen percentiles;
 goodput = requests/s that meet every SLO given (DistServe). PrfaaS-specific: the fraction of
 requests offloaded (from each RequestReport), and the inter-cluster egress during the run (the
-router's counter before and after).
+router's counter before and after); given the link's network device (`LinkDevice`: under
+`prfaas serve --netns`, the ready file names it), also the bytes the kernel sent through it,
+headers and retransmissions included, next to the router's count of state bytes.
 
 A router behind TLS or a bearer token (the `[security]` section, serving/transport/security.py) is
 reached with `security`: its CA certificate, and the token file or a client certificate.
@@ -42,6 +44,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.kernel_link import KernelLinkError, device_bytes
 from prfaas_jax.serving.transport.security import router_channel
 
 PAPER_MU, PAPER_SIGMA, PAPER_MIN, PAPER_MAX = 9.90, 1.00, 128, 131072
@@ -55,6 +58,32 @@ class InputDist(enum.StrEnum):
     UNIFORM = "uniform"
     LOGNORMAL = "lognormal"
     PAPER = "paper"
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkDevice:
+    """The inter-cluster link's network device on this machine, in ``namespace`` (None: this
+    process's)."""
+
+    device: str
+    namespace: str | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> LinkDevice:
+        """``DEV`` or ``NAMESPACE/DEV``."""
+        namespace, _, device = text.rpartition("/")
+        if not device:
+            raise UserError(f"bad link device {text!r}: expected DEV or NAMESPACE/DEV")
+        return cls(device, namespace or None)
+
+    def tx_bytes(self) -> int:
+        try:
+            return device_bytes(self.device, namespace=self.namespace)[0]
+        except KernelLinkError as err:
+            raise UserError(f"cannot read the link device's counters: {err}") from None
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.device}" if self.namespace else self.device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +105,7 @@ class BenchOptions:
     goodput: dict[str, float] = dataclasses.field(default_factory=dict)  # metric → SLO in ms
     timeout_s: float = 300.0
     security: SecuritySection | None = None  # the router's CA, client cert, token (None: plain)
+    link_device: LinkDevice | None = None  # count the kernel's bytes on the link (None: don't)
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
@@ -190,6 +220,8 @@ def run_bench(
             raise UserError(
                 f"--output-len {opts.output_len} leaves no room in max_len {before.max_len}"
             )
+        link = opts.link_device
+        link_before = link.tx_bytes() if link is not None else 0
         lengths = input_lengths(opts, max_prompt, rng)
         offsets = arrival_times(opts.num_prompts, opts.request_rate, opts.burstiness, rng)
         prompts = [rng.integers(0, before.vocab_size, size=int(n)).tolist() for n in lengths]
@@ -218,9 +250,11 @@ def run_bench(
         duration = time.perf_counter() - start
         time.sleep(1.0)  # the router polls link counters every control period
         after = stub.GetStats(pb.GetStatsRequest(), timeout=10)
+        link_after = link.tx_bytes() if link is not None else 0
     context = {
         "duration_s": duration,
         "egress_bytes": after.egress_bytes - before.egress_bytes,
+        "link_kernel_bytes": link_after - link_before if link is not None else None,
         "threshold_start": before.threshold,
         "threshold_end": after.threshold,
         "model": before.model,
@@ -271,6 +305,9 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
         "egress_bytes": context["egress_bytes"],
         "egress_bytes_per_s": context["egress_bytes"] / duration,
         "egress_gbps": context["egress_bytes"] * 8 / 1e9 / duration,
+        # The kernel's count on the link device (None: no device given): state bytes plus
+        # gRPC, TCP and IP framing, retransmissions and anything else that crossed it.
+        "link_kernel_bytes": context.get("link_kernel_bytes"),
         "threshold_start": context["threshold_start"],
         "threshold_end": context["threshold_end"],
     }
@@ -295,6 +332,13 @@ def format_summary(s: dict, opts: BenchOptions) -> str:
         ("Offloaded to PrfaaS", f"{s['offload_fraction']:.1%}"),
         ("Inter-cluster egress (bytes)", str(s["egress_bytes"])),
         ("Inter-cluster egress (MB/s)", f"{s['egress_bytes_per_s'] / 1e6:.3f}"),
+    ]
+    if s["link_kernel_bytes"] is not None:
+        kernel, egress = s["link_kernel_bytes"], s["egress_bytes"]
+        rows.append(("Egress on the link device (bytes)", str(kernel)))
+        if egress:
+            rows.append(("  over the router's count", f"{kernel / egress - 1:+.1%}"))
+    rows += [
         ("Threshold t (start → end)", f"{s['threshold_start']:.0f} → {s['threshold_end']:.0f}"),
     ]
     titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)"}
