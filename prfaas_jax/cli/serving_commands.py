@@ -82,17 +82,39 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ready-file",
         help="write JSON {router, metrics, model, seed, workers: {name: {address, pid, role}}} "
-        "here once every server is SERVING (removed on shutdown)",
+        "here once every server is SERVING (removed on shutdown; router, metrics and pid are "
+        "null for what another machine runs)",
     )
     p.add_argument("--log-dir", help="where the processes' logs go (default: a temp dir)")
+    p.add_argument(
+        "--only",
+        type=_parts,
+        default=_parts("router,prfaas,pd"),
+        metavar="PARTS",
+        help="the parts of the cluster this machine runs, comma-separated from router, prfaas "
+        "and pd (default: all); another machine runs the rest at the config's [hosts] "
+        "addresses (docs/serving.md, Several machines)",
+    )
     add_netns_flag(p)
     p.set_defaults(run=_run_serve)
+
+
+def _parts(text: str) -> frozenset[str]:
+    parts = frozenset(filter(None, (p.strip() for p in text.split(","))))
+    unknown = sorted(parts - {"router", "prfaas", "pd"})
+    if unknown or not parts:
+        raise argparse.ArgumentTypeError(
+            f"expected some of router, prfaas, pd; got {', '.join(unknown) or 'nothing'}"
+        )
+    return parts
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from prfaas_jax.serving.cluster.launcher import serve
 
-    return serve(args.config, args.ready_file, log_dir=args.log_dir, netns=args.netns)
+    return serve(
+        args.config, args.ready_file, log_dir=args.log_dir, netns=args.netns, only=args.only
+    )
 
 
 def _parse_goodput(items: list[str]) -> dict[str, float]:

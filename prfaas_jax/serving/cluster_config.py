@@ -29,6 +29,9 @@ except `[model] preset` (docs/serving.md explains each):
                   (serving/transport/security.py)
     [chaos]       corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
                   fault injection in the prefill workers (serving/worker/faults.py); all zero = none
+    [hosts]       router, prfaas, pd, or an instance's name ("pd-1"): "HOST" or "HOST:PORT",
+                  where each server listens (instance i of a cluster at PORT + i; the metrics
+                  endpoint on the router's host); loopback and free ports by default
 
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type or out
 of range (`toml_config`).
@@ -48,9 +51,11 @@ from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_c
 from prfaas_jax.serving.cluster_sections import (
     ChaosSection,
     ControllerSection,
+    Endpoint,
     EngineKind,
     EngineSection,
     FakeSection,
+    HostsSection,
     InstancesSection,
     LinkSection,
     ModelSection,
@@ -80,6 +85,7 @@ class ClusterConfig:
     prefix_cache: PrefixCacheSection = dataclasses.field(default_factory=PrefixCacheSection)
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
     chaos: ChaosSection = dataclasses.field(default_factory=ChaosSection)
+    hosts: HostsSection = dataclasses.field(default_factory=HostsSection)
 
     @property
     def pending_states_limit(self) -> int:
@@ -160,8 +166,43 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         security=_security(doc.get("security", {}), where.at("security"), path.parent),
         chaos=section("chaos", ChaosSection),
     )
+    config = dataclasses.replace(
+        config, hosts=_hosts(doc.get("hosts", {}), where.at("hosts"), config)
+    )
     _check_processes(config, where)
     return config
+
+
+def _hosts(table: object, where: Where, config: ClusterConfig) -> HostsSection:
+    """`[hosts]`: role keys and instance names, each ``HOST`` or ``HOST:PORT``; no two servers
+    may be given the same fixed port on one host."""
+    if not isinstance(table, dict):
+        raise where.error("expected a table")
+    names = list(instance_roles(config))
+    roles: dict[str, Endpoint] = {}
+    instances: list[tuple[str, Endpoint]] = []
+    for key, raw in table.items():
+        if key not in ("router", "prfaas", "pd", *names):
+            raise where.at(key).error(
+                f"unknown key (expected router, prfaas, pd or an instance name: {', '.join(names)})"
+            )
+        if not isinstance(raw, str):
+            raise where.at(key).error(f"expected a string HOST or HOST:PORT, got {raw!r}")
+        with located(where.at(key)):
+            endpoint = Endpoint.parse(raw, f"hosts.{key}")
+        if key in ("router", "prfaas", "pd"):
+            roles[key] = endpoint
+        else:
+            instances.append((key, endpoint))
+    hosts = HostsSection(**roles, instances=tuple(instances))
+    taken: dict[tuple[str, int], str] = {}
+    for name in ("router", *names):
+        endpoint = hosts.endpoint(name)
+        if endpoint.port:
+            other = taken.setdefault((endpoint.host, endpoint.port), name)
+            if other != name:
+                raise where.error(f"{other} and {name} would both listen on {endpoint}")
+    return hosts
 
 
 def _check_processes(config: ClusterConfig, root: Where) -> None:

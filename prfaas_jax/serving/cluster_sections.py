@@ -1,7 +1,8 @@
 """The sections of a toy-cluster config, one frozen dataclass each: `ModelSection`,
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
-`SecuritySection` and `ChaosSection`; and `EngineKind`, the `[model] engine` choice.
+`SecuritySection`, `ChaosSection` and `HostsSection` (with its `Endpoint`s); and `EngineKind`,
+the `[model] engine` choice.
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
@@ -236,3 +237,54 @@ class ChaosSection:
     def enabled(self) -> bool:
         probs = (self.corrupt_frame_prob, self.drop_transfer_prob, self.blank_state_prob)
         return any(p > 0 for p in probs)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where a server listens: a host (an address of this machine, which is also the address
+    the others dial) and a port (0: any free one, learned from the process's address file)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @classmethod
+    def parse(cls, text: str, key: str) -> Endpoint:
+        """``HOST`` or ``HOST:PORT``."""
+        host, colon, port = text.rpartition(":")
+        if not colon:
+            host, port = text, "0"
+        ok = bool(host) and not any(c.isspace() or c == ":" for c in host)
+        ok = ok and port.isdigit() and int(port) < 65536
+        _check(ok, key, f"expected HOST or HOST:PORT (IPv4 or a name), got {text!r}")
+        return cls(host, int(port))
+
+    def offset(self, index: int) -> Endpoint:
+        """The endpoint of the ``index``-th instance sharing this one: the next ports up."""
+        return Endpoint(self.host, self.port + index if self.port else 0)
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class HostsSection:
+    """`[hosts]`: where every server listens. `router` (its front door; the metrics endpoint
+    binds the same host at `[router] metrics_port`), `prfaas` and `pd` (instance i of a cluster
+    at PORT + i), or one instance by name (`"pd-1" = "10.0.0.3:50300"`). One box keeps the
+    loopback defaults; across machines each entry is an address of the machine that runs it,
+    with a port wherever another machine's `prfaas serve --only …` must find it."""
+
+    router: Endpoint = Endpoint()
+    prfaas: Endpoint = Endpoint()
+    pd: Endpoint = Endpoint()
+    instances: tuple[tuple[str, Endpoint], ...] = ()  # per-instance entries, by name
+
+    def endpoint(self, name: str) -> Endpoint:
+        """Instance ``name`` (``prfaas-<i>``, ``pd-<i>``) or ``router``: where it listens."""
+        own = dict(self.instances).get(name)
+        if own is not None:
+            return own
+        if name == "router":
+            return self.router
+        cluster, _, index = name.rpartition("-")
+        return (self.prfaas if cluster == "prfaas" else self.pd).offset(int(index))

@@ -170,3 +170,49 @@ def test_local_devices_per_process(tmp_path):
     shipped = load_cluster_config("multiprocess")
     assert shipped.instances.prfaas_processes == 2
     assert local_devices(shipped, Role.PRFAAS_PREFILL) == 2
+
+
+def test_hosts(tmp_path):
+    config = load_cluster_config(
+        write(
+            tmp_path,
+            "[instances]\nprfaas_prefill = 2\npd_prefill = 1\npd_decode = 2\n"
+            '[hosts]\nrouter = "10.0.0.2:50050"\nprfaas = "10.0.0.1:50100"\n'
+            'pd = "10.0.0.2"\n"pd-2" = "10.0.0.3:50300"\n',
+        )
+    )
+    hosts = config.hosts
+    assert [str(hosts.endpoint(n)) for n in ("router", "prfaas-0", "prfaas-1")] == [
+        "10.0.0.2:50050",
+        "10.0.0.1:50100",
+        "10.0.0.1:50101",  # instance i at PORT + i
+    ]
+    assert [str(hosts.endpoint(n)) for n in ("pd-0", "pd-1", "pd-2")] == [
+        "10.0.0.2:0",  # no port: a free one
+        "10.0.0.2:0",
+        "10.0.0.3:50300",  # its own entry
+    ]
+    defaults = load_cluster_config(write(tmp_path, "")).hosts
+    assert str(defaults.endpoint("pd-1")) == str(defaults.endpoint("router")) == "127.0.0.1:0"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[hosts]\nrouters = "a"\n', "hosts.routers: unknown key (expected router, prfaas, pd"),
+        ('[hosts]\n"pd-7" = "a"\n', "hosts.pd-7: unknown key"),
+        ("[hosts]\npd = 5\n", "hosts.pd: expected a string HOST or HOST:PORT, got 5"),
+        ('[hosts]\npd = "10.0.0.1:http"\n', "hosts.pd: expected HOST or HOST:PORT"),
+        ('[hosts]\npd = "10.0.0.1:70000"\n', "hosts.pd: expected HOST or HOST:PORT"),
+        ('[hosts]\npd = ":5"\n', "hosts.pd: expected HOST or HOST:PORT"),
+        ('[hosts]\npd = "::1"\n', "hosts.pd: expected HOST or HOST:PORT"),
+        (
+            '[hosts]\nprfaas = "h:5000"\npd = "h:4999"\n',
+            "hosts: prfaas-0 and pd-1 would both listen on h:5000",
+        ),
+        ('[hosts]\nrouter = "h:80"\n"pd-0" = "h:80"\n', "router and pd-0 would both listen"),
+    ],
+)
+def test_hosts_mistakes(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_cluster_config(write(tmp_path, text))

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir
@@ -49,6 +50,14 @@ from prfaas_jax.serving.cluster.processes import ChildProcess, free_port
 from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
+
+PARTS = ("router", "prfaas", "pd")
+
+
+def _part(name: str) -> str:
+    """The part of the cluster instance ``name`` belongs to."""
+    return "prfaas" if name.startswith("prfaas-") else "pd"
+
 
 INTERPRETED_WARNING = (
     'prfaas serve: warning: impl = "pallas" without a GPU or TPU: the workers run the Pallas '
@@ -71,12 +80,35 @@ class ClusterProcesses:
         stop_event: threading.Event | None = None,
         restart_workers: bool = False,
         netns: bool = False,
+        only: Collection[str] = PARTS,
     ) -> None:
         """`restart_workers`: replace a worker process that dies (same name and role, a new
-        port) from a supervisor thread, and tell the router through the workers file.
-        `netns`: run each cluster in its own network namespace, the link between them shaped
-        by the kernel (serving/cluster/netns.py); the router stays in this namespace."""
+        port unless `[hosts]` fixes it) from a supervisor thread, and tell the router through
+        the workers file. `netns`: run each cluster in its own network namespace, the link
+        between them shaped by the kernel (serving/cluster/netns.py); the router stays in this
+        namespace. `only`: the parts this machine runs (`PARTS`: the router, the PrfaaS and the
+        PD cluster); another machine runs the rest, at the `[hosts]` addresses."""
         self.config = load_cluster_config(config_path)
+        self.only = frozenset(only)
+        unknown = sorted(self.only - set(PARTS))
+        if unknown or not self.only:
+            raise UserError(
+                f"--only takes some of {', '.join(PARTS)}, got {', '.join(unknown) or 'nothing'}"
+            )
+        roles = instance_roles(self.config)
+        self.remote = {n: r for n, r in roles.items() if _part(n) not in self.only}
+        if netns and self.remote:
+            raise UserError(
+                "--netns runs both clusters on this machine: it does not go with --only"
+            )
+        if "router" in self.only:
+            for name in self.remote:  # the router must find them without an address file
+                if not self.config.hosts.endpoint(name).port:
+                    raise UserError(
+                        f"{name} runs on another machine (--only {','.join(sorted(self.only))}): "
+                        f'[hosts] must give its port ({_part(name)} = "HOST:PORT" or '
+                        f'"{name}" = "HOST:PORT") so the router can reach it'
+                    )
         if netns:
             require_netns()
             if self.config.security.tls:
@@ -151,19 +183,23 @@ class ClusterProcesses:
         if devices > 1:
             extra += ["--local-devices", str(devices)]
         prfaas = role is Role.PRFAAS_PREFILL
-        host, prefix = "127.0.0.1", None
+        endpoint, prefix = self.config.hosts.endpoint(name), None
+        host = endpoint.host
         if self.topology is not None:
             topology = self.topology
             host = topology.prfaas_host if prfaas else topology.pd_host
-            extra += ["--host", host]
             if prfaas:
                 extra += ["--kernel-link", LINK_DEVICE]
             prefix = topology.exec_prefix(prfaas)
+        extra += ["--host", host]
+        if endpoint.port:
+            extra += ["--port", str(endpoint.port)]
         module = "prfaas_jax.serving.worker.main"
         processes = self.config.instances.prfaas_processes if prfaas else 1
         if processes == 1:
             return self._spawn(name, role.value, module, extra, log_name, prefix)
-        extra += ["--coordinator", f"{host}:{free_port()}", "--num-processes", str(processes)]
+        port = free_port() if self.topology is not None else free_port(host)
+        extra += ["--coordinator", f"{host}:{port}", "--num-processes", str(processes)]
         log_name = log_name or name
         followers = [
             self._child(
@@ -212,9 +248,11 @@ class ClusterProcesses:
                 time.sleep(0.1)
 
     def start(self) -> dict:
-        """Start every process and wait until all are SERVING; returns the ready info."""
+        """Start every process of this machine's parts and wait until all are SERVING (and,
+        with the router here, the other machines' instances too); returns the ready info."""
         deadline = time.monotonic() + self.ready_timeout_s
-        roles = instance_roles(self.config)
+        roles = {n: r for n, r in instance_roles(self.config).items() if n not in self.remote}
+        router = None
         try:
             if self.netns:
                 self.topology = NetnsTopology.create(self.config.link.bandwidth_bytes_per_s)
@@ -230,13 +268,14 @@ class ClusterProcesses:
             rest = [self._spawn_worker(n, r) for n, r in pending]
             self._wait_serving(rest, deadline)
             workers = self._write_workers()
-            router = self._spawn(
-                "router",
-                "router",
-                "prfaas_jax.serving.router.main",
-                ["--workers", str(self._workers_file)],
-            )
-            self._wait_serving([router], deadline)
+            if "router" in self.only:
+                self._wait_remote(deadline)
+                extra = ["--workers", str(self._workers_file)]
+                endpoint = self.config.hosts.router
+                if self.topology is None:  # under --netns the router stays on loopback
+                    extra += ["--host", endpoint.host, "--port", str(endpoint.port)]
+                router = self._spawn("router", "router", "prfaas_jax.serving.router.main", extra)
+                self._wait_serving([router], deadline)
             if self.restart_workers:
                 self._supervisor = threading.Thread(
                     target=self._supervise, name="cluster-supervisor", daemon=True
@@ -246,13 +285,13 @@ class ClusterProcesses:
             self.stop()
             raise
         self.ready = {
-            "router": router.info["address"],
-            "metrics": router.info["metrics"],
+            "router": router.info["address"] if router else None,
+            "metrics": router.info["metrics"] if router else None,
             "model": self.config.model.preset,
             "seed": self.config.model.seed,
-            "workers": {name: workers[name] for name in roles},
+            "workers": {name: workers[name] for name in instance_roles(self.config)},
             "pid": os.getpid(),
-            "router_pid": router.info["pid"],
+            "router_pid": router.info["pid"] if router else None,
             "log_dir": str(self.log_dir),
             # impl = "pallas" on a machine without an accelerator: correct, and slow.
             "interpreted_kernels": any(
@@ -263,10 +302,38 @@ class ClusterProcesses:
             self.ready["netns"] = self.topology.describe()
         return self.ready
 
+    def _wait_remote(self, deadline: float) -> None:
+        """Wait until every instance another machine runs reports SERVING at its address."""
+        waiting = {name: str(self.config.hosts.endpoint(name)) for name in self.remote}
+        if waiting:
+            listing = ", ".join(f"{n} at {a}" for n, a in waiting.items())
+            print(
+                f"prfaas serve: waiting for {listing} (another machine's prfaas serve --only …)",
+                file=sys.stderr,
+                flush=True,
+            )
+        while waiting:
+            if self._stop.is_set():
+                raise ClusterError("interrupted while waiting for the other machines")
+            security = self.config.security
+            for name, address in list(waiting.items()):
+                if health_status(address, security_section=security) == "SERVING":
+                    del waiting[name]
+            if waiting and time.monotonic() > deadline:
+                listing = ", ".join(f"{n} at {a}" for n, a in waiting.items())
+                raise ClusterError(f"{listing} not SERVING after {self.ready_timeout_s:.0f} s")
+            if waiting:
+                time.sleep(0.5)
+
     def _write_workers(self) -> dict:
-        """The workers listing the router reads (and re-reads after a restart), atomically."""
+        """The workers listing the router reads (and re-reads after a restart), atomically;
+        another machine's instances at their `[hosts]` address, with no pid."""
+        workers = {
+            name: {"address": str(self.config.hosts.endpoint(name)), "pid": None, "role": r.value}
+            for name, r in self.remote.items()
+        }
         with self._children_lock:
-            workers = {
+            workers |= {
                 c.name: {"address": c.info["address"], "pid": c.info["pid"], "role": c.role}
                 for c in self.children
                 if c.role != "router"
@@ -365,7 +432,12 @@ class ClusterProcesses:
 
 
 def serve(
-    config_path: str, ready_file: str | None, *, log_dir: str | None = None, netns: bool = False
+    config_path: str,
+    ready_file: str | None,
+    *,
+    log_dir: str | None = None,
+    netns: bool = False,
+    only: Collection[str] = PARTS,
 ) -> int:
     """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if the router died on its own
     (a dead worker is restarted, and its logs are then kept)."""
@@ -375,7 +447,12 @@ def serve(
     }
     try:
         with ClusterProcesses(
-            config_path, log_dir=log_dir, stop_event=stop, restart_workers=True, netns=netns
+            config_path,
+            log_dir=log_dir,
+            stop_event=stop,
+            restart_workers=True,
+            netns=netns,
+            only=only,
         ) as cluster:
             try:
                 ready = cluster.start()
@@ -385,10 +462,15 @@ def serve(
                 raise
             if ready_file:
                 write_json(ready_file, ready)
+            local = len(ready["workers"]) - len(cluster.remote)
+            where = (
+                f"router {ready['router']}, metrics http://{ready['metrics']}/metrics"
+                if ready["router"]
+                else "for the router on another machine"
+            )
             print(
-                f"prfaas serve: router {ready['router']}, "
-                f"metrics http://{ready['metrics']}/metrics, {len(ready['workers'])} workers, "
-                f"logs in {ready['log_dir']}; Ctrl-C stops",
+                f"prfaas serve: {where}, {local} workers here, logs in {ready['log_dir']}; "
+                "Ctrl-C stops",
                 flush=True,
             )
             if ready["interpreted_kernels"]:

@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", required=True, help="JSON {name: {address, role}}")
     parser.add_argument("--address-file", required=True)
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (and metrics)")
+    parser.add_argument("--port", type=int, default=0, help="front-door port (0: any free one)")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
@@ -75,8 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         # certificate.
         credentials=server_credentials(config.security, require_client_auth=token is None),
         interceptors=[TokenAuth(token, [full_service_name("Router")])] if token else [],
+        host=args.host,
+        port=args.port,
     )
-    metrics = MetricsServer(control.snapshot, port=config.router.metrics_port)
+    metrics = MetricsServer(control.snapshot, port=config.router.metrics_port, host=args.host)
     control.start()
     write_json(
         args.address_file,

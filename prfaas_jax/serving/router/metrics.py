@@ -249,9 +249,11 @@ def _prefix_metrics(s: RouterSnapshot, metric: Callable[..., None]) -> None:
 
 
 class MetricsServer:
-    """`GET /metrics` on 127.0.0.1:`port` (0: any free port), served from a daemon thread."""
+    """`GET /metrics` on `host`:`port` (0: any free port), served from a daemon thread."""
 
-    def __init__(self, snapshot: Callable[[], RouterSnapshot], port: int = 0) -> None:
+    def __init__(
+        self, snapshot: Callable[[], RouterSnapshot], port: int = 0, host: str = "127.0.0.1"
+    ) -> None:
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path.split("?", 1)[0] != "/metrics":
@@ -267,7 +269,7 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # scrapes are not news
 
-        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._httpd = http.server.ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()

@@ -13,8 +13,8 @@ after draining the node: the call is refused while the node still has work, buil
 the engine of the new role if this node never had it (both engines then stay resident, so
 switching back is instant), and returns how long that took.
 
-The process binds `--host` (127.0.0.1 by default; the cluster's host address under `--netns`)
-on a free port, writes {"address", "pid"} to `--address-file`
+The process binds `--host` (127.0.0.1 by default; `[hosts]`, or the cluster's host address under
+`--netns`) on `--port` (0: a free one), writes {"address", "pid"} to `--address-file`
 (atomically) as soon as it listens, builds and warms the engine of its first role, then reports
 SERVING on the health service. With `[security]` certificates its port and every channel it
 opens use mutual TLS (serving/transport/security.py).
@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
     parser.add_argument("--compile-cache", help="shared JAX compilation cache directory")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free one)")
     parser.add_argument(
         "--kernel-link", metavar="DEV", help="the tbf-shaped veth of the inter-cluster link"
     )
@@ -307,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         credentials=server_credentials(config.security, require_client_auth=True),
         max_workers=node.rpc_threads,
         host=args.host,
+        port=args.port,
     )
     interpreted = node.factory.interprets_kernels
     write_json(
