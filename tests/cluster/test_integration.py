@@ -127,6 +127,9 @@ def test_demo_on_the_real_model(tmp_path, child_cache_home, netns):
     answered = [r["recalled"] for r in requests]
     assert answered == [r["recalled_single_process"] for r in requests]
     assert summary["egress_bytes"] > 0
+    # Each route's transfer after prefill is part of its TTFT, and takes some time.
+    for route, exposed in summary["mean_exposed_transfer_s"].items():
+        assert 0 < exposed < summary["mean_ttft_s"][route], route
     assert not processes_mentioning(str(log_dir)), "processes left behind"
     if netns:  # the states crossed the kernel-shaped veth: its count is theirs plus headers
         assert summary["egress_bytes"] <= summary["link_kernel_bytes"]

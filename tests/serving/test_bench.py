@@ -68,8 +68,24 @@ def test_options_are_validated():
 
 def test_metrics_on_literal_records():
     records = [
-        BenchResult(10, ttft=0.1, e2el=0.5, itl=[0.1] * 4, output_tokens=5, route="pd"),
-        BenchResult(90, ttft=0.3, e2el=1.1, itl=[0.2] * 4, output_tokens=5, route="prfaas"),
+        BenchResult(
+            10,
+            ttft=0.1,
+            e2el=0.5,
+            itl=[0.1] * 4,
+            output_tokens=5,
+            route="pd",
+            exposed_transfer=0.01,
+        ),
+        BenchResult(
+            90,
+            ttft=0.3,
+            e2el=1.1,
+            itl=[0.2] * 4,
+            output_tokens=5,
+            route="prfaas",
+            exposed_transfer=0.12,
+        ),
         BenchResult(50, error="UNAVAILABLE: gone"),
     ]
     opts = BenchOptions("x", percentiles=(50.0, 90.0), goodput={"ttft": 200.0, "tpot": 150.0})
@@ -90,9 +106,12 @@ def test_metrics_on_literal_records():
     assert s["output_throughput"] == pytest.approx(5.0)
     assert s["offload_fraction"] == pytest.approx(0.5)
     assert s["egress_gbps"] == pytest.approx(0.1)
+    assert s["exposed_transfer"]["prfaas"]["mean_ms"] == pytest.approx(120.0)
+    assert s["exposed_transfer"]["pd"]["p90_ms"] == pytest.approx(10.0)
     text = format_summary(s, opts)
     assert "Serving Benchmark Result" in text and "P90 E2EL (ms)" in text
     assert "Request goodput (req/s)" in text and "64 → 80" in text
+    assert "Exposed Transfer" in text and "Mean PrfaaS (ms)" in text and "P90 PD (ms)" in text
     assert s["link_kernel_bytes"] is None and "link device" not in text
     # With the link's device: the kernel's count, and how far above the router's it is.
     s = summarize(records, {**context, "link_kernel_bytes": 26_250_000}, opts)

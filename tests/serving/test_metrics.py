@@ -24,7 +24,10 @@ def test_render():
         instances={"pd_decode": 1},
         role_changes=1,
         ttft=ttft,
+        exposed_transfer={"prfaas": Histogram(), "pd": Histogram()},
     )
+    snapshot.exposed_transfer["prfaas"].observe(0.04)
+    snapshot.exposed_transfer["prfaas"].observe(0.6)
     text = render_metrics(snapshot)
     lines = set(text.splitlines())
     assert 'prfaas_requests_total{route="prfaas",outcome="ok"} 3' in lines
@@ -40,6 +43,12 @@ def test_render():
     assert 'prfaas_ttft_seconds_bucket{le="+Inf"} 3' in lines
     assert "prfaas_ttft_seconds_count 3" in lines
     assert text.endswith("\n") and "# TYPE prfaas_ttft_seconds histogram" in lines
+    # One exposed-transfer histogram per route, the route a label.
+    assert "# TYPE prfaas_exposed_transfer_seconds histogram" in lines
+    assert 'prfaas_exposed_transfer_seconds_bucket{route="prfaas",le="0.05"} 1' in lines
+    assert 'prfaas_exposed_transfer_seconds_bucket{route="prfaas",le="+Inf"} 2' in lines
+    assert 'prfaas_exposed_transfer_seconds_sum{route="prfaas"} 0.64' in lines
+    assert 'prfaas_exposed_transfer_seconds_count{route="pd"} 0' in lines
 
 
 def test_render_prefix_cache():

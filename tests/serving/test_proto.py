@@ -74,5 +74,7 @@ def test_front_door_is_as_specified():
         ("decode_instance", 9, T.TYPE_STRING),
         ("attempts", 10, T.TYPE_UINT32),
         ("resumed_from", 11, T.TYPE_INT32),
+        ("prefill_s", 12, T.TYPE_DOUBLE),
+        ("exposed_transfer_s", 13, T.TYPE_DOUBLE),
     ]
     assert prfaas_pb2.DESCRIPTOR.package == "prfaas.v1"

@@ -42,6 +42,7 @@ from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.core import RouterCore
+from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
@@ -146,6 +147,35 @@ def test_routes_by_uncached_length_against_the_threshold(cluster):
     stats = cluster.router.GetStats(pb.GetStatsRequest())
     assert (stats.requests_prfaas, stats.requests_pd) == (4, 5)
     assert stats.requests_in_flight == 0 and stats.retries == 0
+
+
+def test_the_report_times_the_transfer_compute_did_not_hide(tmp_path):
+    """PrfaaS ships through a 25 KB/s link: a long prompt's state (57.6 KB) takes longer on the
+    link than its prefill on the fake engine, so what the prefill could hide is at most its own
+    time: the exposed transfer is at least the bytes beyond the shaper's burst over the rate,
+    less the prefill time, and prefill + exposed transfer fit in the TTFT. A short prompt's,
+    unshaped, is small."""
+    rate, burst = 25_000.0, 16384.0
+    config = load_cluster_config(fake_config(tmp_path / "cluster.toml"))
+    instances = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
+    }
+    shaper = LinkShaper(LinkProfile(bandwidth_bytes_per_s=rate, burst_bytes=burst))
+    with serve_in_process(config, instances, shapers={"prfaas-0": shaper}) as running:
+        long = generate(running.router, prompt(300), 2).report
+        short = generate(running.router, prompt(30), 2).report
+        snapshot = running.core.exposed_transfer
+    assert (long.route, short.route) == ("prfaas", "pd")
+    floor = (state_nbytes(CFG, 300) - burst) / rate
+    assert floor - long.prefill_s > 0.5, (floor, long.prefill_s)
+    assert floor - long.prefill_s <= long.exposed_transfer_s
+    assert long.prefill_s + long.exposed_transfer_s <= long.ttft_s
+    assert 0 < short.exposed_transfer_s < 0.1
+    assert short.prefill_s + short.exposed_transfer_s <= short.ttft_s
+    assert (snapshot["prfaas"].count, snapshot["pd"].count) == (1, 1)
+    assert snapshot["prfaas"].total == pytest.approx(long.exposed_transfer_s)
 
 
 def test_the_router_follows_a_new_threshold(cluster):

@@ -17,10 +17,12 @@ random token ids.
 Metrics, per vLLM's definitions: TTFT (send → first token), TPOT = (E2EL − TTFT)/(n − 1),
 ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chosen percentiles;
 goodput = requests/s that meet every SLO given (DistServe). PrfaaS-specific: the fraction of
-requests offloaded (from each RequestReport), and the inter-cluster egress during the run (the
-router's counter before and after); given the link's network device (`LinkDevice`: under
-`prfaas serve --netns`, the ready file names it), also the bytes the kernel sent through it,
-headers and retransmissions included, next to the router's count of state bytes.
+requests offloaded (from each RequestReport), the exposed transfer per route (prefill end →
+first token, the report's `exposed_transfer_s`, of requests served in one attempt), and the
+inter-cluster egress during the run (the router's counter before and after); given the link's
+network device (`LinkDevice`: under `prfaas serve --netns`, the ready file names it), also the
+bytes the kernel sent through it, headers and retransmissions included, next to the router's
+count of state bytes.
 
 A router behind TLS or a bearer token (the `[security]` section, serving/transport/security.py) is
 reached with `security`: its CA certificate, and the token file or a client certificate.
@@ -174,6 +176,7 @@ class BenchResult:
     route: str = ""
     uncached_len: int = 0
     state_bytes: int = 0
+    exposed_transfer: float | None = None  # prefill end → first token (the report's), s
     error: str | None = None
 
 
@@ -194,6 +197,8 @@ def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: B
             if message.finished:
                 rec.route, rec.uncached_len = message.report.route, message.report.uncached_len
                 rec.state_bytes = message.report.state_bytes
+                if message.report.attempts == 1:  # else it covers the last attempt only
+                    rec.exposed_transfer = message.report.exposed_transfer_s
         rec.e2el = time.perf_counter() - rec.sent
     except grpc.RpcError as err:
         rec.error = f"{err.code().name}: {err.details()}"
@@ -313,6 +318,16 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
     }
     for name in METRICS:
         summary[name] = _stats(values[name], opts.percentiles)
+    # Per route, of the requests served in one attempt: the transfer compute did not hide.
+    exposed: dict[str, list[float]] = {}
+    for r in done:
+        if r.exposed_transfer is not None:
+            exposed.setdefault(r.route, []).append(r.exposed_transfer)
+    summary["exposed_transfer"] = {
+        route: _stats(exposed[route], opts.percentiles)
+        for route in ("prfaas", "pd")
+        if route in exposed
+    }
     return summary
 
 
@@ -351,6 +366,15 @@ def format_summary(s: dict, opts: BenchOptions) -> str:
             stat = key.removesuffix("_ms")
             label = stat.upper() if stat.startswith("p") else stat.capitalize()
             lines.append(f"{f'{label} {name.upper()} (ms)':<40}{value:>16.2f}")
+    names = {"prfaas": "PrfaaS", "pd": "PD"}
+    if s.get("exposed_transfer"):
+        lines.append("{:-^56}".format(" Exposed Transfer (prefill end → 1st token) "))
+        for route, stats in s["exposed_transfer"].items():
+            for key in ("mean_ms", "median_ms", f"p{max(opts.percentiles, default=99):g}_ms"):
+                if key in stats:
+                    stat = key.removesuffix("_ms")
+                    label = stat.upper() if stat.startswith("p") else stat.capitalize()
+                    lines.append(f"{f'{label} {names[route]} (ms)':<40}{stats[key]:>16.2f}")
     if s["errors"]:
         lines.append("errors: " + "; ".join(s["errors"]))
     lines.append("=" * 56)

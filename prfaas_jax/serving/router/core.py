@@ -113,6 +113,8 @@ class RouterCore:
         self.in_flight: set[str] = set()
         self.finished: dict[tuple[str, str], int] = {}
         self.ttft = Histogram()
+        # Prefill end → first token, per route ("prfaas", "pd"): the transfer compute did not hide.
+        self.exposed_transfer = {route: Histogram() for route in ("prfaas", "pd")}
         self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0
         self.retries = self.resumed = self.rejected = 0
         self.predictor = TtftPredictor(config, cfg)
@@ -333,7 +335,10 @@ class RouterCore:
             timeout=timeout,
         )
 
+        replied: list[float] = []  # when the prefill's reply came: its push was done
+
         def prefill_finished(call: grpc.Future) -> None:
+            replied.append(time.perf_counter())
             self._prefill_done(prefill, decision.uncached_len)
             if not call.cancelled() and call.exception() is not None:
                 decode_call.cancel()  # its state will never come
@@ -343,18 +348,26 @@ class RouterCore:
         stall_s = self.config.router.stall_timeout_s
         watch = self.watchdog.watch(decode_call, stall_s)
         try:
-            state_bytes, first = 0, True
+            state_bytes, first, first_token_at = 0, True, None
             for message in decode_call:
                 watch.touch()
                 if first:
                     state_bytes, first = message.state_bytes, False
                 tokens = record.take(list(message.token_ids))
                 if tokens and record.ttft_s is None:
-                    record.ttft_s = time.perf_counter() - record.received
+                    first_token_at = time.perf_counter()
+                    record.ttft_s = first_token_at - record.received
                     with self.lock:
                         self.ttft.observe(record.ttft_s)
                 if message.finished or record.owed == 0:
-                    cached = self._reused(prefill_call, decision, timeout)
+                    reply = self._prefill_reply(prefill_call, timeout)
+                    cached = self._reused(reply, decision)
+                    exposed = 0.0
+                    if reply is not None and replied and first_token_at is not None:
+                        # Worker: prefill end → push acknowledged; router: reply → first token.
+                        exposed = max(reply.transfer_s + first_token_at - replied[0], 0.0)
+                        with self.lock:
+                            self.exposed_transfer[decision.cluster.value].observe(exposed)
                     report = pb.RequestReport(
                         route=decision.cluster.value,
                         prompt_len=len(record.prompt),
@@ -367,6 +380,8 @@ class RouterCore:
                         decode_instance=decode.name,
                         attempts=record.attempts,
                         resumed_from=resumed_from,
+                        prefill_s=reply.prefill_s if reply is not None else 0.0,
+                        exposed_transfer_s=exposed,
                     )
                     if resumed_from:
                         with self.lock:
@@ -412,13 +427,18 @@ class RouterCore:
                             err.code().name,
                         )
 
-    def _reused(self, prefill_call: grpc.Future, decision: Decision, timeout: float) -> int:
+    @staticmethod
+    def _prefill_reply(prefill_call: grpc.Future, timeout: float) -> pb.PrefillReply | None:
+        """The prefill's reply (None if it is lost)."""
+        try:
+            return prefill_call.result(timeout=timeout)
+        except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+            return None
+
+    def _reused(self, reply: pb.PrefillReply | None, decision: Decision) -> int:
         """Prompt tokens the prefill worker actually reused (the decision's estimate if its
         reply is lost), counted for the hit-rate metrics."""
-        try:
-            cached = prefill_call.result(timeout=timeout).cached_len
-        except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
-            cached = decision.cached_len
+        cached = reply.cached_len if reply is not None else decision.cached_len
         with self.lock:
             self.prompt_tokens += decision.cached_len + decision.uncached_len
             self.cached_tokens += cached

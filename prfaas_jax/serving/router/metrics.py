@@ -21,6 +21,7 @@
     prfaas_instances{role}                       gauge
     prfaas_role_changes_total                    counter
     prfaas_ttft_seconds                          histogram
+    prfaas_exposed_transfer_seconds{route}       histogram prefill end → first token
     prfaas_prompt_tokens_total                   counter  prompt tokens of finished requests
     prfaas_cached_tokens_total                   counter  of those, reused from a cached prefix
     prfaas_prefix_moves_total                    counter  prefixes fetched from another instance
@@ -76,6 +77,7 @@ class RouterSnapshot:
     instances: dict[str, int]  # role → count
     role_changes: int
     ttft: Histogram
+    exposed_transfer: dict[str, Histogram] = dataclasses.field(default_factory=dict)  # by route
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefix_moves: int = 0
@@ -173,14 +175,32 @@ def render_metrics(s: RouterSnapshot) -> str:
     metric("prfaas_rejected_total", "counter", "Refused at admission.", [("", s.rejected)])
     metric("prfaas_instances_down", "gauge", "Instances left out of routing.", [("", s.down)])
     _prefix_metrics(s, metric)
-    lines.append("# HELP prfaas_ttft_seconds Time to first token at the router.")
-    lines.append("# TYPE prfaas_ttft_seconds histogram")
-    for bound, count in zip(s.ttft.buckets, s.ttft.counts, strict=True):
-        lines.append(f'prfaas_ttft_seconds_bucket{{le="{bound:g}"}} {count}')
-    lines.append(f'prfaas_ttft_seconds_bucket{{le="+Inf"}} {s.ttft.count}')
-    lines.append(f"prfaas_ttft_seconds_sum {_number(s.ttft.total)}")
-    lines.append(f"prfaas_ttft_seconds_count {s.ttft.count}")
+    _histograms(lines, "prfaas_ttft_seconds", "Time to first token at the router.", {"": s.ttft})
+    _histograms(
+        lines,
+        "prfaas_exposed_transfer_seconds",
+        "Prefill end to first token: the state transfer compute did not hide.",
+        {route: hist for route, hist in sorted(s.exposed_transfer.items())},
+        label="route",
+    )
     return "\n".join(lines) + "\n"
+
+
+def _histograms(
+    lines: list[str], name: str, help_text: str, series: dict[str, Histogram], label: str = ""
+) -> None:
+    """One histogram per ``series`` entry (its key the value of ``label``; "" and no label:
+    a single unlabelled histogram)."""
+    lines.append(f"# HELP {name} {help_text}")
+    lines.append(f"# TYPE {name} histogram")
+    for key, hist in series.items():
+        own = f'{label}="{key}",' if label else ""
+        tail = _labels(**{label: key}) if label else ""
+        for bound, count in zip(hist.buckets, hist.counts, strict=True):
+            lines.append(f'{name}_bucket{{{own}le="{bound:g}"}} {count}')
+        lines.append(f'{name}_bucket{{{own}le="+Inf"}} {hist.count}')
+        lines.append(f"{name}_sum{tail} {_number(hist.total)}")
+        lines.append(f"{name}_count{tail} {hist.count}")
 
 
 def _prefix_metrics(s: RouterSnapshot, metric: Callable[..., None]) -> None:

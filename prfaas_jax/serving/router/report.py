@@ -94,6 +94,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             instances=instances,
             role_changes=counters.role_changes,
             ttft=core.ttft,
+            exposed_transfer=core.exposed_transfer,
             prompt_tokens=core.prompt_tokens,
             cached_tokens=core.cached_tokens,
             prefix_moves=core.prefix_moves,
