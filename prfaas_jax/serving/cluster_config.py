@@ -6,12 +6,13 @@ except `[model] preset` (docs/serving.md explains each):
 
     [model]       preset, seed, impl ("chunk" | "reference" | "pallas"), engine ("jax" | "fake")
     [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache,
-                  prefill_mesh, decode_mesh (model/sharding.py specs), max_prefill_queue
+                  prefill_mesh, decode_mesh, prfaas_mesh (model/sharding.py specs; PrfaaS
+                  instances use prfaas_mesh, else prefill_mesh), max_prefill_queue
                   (per prefill worker: requests waiting for or on its engine), max_pending_states
                   (per decode worker: states held outside a slot; 0 = router.max_in_flight)
     [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
-                  PrfaaS instance, sharing [engine] prefill_mesh: engine/spmd.py)
+                  PrfaaS instance, sharing its mesh: engine/spmd.py)
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s
     [router]      threshold, prfaas_max_queue, bandwidth_abundant, control_period_s,
                   request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
@@ -208,7 +209,7 @@ def _hosts(table: object, where: Where, config: ClusterConfig) -> HostsSection:
 def _check_processes(config: ClusterConfig, root: Where) -> None:
     """A multi-process PrfaaS instance needs a prefill mesh it can split evenly, the JAX
     engines, and no prefix cache (engine/spmd.py)."""
-    for key in ("prefill_mesh", "decode_mesh"):
+    for key in ("prefill_mesh", "decode_mesh", "prfaas_mesh"):
         if mesh := getattr(config.engine, key):
             with located(root.at("engine").at(key)):
                 parse_mesh_spec(mesh)
@@ -216,12 +217,13 @@ def _check_processes(config: ClusterConfig, root: Where) -> None:
     if processes == 1:
         return
     where = root.at("instances").at("prfaas_processes")
-    mesh = config.engine.prefill_mesh
+    mesh = config.engine.prfaas_prefill_mesh
     devices = parse_mesh_spec(mesh).num_devices if mesh else 1
     if devices % processes:
         raise where.error(
-            f"{processes} processes need [engine] prefill_mesh to span them with the same number "
-            f"of devices each (e.g. tensor={2 * processes}); {mesh or 'one device'} does not"
+            f"{processes} processes need [engine] prfaas_mesh (or prefill_mesh) to span them with "
+            f"the same number of devices each (e.g. tensor={2 * processes}); "
+            f"{mesh or 'one device'} does not"
         )
     if config.model.engine != EngineKind.JAX:
         raise where.error('needs [model] engine = "jax" (a fake engine has no devices)')
@@ -236,12 +238,10 @@ def local_devices(config: ClusterConfig, role: Role) -> int:
     """CPU devices a worker process of ``role`` holds: its share of a multi-process PrfaaS
     instance's mesh, else enough for the largest mesh the node may run (a PD node may switch
     between prefill and decode)."""
-    meshes = [config.engine.prefill_mesh]
     if role is Role.PRFAAS_PREFILL:
-        processes = config.instances.prfaas_processes
+        meshes, processes = [config.engine.prfaas_prefill_mesh], config.instances.prfaas_processes
     else:
-        processes = 1
-        meshes.append(config.engine.decode_mesh)
+        meshes, processes = [config.engine.prefill_mesh, config.engine.decode_mesh], 1
     sizes = [parse_mesh_spec(mesh).num_devices for mesh in meshes if mesh]
     return max(sizes, default=1) // processes
 

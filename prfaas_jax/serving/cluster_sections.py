@@ -51,6 +51,7 @@ class EngineSection:
     compile_cache: bool = True  # share compiled executables between worker processes
     prefill_mesh: str = ""  # device mesh of prefill engines, e.g. "tensor=4" ("": one device)
     decode_mesh: str = ""  # of decode engines; may differ: states are layout-free on the wire
+    prfaas_mesh: str = ""  # of PrfaaS prefill engines, a bigger instance ("": prefill_mesh)
     max_prefill_queue: int = 64  # per prefill worker: requests waiting for or on its engine
     max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
 
@@ -64,6 +65,11 @@ class EngineSection:
         _check(self.max_prefill_queue >= 1, "engine.max_prefill_queue", "must be ≥ 1")
         _check(self.max_pending_states >= 0, "engine.max_pending_states", "must be ≥ 0")
         _check(self.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
+
+    @property
+    def prfaas_prefill_mesh(self) -> str:
+        """The mesh of a PrfaaS instance's prefill engine."""
+        return self.prfaas_mesh or self.prefill_mesh
 
 
 @dataclass(frozen=True)
@@ -81,8 +87,8 @@ class InstancesSection:
     prfaas_prefill: int = 1
     pd_prefill: int = 1
     pd_decode: int = 1
-    # JAX processes per PrfaaS prefill instance: > 1 spans [engine] prefill_mesh over them
-    # (engine/spmd.py), each process holding prefill_mesh's devices / prfaas_processes.
+    # JAX processes per PrfaaS prefill instance: > 1 spans its mesh ([engine] prfaas_mesh, else
+    # prefill_mesh) over them (engine/spmd.py), each process holding devices / prfaas_processes.
     prfaas_processes: int = 1
 
     def __post_init__(self) -> None:

@@ -1,6 +1,5 @@
 """A PrfaaS instance made of 2 JAX processes (`[instances] prfaas_processes = 2`, 2 CPU devices
-each, one `tensor=4` mesh over gloo), the local PD cluster single-process with its decode on one
-device: the states the 4-device instance ships decode there to exactly the tokens of
+each, one `tensor=4` mesh over gloo), the local PD cluster single-process on one device each: the states the 4-device instance ships decode there to exactly the tokens of
 single-process greedy generation (the model's `prefill` + `decode_step`, computed here). Then one
 of the instance's processes is SIGKILLed while a state is on the link: the launcher takes the
 whole instance down, every request completes with the same tokens (retried elsewhere), the
@@ -25,7 +24,9 @@ from prfaas_jax.serving.loadgen.demo import reference_tokens
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-MAX_LEN = 256
+# The PD side's engines are those of tests/cluster/test_faults_real.py: their executables come
+# from the session's compile cache.
+MAX_LEN = 512
 NEW = 6
 SECTIONS = {
     "model": {"preset": "tiny", "seed": 0},
@@ -33,8 +34,8 @@ SECTIONS = {
         "max_len": MAX_LEN,
         "chunk_len": 128,
         "buckets": [32, 128],
-        "max_slots": 4,
-        "prefill_mesh": "tensor=4",
+        "max_slots": 8,
+        "prfaas_mesh": "tensor=4",
     },
     "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1, "prfaas_processes": 2},
     # 100 KB/s: a 200-token state (~38 KB) is on the link for about 0.4 s.
@@ -42,7 +43,8 @@ SECTIONS = {
     "router": {"threshold": 64, "control_period_s": 0.25, "retry_wait_s": 300.0},
     "controller": {"enabled": False},
 }
-LENGTHS = {"long": [100, 200, 230, 180, 210], "short": [40]}
+# Two prompt lengths: the single-process reference compiles one prefill per length.
+LENGTHS = {"long": [200] * 5, "short": [40]}
 
 
 def alive(pid: int) -> bool:

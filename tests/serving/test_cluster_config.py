@@ -127,7 +127,7 @@ MESH = '[engine]\nprefill_mesh = "tensor=4"\n'
         ("[instances]\nprfaas_processes = 0\n", "instances.prfaas_processes: must be ≥ 1"),
         (
             "[instances]\nprfaas_processes = 2\n",
-            "instances.prfaas_processes: 2 processes need [engine] prefill_mesh to span them",
+            "instances.prfaas_processes: 2 processes need [engine] prfaas_mesh (or prefill_mesh)",
         ),
         (
             '[engine]\nprefill_mesh = "tensor=3"\n[instances]\nprfaas_processes = 2\n',
@@ -170,6 +170,9 @@ def test_local_devices_per_process(tmp_path):
     shipped = load_cluster_config("multiprocess")
     assert shipped.instances.prfaas_processes == 2
     assert local_devices(shipped, Role.PRFAAS_PREFILL) == 2
+    # prfaas_mesh is the PrfaaS instances' own: the PD nodes keep one device.
+    assert local_devices(shipped, Role.PD_PREFILL) == 1
+    assert shipped.engine.prfaas_prefill_mesh == "tensor=4" and shipped.engine.prefill_mesh == ""
 
 
 def test_hosts(tmp_path):

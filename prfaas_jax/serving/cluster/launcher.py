@@ -369,12 +369,13 @@ class ClusterProcesses:
 
     def _replace(self, dead: ChildProcess) -> None:
         process, code = dead.exited() or (dead, dead.popen.poll())
-        which = dead.name if process is dead else f"process {process.log_path.stem} of {dead.name}"
-        print(
-            f"prfaas serve: {which} exited with status {code}; restarting {dead.name}",
-            file=sys.stderr,
-            flush=True,
+        what = (
+            f"{dead.name} exited with status {code}; restarting it"
+            if process is dead
+            else f"process {process.log_path.stem} of {dead.name} exited with status {code}; "
+            f"restarting {dead.name}"
         )
+        print(f"prfaas serve: {what}", file=sys.stderr, flush=True)
         # An instance lives and dies whole: its other processes would wait on the lost one.
         for child in dead.group():
             child.signal_group(signal.SIGKILL)

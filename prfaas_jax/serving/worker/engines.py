@@ -30,10 +30,15 @@ log = logging.getLogger(__name__)
 class EngineFactory:
     """Builds (once) and warms the prefill and decode engines of one worker process."""
 
-    def __init__(self, config: ClusterConfig, group: ProcessGroup | None = None) -> None:
+    def __init__(
+        self, config: ClusterConfig, group: ProcessGroup | None = None, *, prfaas: bool = False
+    ) -> None:
         """``group``: this process's place in a multi-process instance (engine/spmd.py); its
-        leader's prefill engine publishes each call to the followers."""
+        leader's prefill engine publishes each call to the followers. ``prfaas``: a PrfaaS
+        instance, whose prefill runs on ``[engine] prfaas_mesh`` (else ``prefill_mesh``)."""
         self.config, self.group = config, group
+        engine = config.engine
+        self.prefill_mesh = engine.prfaas_prefill_mesh if prfaas else engine.prefill_mesh
         self.cfg: ModelConfig = load_model_config(config.model.preset)
         self._params: dict | None = None
         self._prefill: PrefillEngineLike | None = None
@@ -103,7 +108,7 @@ class EngineFactory:
             impl=self.config.model.impl,
             buckets=engine_cfg.buckets,
             chunk_len=engine_cfg.chunk_len,
-            mesh=make_mesh(engine_cfg.prefill_mesh) if engine_cfg.prefill_mesh else None,
+            mesh=make_mesh(self.prefill_mesh) if self.prefill_mesh else None,
         )
         from prfaas_jax.engine import codec
 

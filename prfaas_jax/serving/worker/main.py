@@ -92,7 +92,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         leads a multi-process instance (engine/spmd.py)."""
         self.name, self.config = name, config
         self._role, self._role_lock = role, threading.Lock()
-        self.factory = EngineFactory(config, group)
+        self.factory = EngineFactory(config, group, prfaas=role is Role.PRFAAS_PREFILL)
         cfg, engine = self.factory.cfg, config.engine
         prfaas = role is Role.PRFAAS_PREFILL
         self.kernel_link = (
@@ -340,7 +340,7 @@ def _follow(
     config: ClusterConfig, group: ProcessGroup, address_file: str, stop: threading.Event
 ) -> int:
     """A follower process: warm the same engine as the leader, then replay its calls."""
-    engine = EngineFactory(config, group).prefill_engine()
+    engine = EngineFactory(config, group, prfaas=True).prefill_engine()
     write_json(address_file, {"pid": os.getpid(), "process_id": group.process_id})
     log.info("following process 0 at %s", group.coordinator)
     try:
