@@ -1,10 +1,11 @@
 """A PrfaaS instance made of 2 JAX processes (`[instances] prfaas_processes = 2`, 2 CPU devices
-each, one `tensor=4` mesh over gloo), the local PD cluster single-process on one device each: the states the 4-device instance ships decode there to exactly the tokens of
-single-process greedy generation (the model's `prefill` + `decode_step`, computed here). Then one
-of the instance's processes is SIGKILLed while a state is on the link: the launcher takes the
-whole instance down, every request completes with the same tokens (retried elsewhere), the
-instance comes back as two new processes and serves again, and after the cluster stops no
-process of either incarnation is alive."""
+each, one `tensor=4` mesh over gloo), the local PD cluster single-process on one device each:
+the states the 4-device instance ships decode there to exactly the tokens of single-process
+greedy generation (the model's `prefill` + `decode_step`, computed here). Then one of the
+instance's processes is SIGKILLed while a state is on the link: the launcher takes the whole
+instance down, every request completes with the same tokens (retried elsewhere), the instance
+comes back as two new processes and serves again, and after the cluster stops no process of
+either incarnation is alive."""
 
 from __future__ import annotations
 
