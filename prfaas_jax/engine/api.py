@@ -1,10 +1,11 @@
 """The engine interface the serving plane drives: `PrefillEngineLike` and `DecodeEngineLike`.
 
-Also exposes `PrefillOutput` (what a prefill returns that its callers read) and `OnChunk` (the
-per-chunk callback). Two engines satisfy each protocol: the JAX engines
-(engine/prefill.py: `PrefillEngine`, engine/decode.py: `DecodeEngine`) and the hand-computable
-fakes (engine/fake.py), so a worker, the prefix cache's `CachedPrefill` and the tests accept
-either. The protocols hold only what those callers use, in the JetStream vocabulary:
+Also exposes `PrefillOutput` (what a prefill returns that its callers read), `OnChunk` (the
+per-chunk callback) and `OnLayers` (the per-layer-group one). Two engines satisfy each
+protocol: the JAX engines (engine/prefill.py: `PrefillEngine`, engine/decode.py:
+`DecodeEngine`) and the hand-computable fakes (engine/fake.py), so a worker, the prefix
+cache's `CachedPrefill` and the tests accept either. The protocols hold only what those
+callers use, in the JetStream vocabulary:
 
     prefill(tokens, prefix=…) → state, first_token        one prompt, batch 1
     insert(state, first_token, sampling) → slot            a slot of the decode batch
@@ -25,6 +26,10 @@ from prfaas_jax.model.state import ModelState
 
 OnChunk = Callable[[ModelState, int], None]
 """`on_chunk(state, tokens_done)`: after each prefill call, with every position absorbed so far."""
+
+OnLayers = Callable[[ModelState, int, range], None]
+"""`on_layers(state, tokens_done, layers)`: in a prefill's last call, once `layers`' states in
+`state` are final (and the later layers still compute): layer-wise streaming."""
 
 
 @runtime_checkable
@@ -64,8 +69,10 @@ class PrefillEngineLike(Protocol):
         on_chunk: OnChunk | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
+        on_layers: OnLayers | None = None,
     ) -> PrefillOutput:
-        """Absorb `tokens` after `prefix`; `max_len` fixes the state's capacity."""
+        """Absorb `tokens` after `prefix`; `max_len` fixes the state's capacity. An engine
+        that cannot stream by layers never calls `on_layers` (its `finish` ships them)."""
         ...
 
 

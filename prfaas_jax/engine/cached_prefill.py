@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from prfaas_jax.engine.api import OnChunk, PrefillEngineLike, PrefillOutput
+from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
@@ -98,6 +98,7 @@ class CachedPrefill:
         on_chunk: OnChunk | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
+        on_layers: OnLayers | None = None,
     ) -> PrefillOutput:
         """``engine.prefill`` of ``tokens`` from the longest reusable prefix; the engine's result
         (its ``prefix_len`` is the reused length, ``num_tokens`` the computed ones).
@@ -135,6 +136,7 @@ class CachedPrefill:
             on_chunk=chunk_done if wants_chunks else None,
             sampling=sampling,
             max_len=max_len,
+            on_layers=on_layers,
         )
         store_import()
         stats = self.stats

@@ -56,6 +56,7 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     state_from_arrays,
 )
+from prfaas_jax.engine.prefill import split_layers
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState
@@ -180,7 +181,10 @@ class FakePrefillResult:
 
 
 class FakePrefillEngine:
-    """`PrefillEngineLike`: the fake state of the prefix's tokens and the prompt."""
+    """`PrefillEngineLike`: the fake state of the prefix's tokens and the prompt. With
+    ``layer_groups > 1`` and an ``on_layers`` callback it streams by groups of layers as the
+    JAX engine does, its compute time (``seconds_per_token``) spread evenly over the layers:
+    each group's callback runs once that group's share of the time has passed."""
 
     def __init__(
         self,
@@ -188,9 +192,11 @@ class FakePrefillEngine:
         *,
         seconds_per_token: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
+        layer_groups: int = 1,
     ) -> None:
         _check_model(cfg)
         self.cfg, self.seconds_per_token, self._sleep = cfg, seconds_per_token, sleep
+        self.groups = split_layers(cfg.num_layers, layer_groups)
 
     def prefill(
         self,
@@ -200,6 +206,7 @@ class FakePrefillEngine:
         on_chunk: Callable[[ModelState, int], None] | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
+        on_layers: Callable[[ModelState, int, range], None] | None = None,
     ) -> FakePrefillResult:
         new = [int(t) for t in tokens]
         if not new:
@@ -211,9 +218,15 @@ class FakePrefillEngine:
         capacity = max_len or len(ids)
         if len(ids) > capacity:
             raise EngineError(f"prompt ({len(ids)}) exceeds max_len {capacity}")
-        if self.seconds_per_token:
-            self._sleep(self.seconds_per_token * len(new))  # only the uncached part costs
+        compute_s = self.seconds_per_token * len(new)  # only the uncached part costs
         state = state_from_arrays(self.cfg, len(ids), _arrays(self.cfg, ids), capacity)
+        if on_layers is not None and len(self.groups) > 1:  # its one call, layer by layer
+            for group in self.groups:
+                if compute_s:
+                    self._sleep(compute_s * len(group) / self.cfg.num_layers)
+                on_layers(state, len(ids), group)
+        elif compute_s:
+            self._sleep(compute_s)
         if on_chunk is not None:
             on_chunk(state, len(ids))  # one chunk: the whole prompt
         first = next_token(sum(ids), len(ids), self.cfg.vocab_size)

@@ -18,6 +18,12 @@ distinct prompt lengths costs at most one compile per bucket (``compile_count``)
 completes that chunk, so every ``on_chunk`` state ends on a chunk boundary or at the prompt's
 end — where a block-granular prefix cache can checkpoint it.
 
+Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
+runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
+``on_layers(state, tokens_done, layers)`` runs after each with the group whose states just
+became final — while the next group computes (JAX dispatches it first), so a caller that ships
+those states overlaps the wire with the rest of the stack. Earlier calls stay whole: their KV
+rows leave through ``on_chunk`` anyway. G segments cost G compiles per block shape.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.capacity import fresh_state, with_capacity
 from prfaas_jax.engine.sampling import (
     GREEDY,
@@ -39,7 +46,7 @@ from prfaas_jax.engine.sampling import (
     sampling_knobs,
 )
 from prfaas_jax.errors import EngineError
-from prfaas_jax.model import ModelState, prefill
+from prfaas_jax.model import ModelState, prefill, prefill_layers
 from prfaas_jax.model.sharding import shard_params, shard_state, to_host
 from prfaas_jax.ops.dispatch import Impl
 
@@ -101,7 +108,40 @@ def _prefill_block(
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache. The working state
 # is always ours (built by fresh_state), so every call donates it.
 _PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl"), donate_argnums=(3,))
+
+
+def _prefill_group(
+    params: dict,
+    inputs: jax.Array,
+    states: tuple,
+    lengths: jax.Array,
+    valid_len: jax.Array,
+    *,
+    cfg: ModelConfig,
+    start: int,
+    impl: Impl,
+) -> tuple[jax.Array, tuple]:
+    return prefill_layers(params, cfg, inputs, states, lengths, valid_len, start=start, impl=impl)
+
+
+# A group's states are the working state's (made by fresh_state or an earlier call): donated.
+_PREFILL_GROUP = jax.jit(
+    _prefill_group, static_argnames=("cfg", "start", "impl"), donate_argnums=(2,)
+)
 _DRAW_TOKENS = jax.jit(draw_tokens)
+
+
+def split_layers(num_layers: int, groups: int) -> tuple[range, ...]:
+    """``num_layers`` layers cut into ``groups`` consecutive ranges of near-equal size (the
+    first ones one layer longer), at most one per layer."""
+    groups = max(1, min(groups, num_layers))
+    size, extra = divmod(num_layers, groups)
+    bounds, start = [], 0
+    for g in range(groups):
+        stop = start + size + (g < extra)
+        bounds.append(range(start, stop))
+        start = stop
+    return tuple(bounds)
 
 
 class PrefillEngine:
@@ -116,7 +156,10 @@ class PrefillEngine:
         buckets: Sequence[int] | None = None,
         chunk_len: int = DEFAULT_CHUNK_LEN,
         mesh: jax.sharding.Mesh | None = None,
+        layer_groups: int = 1,
     ) -> None:
+        """``layer_groups``: segments of the last call when a caller streams layer by layer
+        (module docstring); 1 runs every call whole."""
         buckets = default_buckets(cfg.max_len) if buckets is None else tuple(buckets)
         if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
             raise EngineError(f"buckets must be increasing positive sizes, got {buckets}")
@@ -128,6 +171,9 @@ class PrefillEngine:
             params = shard_params(params, cfg, mesh)
         self.cfg, self.params, self.impl = cfg, params, Impl(impl)
         self.buckets, self.chunk_len = buckets, chunk_len
+        if layer_groups < 1:
+            raise EngineError(f"layer_groups must be ≥ 1, got {layer_groups}")
+        self.groups = split_layers(cfg.num_layers, layer_groups)
         self._executables: dict[tuple, jax.stages.Compiled] = {}
         self._sampler: jax.stages.Compiled | None = None
 
@@ -171,6 +217,39 @@ class PrefillEngine:
         self._executables[key] = compiled
         return compiled, time.perf_counter() - start
 
+    def _segment(self, group: range, args: tuple) -> tuple[jax.stages.Compiled, float]:
+        """The compiled segment of ``group``'s layers for these argument shapes."""
+        key = ("layers", group.start, *(leaf.shape for leaf in jax.tree.leaves(args[1:4])))
+        if key in self._executables:
+            return self._executables[key], 0.0
+        start = time.perf_counter()
+        lowered = _PREFILL_GROUP.lower(*args, cfg=self.cfg, start=group.start, impl=self.impl)
+        compiled = lowered.compile()
+        self._executables[key] = compiled
+        return compiled, time.perf_counter() - start
+
+    def _run_by_layers(
+        self, block: np.ndarray, valid: np.ndarray, state: ModelState, on_layers: OnLayers, end: int
+    ) -> tuple[jax.Array, ModelState, float]:
+        """One call as segments over ``self.groups``; ``on_layers`` sees each group's final
+        states while the next group computes. Returns the logits, the state, compile seconds."""
+        layers = list(state.layers)
+        lengths = np.asarray(state.lengths)
+        done = ModelState(lengths=lengths + valid, layers=state.layers)
+        inputs, compile_s, ready = block, 0.0, None
+        for group in self.groups:
+            args = (self.params, inputs, tuple(layers[group.start : group.stop]), lengths, valid)
+            compiled, seconds = self._segment(group, args)
+            compile_s += seconds
+            inputs, outputs = compiled(*args)  # dispatched: it computes while we ship
+            layers[group.start : group.stop] = outputs
+            if ready is not None:
+                on_layers(dataclasses.replace(done, layers=tuple(layers)), end, ready)
+            ready = group
+        state = dataclasses.replace(done, layers=tuple(layers))
+        on_layers(state, end, ready)
+        return inputs, state, compile_s
+
     def _sample_first(self, logits_1V: jax.Array, sampling: SamplingParams) -> tuple[int, float]:
         index = np.array([sampling.first_index], np.int32)
         args = (logits_1V, request_key(sampling.seed)[None], index)
@@ -190,6 +269,7 @@ class PrefillEngine:
         on_chunk: Callable[[ModelState, int], None] | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
+        on_layers: OnLayers | None = None,
     ) -> PrefillResult:
         """Absorb ``tokens`` (after ``prefix``, a batch-1 state) and sample the first token.
 
@@ -198,6 +278,8 @@ class PrefillEngine:
         engine's working buffer, donated to the next call: read it inside the callback (e.g.
         encode it) and keep no reference. ``max_len`` fixes the result's capacity (it then also
         sizes the compiled working state); by default the result holds just ``P + T``.
+        ``on_layers`` (with ``layer_groups > 1``) streams the last call layer by layer (module
+        docstring), before that call's ``on_chunk``.
         """
         start = time.perf_counter()
         ids = np.asarray(tokens, np.int64).reshape(-1)
@@ -214,13 +296,19 @@ class PrefillEngine:
         if self.mesh is not None:
             state = shard_state(state, self.cfg, self.mesh)
         compile_s, logits = 0.0, None
+        by_layers = on_layers is not None and len(self.groups) > 1
         for begin, end in plan.chunks:
             block = np.zeros((1, plan.block_len), np.int32)
             block[0, : end - begin] = ids[begin - prefix_len : end - prefix_len]
-            args = (self.params, block, np.array([end - begin], np.int32), state)
-            compiled, seconds = self._executable(*args)
+            valid = np.array([end - begin], np.int32)
+            if by_layers and end == plan.chunks[-1][1]:
+                assert on_layers is not None
+                logits, state, seconds = self._run_by_layers(block, valid, state, on_layers, end)
+            else:
+                args = (self.params, block, valid, state)
+                compiled, seconds = self._executable(*args)
+                logits, state = compiled(*args)
             compile_s += seconds
-            logits, state = compiled(*args)
             if on_chunk is not None:
                 jax.block_until_ready(state)
                 on_chunk(state, end)

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from jax._src import distributed  # the coordination service's client: no public handle yet
 
-from prfaas_jax.engine.api import OnChunk, PrefillEngineLike, PrefillOutput
+from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, UserError
 from prfaas_jax.model.state import ModelState
@@ -142,7 +142,9 @@ class LeaderPrefillEngine:
         on_chunk: OnChunk | None = None,
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
+        on_layers: OnLayers | None = None,
     ) -> PrefillOutput:
+        del on_layers  # the state is gathered whole at the end: nothing to stream by layers
         if prefix is not None:
             raise EngineError("a multi-process instance takes no prefix state")
         with self._lock:

@@ -1,6 +1,6 @@
 """The hybrid model: parameters, the prefill/decode forward passes and their typed state."""
 
-from prfaas_jax.model.hybrid import decode_step, init_params, prefill
+from prfaas_jax.model.hybrid import decode_step, init_params, prefill, prefill_layers
 from prfaas_jax.model.state import (
     DeltaState,
     KvState,
@@ -23,5 +23,6 @@ __all__ = [
     "init_params",
     "init_state",
     "prefill",
+    "prefill_layers",
     "state_nbytes",
 ]

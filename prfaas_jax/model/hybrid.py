@@ -1,5 +1,6 @@
 """The hybrid decoder stack: ``HybridLM`` (a Flax NNX module) and the pure functions the engines
-jit — ``init_params``, ``param_specs``, ``prefill`` and ``decode_step``.
+jit — ``init_params``, ``param_specs``, ``prefill``, ``prefill_layers`` (a prefill a group of
+layers at a time) and ``decode_step``.
 
 Block ``i`` is pre-norm::
 
@@ -115,24 +116,33 @@ class HybridLM(nnx.Module):
         last_B: jax.Array | None = None,
     ) -> tuple[jax.Array, ModelState]:
         """``(logits [B, T, V] fp32, state)``; ``[B, 1, V]`` at position ``last_B`` if given."""
-        h = self.embed[...][tokens_BT]
-        new_layers = []
-        for block, layer_state in zip(self.layers, state.layers, strict=True):
-            h, layer_state = block(h, layer_state, ctx)
-            new_layers.append(layer_state)
+        h, layers = self.blocks(self.embed[...][tokens_BT], state.layers, ctx, 0)
+        return self.head(h, last_B), ModelState(lengths=ctx.new_lengths, layers=layers)
+
+    def blocks(
+        self, h_BTD: jax.Array, states: tuple[LayerState, ...], ctx: StepContext, start: int
+    ) -> tuple[jax.Array, tuple[LayerState, ...]]:
+        """Blocks ``start … start + len(states) − 1`` on ``h``, each with its state."""
+        new_states = []
+        for block, layer_state in zip(self.layers[start:], states, strict=False):
+            h_BTD, layer_state = block(h_BTD, layer_state, ctx)
+            new_states.append(layer_state)
+        return h_BTD, tuple(new_states)
+
+    def head(self, h_BTD: jax.Array, last_B: jax.Array | None = None) -> jax.Array:
+        """Logits [B, T, V] fp32 (``[B, 1, V]`` at position ``last_B`` if given)."""
         if last_B is not None:
             # Only position last_B[b] is wanted: the LM head then runs on B rows instead of B·T.
-            h = jnp.take_along_axis(h, last_B[:, None, None], axis=1)
-        h = rms_norm(h, self.final_norm[...], self.cfg.norm_eps)
+            h_BTD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)
+        h_BTD = rms_norm(h_BTD, self.final_norm[...], self.cfg.norm_eps)
         head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
         # Logits in fp32 so sampling and cross-implementation comparisons see the same numbers.
-        logits = jnp.einsum(
+        return jnp.einsum(
             "btd,dv->btv",
-            upcast(h),
+            upcast(h_BTD),
             upcast(head),
             precision=jax.lax.Precision.HIGHEST,
         )
-        return logits, ModelState(lengths=ctx.new_lengths, layers=tuple(new_layers))
 
 
 # --- params ↔ modules ------------------------------------------------------------------------
@@ -225,6 +235,39 @@ def prefill(
         return model(tokens, state, ctx)
     logits, state = model(tokens, state, ctx, last_B=ctx.valid_len - 1)
     return logits[:, 0], state
+
+
+def prefill_layers(
+    params: Params,
+    cfg: ModelConfig,
+    inputs: jax.Array,
+    states: tuple[LayerState, ...],
+    lengths: jax.Array,
+    valid_len: jax.Array,
+    *,
+    start: int,
+    impl: Impl | str = Impl.CHUNK,
+) -> tuple[jax.Array, tuple[LayerState, ...]]:
+    """Blocks ``start … start + len(states) − 1`` of a prefill, for layer-wise streaming: each
+    group's final states exist (and can leave) while later groups compute. ``inputs`` are the
+    tokens ``[B, T]`` when ``start == 0``, else the hidden states ``[B, T, D]`` the previous
+    group returned; ``lengths`` are the tokens in the state before this call (every layer's).
+    Returns the hidden states, or — for the group that ends the stack — the logits ``[B, V]``
+    at each row's last valid token, with the group's new states. Chained over groups that tile
+    the layers it computes exactly ``prefill(…, last_only=True)``."""
+    ctx = StepContext(
+        lengths=lengths,
+        valid_len=valid_len.astype(jnp.int32),
+        seq_len=inputs.shape[1],
+        impl=Impl(impl),
+        decode=False,
+    )
+    model = bind(cfg, params)
+    h = model.embed[...][inputs] if start == 0 else inputs
+    h, states = model.blocks(h, states, ctx, start)
+    if start + len(states) == cfg.num_layers:
+        return model.head(h, last_B=ctx.valid_len - 1)[:, 0], states
+    return h, states
 
 
 def decode_step(

@@ -7,7 +7,8 @@ except `[model] preset` (docs/serving.md explains each):
     [model]       preset, seed, impl ("chunk" | "reference" | "pallas"), engine ("jax" | "fake")
     [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache,
                   prefill_mesh, decode_mesh, prfaas_mesh (model/sharding.py specs; PrfaaS
-                  instances use prfaas_mesh, else prefill_mesh), max_prefill_queue
+                  instances use prfaas_mesh, else prefill_mesh), layer_groups (> 1: a
+                  prefill's last chunk streams by groups of layers), max_prefill_queue
                   (per prefill worker: requests waiting for or on its engine), max_pending_states
                   (per decode worker: states held outside a slot; 0 = router.max_in_flight)
     [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)

@@ -52,6 +52,9 @@ class EngineSection:
     prefill_mesh: str = ""  # device mesh of prefill engines, e.g. "tensor=4" ("": one device)
     decode_mesh: str = ""  # of decode engines; may differ: states are layout-free on the wire
     prfaas_mesh: str = ""  # of PrfaaS prefill engines, a bigger instance ("": prefill_mesh)
+    # > 1: a prefill's last chunk runs as this many groups of layers, each group's states
+    # shipped while the next computes (layer-wise streaming); 1: the chunk runs whole
+    layer_groups: int = 1
     max_prefill_queue: int = 64  # per prefill worker: requests waiting for or on its engine
     max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
 
@@ -65,6 +68,7 @@ class EngineSection:
         _check(self.max_prefill_queue >= 1, "engine.max_prefill_queue", "must be ≥ 1")
         _check(self.max_pending_states >= 0, "engine.max_pending_states", "must be ≥ 0")
         _check(self.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
+        _check(self.layer_groups >= 1, "engine.layer_groups", "must be ≥ 1")
 
     @property
     def prfaas_prefill_mesh(self) -> str:

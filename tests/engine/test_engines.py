@@ -31,7 +31,7 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec.format import StateDecodeError
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff, split_handoff
 from prfaas_jax.engine.decode import DecodeEngine, NoFreeSlotError
-from prfaas_jax.engine.prefill import PrefillEngine, default_buckets
+from prfaas_jax.engine.prefill import PrefillEngine, default_buckets, split_layers
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import init_state, state_nbytes
@@ -334,6 +334,63 @@ def test_prefix_continuation_equals_one_prefill():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
     # The engine donates only buffers it made: the caller's prefix is still usable.
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(prefix))
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
+def test_layerwise_prefill_streams_each_group_once_its_states_are_final(name):
+    """The last call as segments over groups of layers: ``on_layers`` sees every group once, in
+    order, with that group's states already final (equal to the result's) while the layers
+    after it still hold the previous call's; the result equals the whole-call prefill, and
+    every earlier call still goes through ``on_chunk``. Streamed through the codec it decodes
+    to the greedy tokens."""
+    cfg, params, whole, decode_engine = engines(name)
+    layered = PrefillEngine(cfg, params, chunk_len=CHUNK, buckets=(MAX_LEN,), layer_groups=3)
+    assert [list(g) for g in layered.groups] == [[0, 1], [2], [3]]  # 4 layers in 3 groups
+    for length in (CHUNK - 1, 50):
+        ids, seen, chunks = prompt(length), [], []
+        encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=2048, stream_id=7)
+        frames = [encoder.header()]
+        snapshots = {}
+
+        def on_layers(state, done, layers, encoder=encoder, frames=frames, snapshots=snapshots):
+            seen.append((done, layers))  # noqa: B023 (read right after the call)
+            snapshots[layers.start] = [np.asarray(x) for x in jax.tree.leaves(state.layers)]
+            frames.extend(encoder.layer_frames(state, layers))
+
+        def on_chunk(state, done, encoder=encoder, chunks=chunks, frames=frames):
+            chunks.append(done)
+            frames.extend(encoder.ready_frames(state, done))
+
+        result = layered.prefill(ids, on_chunk=on_chunk, on_layers=on_layers, max_len=MAX_LEN)
+        reference_result = whole.prefill(ids)
+        assert seen == [(length, group) for group in layered.groups]
+        assert chunks == [min(end, length) for end in range(CHUNK, length + CHUNK, CHUNK)]
+        assert result.first_token == reference_result.first_token
+        np.testing.assert_allclose(result.logits_last, reference_result.logits_last, atol=1e-4)
+        final = [jax.tree.leaves(layer) for layer in result.state.layers]
+        for group in layered.groups:
+            # In the snapshot taken for this group, its layers are final already.
+            snapshot, start = snapshots[group.start], 0
+            for index, leaves in enumerate(final):
+                for leaf in leaves:
+                    if index in group:
+                        np.testing.assert_array_equal(snapshot[start], np.asarray(leaf))
+                    start += 1
+        rest = list(encoder.finish(result.state))
+        assert len(rest) == 1  # the trailer: every tensor left with its layer group
+        frames += rest
+        state = codec.decode(frames, cfg, max_len=MAX_LEN)
+        tokens = run_alone(decode_engine, state, result.first_token, max_new_tokens=NEW)
+        assert tokens == reference(name)[length], f"{name} L={length}"
+    with pytest.raises(EngineError, match="layer_groups must be ≥ 1"):
+        PrefillEngine(cfg, params, layer_groups=0)
+
+
+def test_split_layers_tiles_the_stack():
+    assert split_layers(4, 3) == (range(0, 2), range(2, 3), range(3, 4))
+    assert split_layers(4, 9) == tuple(range(i, i + 1) for i in range(4))
+    assert split_layers(61, 4) == (range(0, 16), range(16, 31), range(31, 46), range(46, 61))
+    assert split_layers(5, 1) == (range(0, 5),)
 
 
 def test_plan_pads_to_buckets_and_cuts_at_chunk_multiples():

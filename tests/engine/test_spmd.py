@@ -65,8 +65,9 @@ class Recording(FakePrefillEngine):
         super().__init__(cfg)
         self.calls: list[tuple] = []
 
-    def prefill(self, tokens, *, prefix=None, on_chunk=None, sampling=GREEDY, max_len=None):
+    def prefill(self, tokens, *, prefix=None, on_chunk=None, sampling=GREEDY, max_len=None, **kw):
         self.calls.append((list(tokens), sampling, max_len, on_chunk is not None))
+        assert kw.get("on_layers") is None  # a multi-process instance never streams by layers
         return super().prefill(
             tokens, prefix=prefix, on_chunk=on_chunk, sampling=sampling, max_len=max_len
         )

@@ -178,6 +178,34 @@ def test_the_report_times_the_transfer_compute_did_not_hide(tmp_path):
     assert snapshot["prfaas"].total == pytest.approx(long.exposed_transfer_s)
 
 
+def test_layerwise_streaming_hides_the_first_layers_transfer(tmp_path):
+    """The fake prefill takes 2 ms a token, spread evenly over tiny's 4 layers (3 KDA, then MLA),
+    and PrfaaS ships through a 50 KB/s link with a 16 KiB burst. Whole-chunk, the 57.6 KB
+    state of a 300-token prompt leaves after the 0.6 s prefill: exposed ≈ (57.6 − 16.4) KB /
+    50 KB/s = 0.82 s. Streamed by layers, the three KDA layers' 9.6 KB leave while the MLA layer
+    computes and the bucket refills, so only the MLA layer's 48 KB are exposed, ≈ 0.63 s: the
+    difference is what layer-wise emission hides. Same tokens either way."""
+    rate, burst, seconds_per_token = 50_000.0, 16384.0, 0.002
+    config = load_cluster_config(fake_config(tmp_path / "cluster.toml"))
+    exposed = {}
+    for groups in (1, 4):
+        prfaas = FakePrefillEngine(CFG, seconds_per_token=seconds_per_token, layer_groups=groups)
+        instances = {
+            "prfaas-0": (Role.PRFAAS_PREFILL, prfaas),
+            "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
+            "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
+        }
+        shaper = LinkShaper(LinkProfile(bandwidth_bytes_per_s=rate, burst_bytes=burst))
+        with serve_in_process(config, instances, shapers={"prfaas-0": shaper}) as running:
+            reply = generate(running.router, prompt(300), 3)
+        assert reply.tokens == fake_tokens(prompt(300), 3, VOCAB)
+        assert reply.report.route == "prfaas"
+        exposed[groups] = reply.report.exposed_transfer_s
+    mla_bytes = 48_000  # tiny's MLA layer at 300 tokens: c_kv and k_rope rows
+    assert exposed[1] >= (state_nbytes(CFG, 300) - burst) / rate
+    assert (mla_bytes - burst) / rate <= exposed[4] <= exposed[1] - 0.1, exposed
+
+
 def test_the_router_follows_a_new_threshold(cluster):
     cluster.core.threshold = 200.0  # as the controller sets it
     reply = generate(cluster.router, prompt(100), 3)

@@ -72,6 +72,7 @@ class ChunkedEngine:
         sampling: SamplingParams,
         max_len: int,
         on_chunk: Callable[[ModelState, int], None] | None = None,
+        on_layers: object = None,  # a whole-chunk engine: never called
     ) -> object:
         result = FakePrefillEngine(CFG).prefill(tokens, sampling=sampling, max_len=max_len)
         self.timeline.add("prefill started")

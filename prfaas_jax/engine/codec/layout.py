@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -157,15 +157,18 @@ def _field(state: ModelState, cfg: ModelConfig, spec: TensorSpec, batch: int) ->
 
 
 def canonical_arrays(
-    state: ModelState, cfg: ModelConfig, row: int
+    state: ModelState, cfg: ModelConfig, row: int, *, layers: Container[int] | None = None
 ) -> tuple[int, list[tuple[TensorSpec, np.ndarray]]]:
-    """Row ``row`` of ``state`` as L and its canonical tensors (host arrays, position order).
+    """Row ``row`` of ``state`` as L and its canonical tensors (host arrays, position order);
+    of ``layers`` only, if given (the others are not read).
 
     Raises ValueError when the state does not fit ``cfg`` (layer types, dtypes, shapes, L).
     """
     batch, length = row_length(state, row)
     tensors = []
     for spec in canonical_tensors(cfg, length):
+        if layers is not None and spec.layer not in layers:
+            continue
         array = _field(state, cfg, spec, batch)
         # Select the row on device (one compiled op per state shape) but the live positions on
         # the host: slicing [:L] on device would compile a new XLA op for every distinct L.

@@ -2,7 +2,9 @@
 
 The header needs only the model and the token count ``L``, so it goes out before prefill starts.
 During a chunked prefill, ``ready_frames(state, tokens_done)`` emits the data frames of the
-growing caches (MLA, GQA) whose positions are all below ``tokens_done``; ``finish(state)`` emits
+growing caches (MLA, GQA) whose positions are all below ``tokens_done``; in the last chunk of a
+layer-wise prefill ``layer_frames(state, layers)`` emits everything left of layers whose states
+are final; ``finish(state)`` emits
 every frame not yet sent (recurrent states, conv tails, SWA windows, the last cache rows) and
 the trailer. Frames of a token-axis tensor are cut on one fixed grid of ``frame_rows`` positions
 (header ``chunk_bytes``), so early and late frames tile each tensor exactly and the stream's
@@ -92,6 +94,7 @@ class StreamEncoder:
         self._sent = [0] * len(entries)  # data frames emitted per tensor: always a prefix
         self._crcs = [0] * len(entries)  # CRC32 of each tensor's bytes emitted so far
         self._finished = False
+        self._tids = {(e.spec.layer, e.spec.name): tid for tid, e in enumerate(entries)}
 
     @property
     def entries(self) -> tuple[TensorEntry, ...]:
@@ -142,6 +145,26 @@ class StreamEncoder:
             frames += self._emit(tid, wire_bytes(host))
         return iter(frames)
 
+    def layer_frames(self, state: ModelState, layers: range, *, row: int = 0) -> Iterator[bytes]:
+        """Every data frame not yet sent of ``layers``' tensors, whose states in ``state`` are
+        final (a layer-wise prefill's last call: engine/prefill.py); the other layers are not
+        read. Read before this returns, like ``ready_frames``."""
+        if self._finished:
+            raise ValueError("finish() already ran: the stream is complete")
+        length, arrays = canonical_arrays(state, self.cfg, row, layers=layers)
+        if length != self.length:
+            raise ValueError(f"the state holds L={length} tokens, the header says {self.length}")
+        frames: list[bytes] = []
+        for spec, array in arrays:
+            tid = self._tids[(spec.layer, spec.name)]
+            entry, sent = self.entries[tid], self._sent[tid]
+            if sent == entry.num_frames:
+                continue
+            frames += self._emit(
+                tid, wire_bytes(array[sent * entry.frame_rows :] if spec.token_axis else array)
+            )
+        return iter(frames)
+
     def finish(self, state: ModelState, *, row: int = 0) -> Iterator[bytes]:
         """Every data frame not yet sent, then the trailer, from the final ``state``.
 
@@ -150,12 +173,17 @@ class StreamEncoder:
         """
         if self._finished:
             raise ValueError("finish() already ran: the stream is complete")
-        length, arrays = canonical_arrays(state, self.cfg, row)
+        # Layers whose every tensor went out (layer_frames) are not read again.
+        pending = {
+            e.spec.layer for e, n in zip(self.entries, self._sent, strict=True) if n < e.num_frames
+        }
+        length, arrays = canonical_arrays(state, self.cfg, row, layers=pending)
         if length != self.length:
             raise ValueError(f"the state holds L={length} tokens, the header says {self.length}")
         rest: list[tuple[int, bytes]] = []
-        for tid, (entry, (_, array)) in enumerate(zip(self.entries, arrays, strict=True)):
-            sent = self._sent[tid]
+        for spec, array in arrays:
+            tid = self._tids[(spec.layer, spec.name)]
+            entry, sent = self.entries[tid], self._sent[tid]
             if sent == entry.num_frames:
                 continue
             # Only token-axis tensors can be partly sent; the rest start at frame 0.

@@ -5,15 +5,17 @@ the node's role) from the cluster config: the real JAX engines (engine/prefill.p
 engine/decode.py) with the preset's seeded weights, or the hand-computable fakes
 (engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
 compiles every executable a request can need — one prefill per length bucket at the fixed
-capacity `max_len`, the first-token sampler, the decode step and the slot insert — so that no
-request pays a compile. In a multi-process instance every process builds and warms the same
-engine, and the leader's is wrapped to publish each call to the others (engine/spmd.py). The
-worker processes share JAX's persistent compilation cache (engine/compile_cache.py): the first
-to compile an executable stores it, the others load it.
+capacity `max_len` (and its segments, with `[engine] layer_groups > 1`), the first-token
+sampler, the decode step and the slot insert — so that no request pays a compile. In a
+multi-process instance every process builds and warms the same engine, and the leader's is
+wrapped to publish each call to the others (engine/spmd.py). The worker processes share JAX's
+persistent compilation cache (engine/compile_cache.py): the first to compile an executable
+stores it, the others load it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -97,7 +99,9 @@ class EngineFactory:
             from prfaas_jax.engine.fake import FakePrefillEngine
 
             return FakePrefillEngine(
-                self.cfg, seconds_per_token=self.config.fake.prefill_s_per_token
+                self.cfg,
+                seconds_per_token=self.config.fake.prefill_s_per_token,
+                layer_groups=engine_cfg.layer_groups,
             )
         from prfaas_jax.engine.prefill import PrefillEngine
         from prfaas_jax.model.sharding import make_mesh
@@ -109,16 +113,18 @@ class EngineFactory:
             buckets=engine_cfg.buckets,
             chunk_len=engine_cfg.chunk_len,
             mesh=make_mesh(self.prefill_mesh) if self.prefill_mesh else None,
+            layer_groups=engine_cfg.layer_groups,
         )
         from prfaas_jax.engine import codec
 
         # One prompt per block size a request can use: min(bucket, chunk_len) at capacity
-        # max_len; encoding the state compiles the codec's on-device row selection too.
+        # max_len; encoding the state compiles the codec's on-device row selection too. With
+        # layer groups, once more streamed by layers: a last chunk runs as segments.
         sizes = sorted({min(b, engine_cfg.chunk_len) for b in engine_cfg.buckets})
-        for size in sizes:
-            result = engine.prefill(
-                [0] * min(size, engine_cfg.max_len - 1), max_len=engine_cfg.max_len
-            )
+        streams = [None] if engine_cfg.layer_groups == 1 else [None, lambda *_: None]
+        for size, on_layers in itertools.product(sizes, streams):
+            prompt = [0] * min(size, engine_cfg.max_len - 1)
+            result = engine.prefill(prompt, max_len=engine_cfg.max_len, on_layers=on_layers)
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
         return engine
 

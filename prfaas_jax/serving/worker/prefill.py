@@ -4,9 +4,12 @@
 prefill instance is compute-bound), then streams the state to the decode worker's `PushState`
 *while* the node's `PrefillEngine` computes it (codec v2, docs/wire-format.md; frames of at most
 `frame_bytes`): the header goes out as prefill starts, each chunk's `on_chunk` hands the MLA /
-GQA cache rows it made final to the stream (`StreamEncoder.ready_frames`), and after the last
-chunk come the rest of the state (recurrent states, conv tails, SWA windows, the last cache
-rows), the trailer and the handoff frame (first token and sampling, engine/codec/handoff.py).
+GQA cache rows it made final to the stream (`StreamEncoder.ready_frames`); in the last chunk an
+engine with `[engine] layer_groups > 1` hands over each group of layers as soon as its states
+are final (`on_layers`, `StreamEncoder.layer_frames`: recurrent states, conv tails, SWA windows,
+the last cache rows), so they travel while the later layers compute; whatever is left goes
+after the last chunk, then the trailer and the handoff frame (first token and sampling,
+engine/codec/handoff.py).
 
 Two threads share the work through an `_Outbox`: the engine thread (this RPC's) makes frames,
 gRPC's request-stream thread sends them, so copying rows to the host is all a chunk waits for.
@@ -45,7 +48,7 @@ import grpc
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.api import OnChunk, PrefillEngineLike, PrefillOutput
+from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import UserError
@@ -181,7 +184,14 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                         raise _AbandonedError
                     outbox.put_all(encoder.ready_frames(shipped(state), done))
 
-                result = self._prefill(tokens, prefix, sampling=sampling, on_chunk=on_chunk)
+                def on_layers(state: ModelState, done: int, layers: range) -> None:
+                    if outbox.stopped:
+                        raise _AbandonedError
+                    outbox.put_all(encoder.layer_frames(shipped(state), layers))
+
+                result = self._prefill(
+                    tokens, prefix, sampling=sampling, on_chunk=on_chunk, on_layers=on_layers
+                )
                 # Reads the state; frames are built as they are sent.
                 tail = encoder.finish(shipped(result.state))
         except _AbandonedError:
@@ -234,15 +244,17 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         *,
         sampling: SamplingParams,
         on_chunk: OnChunk,
+        on_layers: OnLayers,
     ) -> PrefillOutput:
         """Prefill through the node's prefix cache (engine/cached_prefill.py): only the part no
-        cached (or fetched) prefix covers is computed; `on_chunk` still sees every chunk."""
+        cached (or fetched) prefix covers is computed; `on_chunk` still sees every chunk, and
+        an engine that streams by layers calls `on_layers` in the last."""
         engine, max_len = self._engine(), self.max_len
+        options = {"sampling": sampling, "max_len": max_len}
+        options |= {"on_chunk": on_chunk, "on_layers": on_layers}
         if self.prefixes is None:
-            return engine.prefill(tokens, sampling=sampling, max_len=max_len, on_chunk=on_chunk)
-        return self.prefixes.reuse.prefill(
-            engine, tokens, prefix=prefix, sampling=sampling, max_len=max_len, on_chunk=on_chunk
-        )
+            return engine.prefill(tokens, **options)
+        return self.prefixes.reuse.prefill(engine, tokens, prefix=prefix, **options)
 
     def _start_push(self, request: pb.PrefillRequest, outbox: _Outbox) -> grpc.Future:
         """Open the decode worker's `PushState`; it sends what `outbox` is given, as it comes."""
