@@ -10,12 +10,13 @@ and the exposed transfer (prefill end → first token at the router). Printed pe
 means, TTFT, and the ratio of exposed transfers; the tokens must be equal in both runs and to
 single-process greedy generation (exit status 1 otherwise).
 
-    python bench/layerwise.py [--groups 4] [--bandwidth-mbps 2] [--prompts 8]
-                              [--lengths 100,200,400] [--netns] [--json]
+    python bench/layerwise.py [--model recall-tiny] [--groups 4] [--bandwidth-mbps 2]
+                              [--prompts 8] [--lengths 100,200,400] [--netns] [--json]
 
-The model is the toy's ``recall-tiny`` (KDA, KDA, KDA, MLA): its MLA layer is last, so its KV
-rows always leave after compute; what layer-wise emission can hide is the KDA layers' recurrent
-states and conv tails (3.2 KB a layer), at most the last chunk's compute time.
+What layer-wise emission can hide is bounded twice: by the last chunk's compute time, and by
+the bytes of the layers before the last group. The toy ``recall-tiny`` (KDA, KDA, KDA, MLA)
+puts its MLA layer, most of the state, last: its KV rows always leave after compute. ``tiny-swa``
+(GQA, SWA, SWA, SWA) puts its big layer first.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
 CONFIG = """
 [model]
-preset = "recall-tiny"
+preset = "{model}"
 
 [engine]
 max_len = 512
@@ -71,7 +72,9 @@ NEW_TOKENS = 4
 
 def run_mode(groups: int, args: argparse.Namespace, prompts: list[list[int]], root: Path) -> dict:
     path = root / f"layer-groups-{groups}.toml"
-    path.write_text(CONFIG.format(groups=groups, bandwidth_mbps=args.bandwidth_mbps))
+    path.write_text(
+        CONFIG.format(model=args.model, groups=groups, bandwidth_mbps=args.bandwidth_mbps)
+    )
     started = time.perf_counter()
     with ClusterProcesses(path, log_dir=root / f"logs-{groups}", netns=args.netns) as cluster:
         ready = cluster.start()
@@ -106,6 +109,7 @@ def mean(rows: list[dict], key: str) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="recall-tiny", help="preset (default recall-tiny)")
     parser.add_argument("--groups", type=int, default=4, help="layer groups of the layer-wise run")
     parser.add_argument("--bandwidth-mbps", type=float, default=2.0, help="the link (Mbit/s)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per length")
@@ -116,7 +120,7 @@ def main() -> int:
     if args.groups < 2:
         parser.error("--groups must be ≥ 2 (1 is the chunk-wise baseline)")
     lengths = [int(n) for n in args.lengths.split(",")]
-    cfg, params = load_model("recall-tiny")
+    cfg, params = load_model(args.model)
     rng = np.random.default_rng(0)
     prompts = [
         rng.integers(0, cfg.vocab_size, n).tolist() for n in lengths for _ in range(args.prompts)
@@ -142,6 +146,7 @@ def main() -> int:
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "link": "kernel tbf on a veth (netns)" if args.netns else "in-process token bucket",
+        "model": args.model,
         "bandwidth_mbps": args.bandwidth_mbps,
         "layer_groups": args.groups,
         "outputs_equal_greedy": same,
@@ -152,7 +157,8 @@ def main() -> int:
         print(json.dumps(result, indent=2))
         return 0 if same else 1
     print(
-        f"link {args.bandwidth_mbps:g} Mbit/s ({result['link']}), recall-tiny, "
+        f"link {args.bandwidth_mbps:g} Mbit/s ({result['link']}), {args.model} "
+        f"({', '.join(k.value for k in cfg.layers)}), "
         f"{args.prompts} prompts per length, one at a time; means in ms"
     )
     head = ("prompt", "state B", "prefill", "exposed", "TTFT", "prefill", "exposed", "TTFT", "÷")
