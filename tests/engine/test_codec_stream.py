@@ -78,6 +78,40 @@ def test_streamed_frames_are_the_one_shot_frames(picked, cuts, stream_id) -> Non
     assert_same_state(codec.decode(streamed, cfg), codec.decode(one_shot, cfg))
 
 
+@pytest.mark.parametrize(
+    ("name", "length", "groups"),
+    [("tiny", 61, 4), ("tiny-gdn", 40, 2), ("tiny-lightning", 33, 3), ("tiny-swa", 45, 4)],
+)
+def test_layer_frames_stream_each_group_once_and_read_nothing_else(name, length, groups) -> None:
+    """A layer-wise prefill's stream: early KV rows, then each group of layers from a state in
+    which only the layers streamed so far are final (the rest garbage), then ``finish``, which
+    is left the trailer alone. The frames are the one-shot frames; nothing is sent twice."""
+    from prfaas_jax.engine.prefill import split_layers
+
+    cfg = model(name)
+    full = random_state(cfg, [length], 72, seed=length)
+    encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=FRAME, stream_id=STREAM_ID)
+    streamed = [encoder.header(), *encoder.ready_frames(working_state(full, cfg, 16, 0), 16)]
+    for seed, group in enumerate(split_layers(cfg.num_layers, groups), start=1):
+        garbage = working_state(full, cfg, 0, seed)  # no final position anywhere
+        layers = [
+            full.layers[i] if i < group.stop else garbage.layers[i] for i in range(len(cfg.layers))
+        ]
+        partial = ModelState(lengths=full.lengths, layers=tuple(layers))
+        streamed += encoder.layer_frames(partial, group)
+        assert list(encoder.layer_frames(full, group)) == []  # nothing is sent twice
+    rest = list(encoder.finish(full))
+    assert len(rest) == 1 and rest[0][:4] != DATA_MAGIC  # the trailer
+    one_shot = list(codec.encode(full, cfg, max_frame_bytes=FRAME, stream_id=STREAM_ID))
+    streamed += rest
+    assert sorted(streamed) == sorted(one_shot) and streamed[-1] == one_shot[-1]
+    assert_same_state(codec.decode(streamed, cfg), codec.decode(one_shot, cfg))
+    with pytest.raises(ValueError, match="already ran"):
+        encoder.layer_frames(full, range(0, 1))
+    with pytest.raises(ValueError, match="the header says"):
+        codec.StreamEncoder(cfg, length - 1, max_frame_bytes=FRAME).layer_frames(full, range(1))
+
+
 def test_ready_frames_tile_the_token_grid() -> None:
     cfg = model("tiny")  # MLA c_kv rows are 128 bytes: 4 rows per 600-byte frame
     full = random_state(cfg, [30], 30, seed=1)
