@@ -1,9 +1,9 @@
-"""Worker faults on the real model (`tiny` KDA + MLA, JAX engines, real processes): the PrfaaS
-prefill worker SIGKILLed while its states are on the inter-cluster link, then the decode worker
-stopped and SIGKILLed while it streams. Every request completes with exactly the tokens of
-single-process greedy generation (the model's `prefill` + `decode_step`, computed here): the
-router re-prefills the lost prefills locally and resumes the lost streams from prompt + the
-tokens already sent."""
+"""Worker faults on the real model (`tiny` KDA + MLA, JAX engines, real processes, states
+streamed layer by layer: `layer_groups = 4`): the PrfaaS prefill worker SIGKILLed while its
+states are on the inter-cluster link, then the decode worker stopped and SIGKILLed while it
+streams. Every request completes with exactly the tokens of single-process greedy generation
+(the model's `prefill` + `decode_step`, computed here): the router re-prefills the lost
+prefills locally and resumes the lost streams from prompt + the tokens already sent."""
 
 from __future__ import annotations
 
@@ -26,7 +26,13 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 MAX_LEN = 512
 SECTIONS = {
     "model": {"preset": "tiny", "seed": 0},
-    "engine": {"max_len": MAX_LEN, "chunk_len": 128, "buckets": [32, 128], "max_slots": 8},
+    "engine": {
+        "max_len": MAX_LEN,
+        "chunk_len": 128,
+        "buckets": [32, 128],
+        "max_slots": 8,
+        "layer_groups": 4,
+    },
     "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
     # 50 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over a second.
     "link": {"bandwidth_mbps": 0.4, "latency_ms": 2.0},
