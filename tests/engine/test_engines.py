@@ -336,7 +336,7 @@ def test_prefix_continuation_equals_one_prefill():
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(prefix))
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
+@pytest.mark.parametrize("name", ["tiny"])
 def test_layerwise_prefill_streams_each_group_once_its_states_are_final(name):
     """The last call as segments over groups of layers: ``on_layers`` sees every group once, in
     order, with that group's states already final (equal to the result's) while the layers
