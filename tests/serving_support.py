@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import pathlib
 import time
 from collections.abc import Callable, Iterator
@@ -51,6 +52,40 @@ def toml(sections: dict[str, dict]) -> str:
         lines.append(f"[{name}]")
         lines.extend(f"{k} = {value(v)}" for k, v in keys.items())
     return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def real_cluster(
+    root: pathlib.Path, sections: dict[str, dict], prompts: dict[str, list[list[int]]], new: dict
+) -> Iterator[tuple]:
+    """A cluster of real processes on the JAX engines, started from ``sections`` with restarts
+    on, and the greedy tokens of ``prompts`` (by kind, ``new[kind]`` each, the first included)
+    computed straight from the model (`reference_tokens`): until closed, ``(cluster, ready,
+    router stub, expected)``. The workers compile through the session's cache for child
+    processes (tests/conftest.py); the references compile here, in the pytest process."""
+    import jax
+
+    from prfaas_jax.model import init_params
+    from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+    from prfaas_jax.serving.loadgen.demo import reference_tokens
+
+    path = root / "cluster.toml"
+    path.write_text(toml(sections))
+    model = sections["model"]
+    cfg = load_model_config(model["preset"])
+    max_len = sections["engine"]["max_len"]
+    compile_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    with ClusterProcesses(
+        path, log_dir=root / "logs", compile_cache=compile_cache, restart_workers=True
+    ) as cluster:
+        ready = cluster.start()
+        params = init_params(jax.random.PRNGKey(model.get("seed", 0)), cfg)
+        expected = {
+            kind: reference_tokens(cfg, params, batch, new[kind], max_len)
+            for kind, batch in prompts.items()
+        }
+        with grpc.insecure_channel(ready["router"]) as channel:
+            yield cluster, ready, pb_grpc.RouterStub(channel), expected
 
 
 def fake_config(path: pathlib.Path, **overrides: dict) -> pathlib.Path:

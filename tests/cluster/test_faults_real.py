@@ -15,11 +15,10 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving_support import generate, toml
+from serving_support import generate, real_cluster
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
-from prfaas_jax.serving.loadgen.demo import reference_tokens
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -45,33 +44,16 @@ LONG, SHORT, NEW_LONG, NEW_SHORT = 300, 40, 8, 400
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    import jax
-
-    from prfaas_jax.model import init_params
-
-    root = tmp_path_factory.mktemp("faults-real")
-    path = root / "cluster.toml"
-    path.write_text(toml(SECTIONS))
     cfg = load_model_config("tiny")
     rng = np.random.default_rng(11)
     prompts = {
         "long": [rng.integers(0, cfg.vocab_size, LONG).tolist() for _ in range(2)],
         "short": [rng.integers(0, cfg.vocab_size, SHORT).tolist() for _ in range(3)],
     }
-    # The workers compile through the session's cache for child processes (tests/conftest.py);
-    # the references below compile here, in the pytest process, which keeps no cache.
-    compile_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
-    with ClusterProcesses(
-        path, log_dir=root / "logs", compile_cache=compile_cache, restart_workers=True
-    ) as cluster:
-        ready = cluster.start()
-        params = init_params(jax.random.PRNGKey(0), cfg)
-        expected = {
-            "long": reference_tokens(cfg, params, prompts["long"], NEW_LONG, MAX_LEN),
-            "short": reference_tokens(cfg, params, prompts["short"], NEW_SHORT, MAX_LEN),
-        }
-        with grpc.insecure_channel(ready["router"]) as channel:
-            yield cluster, ready, pb_grpc.RouterStub(channel), prompts, expected
+    root = tmp_path_factory.mktemp("faults-real")
+    new = {"long": NEW_LONG, "short": NEW_SHORT}
+    with real_cluster(root, SECTIONS, prompts, new) as (cluster, ready, stub, expected):
+        yield cluster, ready, stub, prompts, expected
 
 
 def kill(cluster: ClusterProcesses, name: str) -> None:

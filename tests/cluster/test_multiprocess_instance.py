@@ -17,11 +17,9 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving_support import generate, toml
+from serving_support import generate, real_cluster
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.serving.cluster.launcher import ClusterProcesses
-from prfaas_jax.serving.loadgen.demo import reference_tokens
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -58,28 +56,16 @@ def alive(pid: int) -> bool:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    import jax
-
-    from prfaas_jax.model import init_params
-
-    root = tmp_path_factory.mktemp("multiprocess")
-    path = root / "cluster.toml"
-    path.write_text(toml(SECTIONS))
     cfg = load_model_config("tiny")
     rng = np.random.default_rng(5)
     prompts = {
         kind: [rng.integers(0, cfg.vocab_size, n).tolist() for n in lengths]
         for kind, lengths in LENGTHS.items()
     }
-    compile_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
-    with ClusterProcesses(
-        path, log_dir=root / "logs", compile_cache=compile_cache, restart_workers=True
-    ) as cluster:
-        ready = cluster.start()
-        params = init_params(jax.random.PRNGKey(0), cfg)
-        expected = {k: reference_tokens(cfg, params, p, NEW, MAX_LEN) for k, p in prompts.items()}
-        with grpc.insecure_channel(ready["router"]) as channel:
-            yield cluster, ready, pb_grpc.RouterStub(channel), prompts, expected
+    root = tmp_path_factory.mktemp("multiprocess")
+    new = dict.fromkeys(prompts, NEW)
+    with real_cluster(root, SECTIONS, prompts, new) as (cluster, ready, stub, expected):
+        yield cluster, ready, stub, prompts, expected
 
 
 @pytest.mark.slow
