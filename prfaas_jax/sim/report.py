@@ -2,6 +2,7 @@
 
 Per deployment, at the configured workload: TTFT mean/P50/P90/P99 (arrival → first token at
 the decode instance), TPOT ((finish − first token) / output length: decode-slot wait and steps),
+the exposed transfer per route (prefill end → first token),
 the offloaded fraction, mean link egress (bytes sent over the run's length) and its largest
 `bin_s` average, queue depths, the threshold over time and its changes, role changes, prefix-cache
 hit rates; plus the analytic Λ_max and, when searched, the simulated saturation throughput.
@@ -39,6 +40,15 @@ def _stats(values: np.ndarray) -> dict[str, float | None]:
 def ttft_s(result: SimResult) -> np.ndarray:
     ttft = result.first_token - result.arrival
     return ttft[~np.isnan(ttft)]
+
+
+def exposed_transfer_s(result: SimResult, *, offloaded: bool) -> np.ndarray:
+    """Prefill end → first token of the finished requests of one route: the state transfer
+    (and, locally, the RDMA hop) compute did not hide — what the serving plane reports as
+    `exposed_transfer_s`."""
+    exposed = result.first_token - result.prefill_end
+    keep = ~np.isnan(exposed) & (result.offloaded == offloaded)
+    return exposed[keep]
 
 
 def egress_series(result: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,6 +103,10 @@ def deployment_summary(run: DeploymentRun, *, series: bool = True) -> dict[str, 
         "completed": result.num_finished,
         "duration_s": duration,
         "tpot_s": _stats(tpot),
+        "exposed_transfer_s": {
+            route: _stats(exposed_transfer_s(result, offloaded=route == "prfaas"))
+            for route in ("prfaas", "pd")
+        },
         "egress_gbps_max_bin": float(np.nanmax(sent)) if sent.size else 0.0,
         "egress_offered_gbps_max_bin": float(np.nanmax(offered)) if offered.size else 0.0,
         "analytic": {
@@ -230,6 +244,13 @@ def format_run(run: SimulationRun) -> str:
         lambda s: f"{_ms(s['tpot_s']['mean'])} / {_ms(s['tpot_s']['p90'])}",
     )
     row("offloaded", lambda s: f"{s['offload_fraction']:.1%}")
+    row(
+        "exposed transfer PrfaaS mean / P90 (ms)",
+        lambda s: (
+            f"{_ms(s['exposed_transfer_s']['prfaas']['mean'])} / "
+            f"{_ms(s['exposed_transfer_s']['prfaas']['p90'])}"
+        ),
+    )
     row(
         "egress mean / max bin (Gbps)",
         lambda s: f"{s['egress_gbps_mean']:.1f} / {s['egress_gbps_max_bin']:.1f}",

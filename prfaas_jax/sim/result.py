@@ -1,12 +1,12 @@
 """What one simulation run records: `SimResult` (per-request times, time series, policy actions).
 
-Per request (indexed by request id): arrival, first token, finish, whether it was offloaded to
-PrfaaS, its uncached length, its output length and the bytes its state took to decode. Every
-`bin_s` of simulated time: the link's cumulative bytes offered and sent, its capacity, the
-threshold t, requests outstanding at PrfaaS and PD prefill, requests waiting for a decode slot and
-the PD prefill/decode split. Plus every threshold change (the controller's `ThresholdUpdate`s),
-every role change (applied or abandoned), the prefix caches' token hit rates, and — for a run that
-stops at its last arrival — the backlog then.
+Per request (indexed by request id): arrival, prefill end, first token, finish, whether it was
+offloaded to PrfaaS, its uncached length, its output length and the bytes its state took to
+decode. Every `bin_s` of simulated time: the link's cumulative bytes offered and sent, its
+capacity, the threshold t, requests outstanding at PrfaaS and PD prefill, requests waiting for
+a decode slot and the PD prefill/decode split. Plus every threshold change (the controller's
+`ThresholdUpdate`s), every role change (applied or abandoned), the prefix caches' token hit
+rates, and — for a run that stops at its last arrival — the backlog then.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ class RoleChangeRecord:
 class SimResult:
     deployment: DeploymentSpec
     arrival: np.ndarray
+    prefill_end: np.ndarray
     first_token: np.ndarray
     finish: np.ndarray
     offloaded: np.ndarray
@@ -73,6 +74,7 @@ class SimResult:
         return cls(
             deployment,
             arrival=nan.copy(),
+            prefill_end=nan.copy(),
             first_token=nan.copy(),
             finish=nan.copy(),
             offloaded=np.zeros(num_requests, dtype=bool),
@@ -90,6 +92,7 @@ class SimResult:
 
     def completed(self, req: Request, now: float) -> None:
         i = req.rid
+        self.prefill_end[i] = req.prefill_end
         self.first_token[i] = req.first_token
         self.finish[i] = now
         self.kv_bytes[i] = req.kv_bytes

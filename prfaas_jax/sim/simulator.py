@@ -213,7 +213,7 @@ class Simulator:
 
     def _prefilled(self, req: Request) -> None:
         req.prefill.release(req.uncached_len)
-        req.prefill_done = True
+        req.prefill_done, req.prefill_end = True, self.loop.now
         if self.caches is not None and req.hash_ids:
             kind = ClusterKind.PRFAAS if req.offloaded else ClusterKind.PD
             self.caches[kind].insert(req.hash_ids, req.prompt_len)

@@ -55,6 +55,7 @@ class Request:
         "output_len",
         "prefill",
         "prefill_done",
+        "prefill_end",
         "prompt_len",
         "rid",
         "uncached_len",
@@ -75,7 +76,7 @@ class Request:
         self.offloaded = False
         self.prefill = self.decode = None
         self.kv_bytes = 0.0
-        self.first_token = math.nan
+        self.first_token = self.prefill_end = math.nan
         self.body_done = self.prefill_done = False
 
 

@@ -31,7 +31,7 @@ from prfaas_jax.sim.cluster import (
 )
 from prfaas_jax.sim.config import SaturationSpec, load_sim_config, with_overrides
 from prfaas_jax.sim.events import EventLoop
-from prfaas_jax.sim.report import ttft_s
+from prfaas_jax.sim.report import exposed_transfer_s, ttft_s
 from prfaas_jax.sim.simulator import Simulator
 from prfaas_jax.sim.workload import Arrivals, PrefixSpec, generate_requests
 
@@ -94,11 +94,19 @@ def test_one_request_through_an_idle_system(tmp_path, prompt_len):
     result = Simulator(config, config.deployments[0]).run()
     kv_bytes = config.profiles.kv_size_mib(prompt_len) * MIB
     if prompt_len > 20_000:  # offloaded: H200 prefill, then the whole state over 10 Gbps
-        expected = config.profiles.prfaas_prefill_s(prompt_len) + kv_bytes / (10e9 / 8)
+        prefill_s, transfer_s = config.profiles.prfaas_prefill_s(prompt_len), kv_bytes / (10e9 / 8)
     else:  # local: H20 prefill, then RDMA at 400 Gbps
-        expected = config.profiles.pd_prefill_s(prompt_len) + kv_bytes / (400e9 / 8)
-    assert result.offloaded[0] == (prompt_len > 20_000)
-    assert result.first_token[0] - result.arrival[0] == pytest.approx(expected, rel=1e-12)
+        prefill_s, transfer_s = config.profiles.pd_prefill_s(prompt_len), kv_bytes / (400e9 / 8)
+    offloaded = prompt_len > 20_000
+    assert result.offloaded[0] == offloaded
+    assert result.first_token[0] - result.arrival[0] == pytest.approx(
+        prefill_s + transfer_s, rel=1e-12
+    )
+    # Without layer-wise pipelining the whole transfer comes after the prefill: all exposed.
+    assert result.prefill_end[0] - result.arrival[0] == pytest.approx(prefill_s, rel=1e-12)
+    # (Request 0 comes first among its route's; the trace's far-off second one is local.)
+    assert exposed_transfer_s(result, offloaded=offloaded)[0] == pytest.approx(transfer_s, rel=1e-9)
+    assert exposed_transfer_s(result, offloaded=True).size == int(offloaded)
     assert result.kv_bytes[0] == pytest.approx(kv_bytes)
     # Decode: 8 steps of T_decode, alone in an instance.
     assert result.finish[0] - result.first_token[0] == pytest.approx(8 * 0.025, rel=1e-12)
@@ -112,6 +120,9 @@ def test_layerwise_pipelining_leaves_only_the_last_chunk_after_the_prefill(tmp_p
     assert 3 / 4 * transfer_s < prefill_s  # the first 3 of 4 chunks leave during the prefill
     ttft = result.first_token[0] - result.arrival[0]
     assert ttft == pytest.approx(prefill_s + transfer_s / 4, rel=1e-12)
+    # Only the last chunk is exposed (the model the serving plane's measurement checks).
+    exposed = exposed_transfer_s(result, offloaded=True)
+    assert exposed == pytest.approx([transfer_s / 4], rel=1e-9)
 
 
 def test_a_link_shared_by_two_transfers_halves_each_rate():
