@@ -235,7 +235,8 @@ class PrefillEngine:
         states while the next group computes. Returns the logits, the state, compile seconds."""
         layers = list(state.layers)
         lengths = np.asarray(state.lengths)
-        done = ModelState(lengths=lengths + valid, layers=state.layers)
+        # A device array, as the whole call returns (device_put compiles nothing).
+        done = ModelState(lengths=jax.device_put(lengths + valid), layers=state.layers)
         inputs, compile_s, ready = block, 0.0, None
         for group in self.groups:
             args = (self.params, inputs, tuple(layers[group.start : group.stop]), lengths, valid)

@@ -1,8 +1,13 @@
 """Start and stop a toy cluster of real processes: `ClusterProcesses` and `serve`.
 
-On loopback by default; with `netns` the PrfaaS and PD clusters each run in a network namespace
-of their own, joined by a kernel-shaped veth (serving/cluster/netns.py), and the ready info
-gains `"netns"`: the namespaces, host addresses, link device and rate.
+On loopback by default, or where `[hosts]` puts each server; with `netns` the PrfaaS and PD
+clusters each run in a network namespace of their own, joined by a kernel-shaped veth
+(serving/cluster/netns.py), and the ready info gains `"netns"`: the namespaces, host addresses,
+link device and rate. With `only` a launcher runs part of the cluster (the router, the PrfaaS or
+the PD instances) and another machine's launcher the rest, each finding the other's instances at
+their `[hosts]` address. A PrfaaS instance of several JAX processes (`[instances]
+prfaas_processes`, engine/spmd.py) is started, watched and restarted as one: its leader is the
+child the others are attached to.
 
 The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
 `write_json`) are in serving/transport/lifecycle.py, the launcher's record of a child
