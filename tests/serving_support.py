@@ -54,6 +54,11 @@ def toml(sections: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The engine section of the real-model cluster tests (tiny): one set of executables, compiled
+# once per session into the cache their workers share.
+REAL_ENGINE = {"max_len": 512, "chunk_len": 128, "buckets": [32, 128], "max_slots": 8}
+
+
 @contextlib.contextmanager
 def real_cluster(
     root: pathlib.Path, sections: dict[str, dict], prompts: dict[str, list[list[int]]], new: dict

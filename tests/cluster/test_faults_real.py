@@ -15,23 +15,16 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving_support import generate, real_cluster
+from serving_support import REAL_ENGINE, generate, real_cluster
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-MAX_LEN = 512
 SECTIONS = {
     "model": {"preset": "tiny", "seed": 0},
-    "engine": {
-        "max_len": MAX_LEN,
-        "chunk_len": 128,
-        "buckets": [32, 128],
-        "max_slots": 8,
-        "layer_groups": 4,
-    },
+    "engine": {**REAL_ENGINE, "layer_groups": 4},
     "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
     # 50 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over a second.
     "link": {"bandwidth_mbps": 0.4, "latency_ms": 2.0},

@@ -17,25 +17,18 @@ import time
 import grpc
 import numpy as np
 import pytest
-from serving_support import generate, real_cluster
+from serving_support import REAL_ENGINE, generate, real_cluster
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-# The PD side's engines are those of tests/cluster/test_faults_real.py: their executables come
-# from the session's compile cache.
-MAX_LEN = 512
 NEW = 6
 SECTIONS = {
     "model": {"preset": "tiny", "seed": 0},
-    "engine": {
-        "max_len": MAX_LEN,
-        "chunk_len": 128,
-        "buckets": [32, 128],
-        "max_slots": 8,
-        "prfaas_mesh": "tensor=4",
-    },
+    # The PD side's engines are the other real-model tests': their executables come from the
+    # session's compile cache.
+    "engine": {**REAL_ENGINE, "prfaas_mesh": "tensor=4"},
     "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1, "prfaas_processes": 2},
     # 100 KB/s: a 200-token state (~38 KB) is on the link for about 0.4 s.
     "link": {"bandwidth_mbps": 0.8, "latency_ms": 2.0},
