@@ -22,7 +22,7 @@ import pytest
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model.weights import load_model
-from prfaas_jax.serving.cluster.launcher import INTERPRETED_WARNING
+from prfaas_jax.serving.cluster.serve import INTERPRETED_WARNING
 from prfaas_jax.serving.cluster_config import load_cluster_config, resolve_cluster_path
 from prfaas_jax.serving.loadgen.demo import (
     DEMO_NEW_TOKENS,

@@ -1,4 +1,6 @@
-"""Start and stop a toy cluster of real processes: `ClusterProcesses` and `serve`.
+"""Start and stop a toy cluster of real processes: `ClusterProcesses` (`prfaas serve`'s loop
+around it is serving/cluster/serve.py; which parts run on which machine, serving/cluster/
+machines.py).
 
 On loopback by default, or where `[hosts]` puts each server; with `netns` the PrfaaS and PD
 clusters each run in a network namespace of their own, joined by a kernel-shaped veth
@@ -50,28 +52,12 @@ from pathlib import Path
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_remote
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
-from prfaas_jax.serving.cluster.processes import ChildProcess, free_port
+from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
 from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
-
-PARTS = ("router", "prfaas", "pd")
-
-
-def _part(name: str) -> str:
-    """The part of the cluster instance ``name`` belongs to."""
-    return "prfaas" if name.startswith("prfaas-") else "pd"
-
-
-INTERPRETED_WARNING = (
-    'prfaas serve: warning: impl = "pallas" without a GPU or TPU: the workers run the Pallas '
-    "kernels interpreted (same outputs as chunk, much slower)"
-)
-
-
-class ClusterError(UserError):
-    """A cluster process failed to start; the message names it and quotes its log."""
 
 
 class ClusterProcesses:
@@ -95,25 +81,11 @@ class ClusterProcesses:
         PD cluster); another machine runs the rest, at the `[hosts]` addresses."""
         self.config = load_cluster_config(config_path)
         self.only = frozenset(only)
-        unknown = sorted(self.only - set(PARTS))
-        if unknown or not self.only:
-            raise UserError(
-                f"--only takes some of {', '.join(PARTS)}, got {', '.join(unknown) or 'nothing'}"
-            )
-        roles = instance_roles(self.config)
-        self.remote = {n: r for n, r in roles.items() if _part(n) not in self.only}
+        self.remote = remote_instances(self.config, self.only)
         if netns and self.remote:
             raise UserError(
                 "--netns runs both clusters on this machine: it does not go with --only"
             )
-        if "router" in self.only:
-            for name in self.remote:  # the router must find them without an address file
-                if not self.config.hosts.endpoint(name).port:
-                    raise UserError(
-                        f"{name} runs on another machine (--only {','.join(sorted(self.only))}): "
-                        f'[hosts] must give its port ({_part(name)} = "HOST:PORT" or '
-                        f'"{name}" = "HOST:PORT") so the router can reach it'
-                    )
         if netns:
             require_netns()
             if self.config.security.tls:
@@ -274,7 +246,7 @@ class ClusterProcesses:
             self._wait_serving(rest, deadline)
             workers = self._write_workers()
             if "router" in self.only:
-                self._wait_remote(deadline)
+                wait_remote(self.config, self.remote, deadline, self._stop, self.ready_timeout_s)
                 extra = ["--workers", str(self._workers_file)]
                 endpoint = self.config.hosts.router
                 if self.topology is None:  # under --netns the router stays on loopback
@@ -306,29 +278,6 @@ class ClusterProcesses:
         if self.topology is not None:
             self.ready["netns"] = self.topology.describe()
         return self.ready
-
-    def _wait_remote(self, deadline: float) -> None:
-        """Wait until every instance another machine runs reports SERVING at its address."""
-        waiting = {name: str(self.config.hosts.endpoint(name)) for name in self.remote}
-        if waiting:
-            listing = ", ".join(f"{n} at {a}" for n, a in waiting.items())
-            print(
-                f"prfaas serve: waiting for {listing} (another machine's prfaas serve --only …)",
-                file=sys.stderr,
-                flush=True,
-            )
-        while waiting:
-            if self._stop.is_set():
-                raise ClusterError("interrupted while waiting for the other machines")
-            security = self.config.security
-            for name, address in list(waiting.items()):
-                if health_status(address, security_section=security) == "SERVING":
-                    del waiting[name]
-            if waiting and time.monotonic() > deadline:
-                listing = ", ".join(f"{n} at {a}" for n, a in waiting.items())
-                raise ClusterError(f"{listing} not SERVING after {self.ready_timeout_s:.0f} s")
-            if waiting:
-                time.sleep(0.5)
 
     def _write_workers(self) -> dict:
         """The workers listing the router reads (and re-reads after a restart), atomically;
@@ -435,75 +384,3 @@ class ClusterProcesses:
         if self.topology is not None:
             self.topology.close()
             self.topology = None
-
-
-def serve(
-    config_path: str,
-    ready_file: str | None,
-    *,
-    log_dir: str | None = None,
-    netns: bool = False,
-    only: Collection[str] = PARTS,
-) -> int:
-    """`prfaas serve`: run the cluster until SIGINT/SIGTERM; 1 if the router died on its own
-    (a dead worker is restarted, and its logs are then kept)."""
-    stop = threading.Event()
-    previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
-    }
-    try:
-        with ClusterProcesses(
-            config_path,
-            log_dir=log_dir,
-            stop_event=stop,
-            restart_workers=True,
-            netns=netns,
-            only=only,
-        ) as cluster:
-            try:
-                ready = cluster.start()
-            except ClusterError:
-                if stop.is_set():
-                    return 0  # asked to stop while starting: not an error
-                raise
-            if ready_file:
-                write_json(ready_file, ready)
-            local = len(ready["workers"]) - len(cluster.remote)
-            where = (
-                f"router {ready['router']}, metrics http://{ready['metrics']}/metrics"
-                if ready["router"]
-                else "for the router on another machine"
-            )
-            print(
-                f"prfaas serve: {where}, {local} workers here, logs in {ready['log_dir']}; "
-                "Ctrl-C stops",
-                flush=True,
-            )
-            if ready["interpreted_kernels"]:
-                print(INTERPRETED_WARNING, file=sys.stderr, flush=True)
-            restarts = 0
-            while not stop.wait(0.5):
-                if ready_file and cluster.restarts != restarts:
-                    restarts = cluster.restarts
-                    write_json(ready_file, cluster.ready)  # a restarted worker's new address
-                dead = cluster.dead_child()
-                if dead is not None:
-                    cluster.failed = True
-                    print(
-                        f"prfaas serve: {dead} exited; shutting down (logs: {cluster.log_dir})",
-                        file=sys.stderr,
-                    )
-                    return 1
-            if cluster.restarts:
-                print(
-                    f"prfaas serve: {cluster.restarts} worker restart(s); logs kept in "
-                    f"{cluster.log_dir}",
-                    file=sys.stderr,
-                )
-        return 0
-    finally:
-        if ready_file:
-            with contextlib.suppress(FileNotFoundError):
-                Path(ready_file).unlink()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -1,6 +1,6 @@
 """`ChildProcess`: one process the launcher started (its own session, a log file, an address
-file), with the followers of a multi-process instance; and `free_port`. What each child does
-for itself (parent death, stop signals, its address file) is in
+file), with the followers of a multi-process instance; `ClusterError` and `free_port`. What
+each child does for itself (parent death, stop signals, its address file) is in
 serving/transport/lifecycle.py."""
 
 from __future__ import annotations
@@ -10,6 +10,12 @@ import os
 import socket
 import subprocess
 from pathlib import Path
+
+from prfaas_jax.errors import UserError
+
+
+class ClusterError(UserError):
+    """A cluster process failed to start; the message names it and quotes its log."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
