@@ -3,22 +3,27 @@
 Also exposes `ControllerConfig`, `LinkObservation` (what the router measures each control
 period) and `ThresholdUpdate` (a change of t and why).
 
-Each period the router reports the PrfaaS link's cumulative egress bytes, its current capacity
-and the PrfaaS queue depth. The controller keeps egress utilisation u = (egress rate over the
-last `utilization_window_s`) / capacity, and re-solves t (`live_model.solve_threshold`: the
-throughput model on the recent uncached-length distribution, with the link's capacity and the
-observed arrival rate) when
+Each period the router reports the PrfaaS link's cumulative egress bytes, its capacity (learned
+from the transfers: policy/link_capacity.py), the PrfaaS queue depth and, where the kernel counts
+the link's TCP alone (a namespace of its own), its sent and retransmitted segments. The
+controller keeps egress utilisation u = (egress rate over the last `utilization_window_s`) /
+capacity and the TCP loss (retransmitted / sent segments over the same window), and re-solves t
+(`live_model.solve_threshold`: the throughput model on the recent uncached-length distribution,
+with the link's capacity and the observed arrival rate) when, in this order,
 
+    |capacity / capacity at last solve − 1| ≥ capacity_change                ("capacity")
+    TCP loss ≥ congestion_loss                  the path drops segments        ("congestion")
     u ≥ high_utilization                       the link is close to its cap   ("utilization")
     PrfaaS queue ≥ queue_surge                  requests pile up remotely      ("queue_surge")
-    |capacity / capacity at last solve − 1| ≥ capacity_change                ("capacity")
     resolve_every_s since the last solve        drift of the length mix        ("periodic")
 
 Hysteresis keeps t from flapping: a solution is applied only if it moves t by at least
 `hysteresis` (relative); raising t is allowed at once, but lowering it — which sends more bytes
 over the link — only when the link is cool (u ≤ low_utilization) or its capacity grew, and not
-within `min_dwell_s` of the previous change. `resolve` forces a re-solve for a new cluster shape
-(the long-timescale rebalancer calls it after a role change).
+within `min_dwell_s` of the previous change. A congested link (TCP loses segments: queues
+overflow somewhere on the path) is solved for as if it had `congestion_backoff` of its capacity,
+so t rises before the goodput drop shows in the learned capacity. `resolve` forces a re-solve
+for a new cluster shape (the long-timescale rebalancer calls it after a role change).
 """
 
 from __future__ import annotations
@@ -50,6 +55,8 @@ class ControllerConfig:
     resolve_every_s: float = 30.0
     utilization_window_s: float = 2.0
     rate_horizon_s: float = 10.0  # arrival rate Λ_obs is measured over this
+    congestion_loss: float = 0.02  # retransmitted / sent TCP segments that mean congestion
+    congestion_backoff: float = 0.8  # the capacity fraction a congested link is solved for
     min_samples: int = 8  # requests in the window before the first solve
 
     def __post_init__(self) -> None:
@@ -67,21 +74,25 @@ class ControllerConfig:
             raise ValueError("resolve_every_s and utilization_window_s must be positive")
         if not self.rate_horizon_s > 0:
             raise ValueError("rate_horizon_s must be positive")
+        if not (0 < self.congestion_loss <= 1 and 0 < self.congestion_backoff <= 1):
+            raise ValueError("need 0 < congestion_loss ≤ 1 and 0 < congestion_backoff ≤ 1")
 
 
 @dataclass(frozen=True)
 class LinkObservation:
     now: float
     egress_bytes: int  # cumulative bytes the PrfaaS cluster has sent over the link
-    capacity_bytes_per_s: float  # the link's cap right now
+    capacity_bytes_per_s: float  # what the link carries now (learned from transfers)
     prfaas_queue_depth: int
+    out_segments: int = 0  # cumulative TCP segments sent on the link (0: not counted)
+    retransmitted_segments: int = 0  # cumulative, of those
 
 
 @dataclass(frozen=True)
 class ThresholdUpdate:
     threshold: float
     previous: float
-    reason: str  # "utilization", "queue_surge", "capacity", "periodic" or "rebalance"
+    reason: str  # "capacity", "congestion", "utilization", "queue_surge", "periodic", "rebalance"
     utilization: float  # measured when the decision was made
     predicted_bytes_per_s: float  # link demand the new t predicts at the observed arrival rate
     at: float
@@ -111,6 +122,8 @@ class ThresholdController:
         self._last_solve = -math.inf
         self._last_change = -math.inf
         self._utilization = 0.0
+        self._segments: collections.deque[tuple[float, int, int]] = collections.deque()
+        self._loss = 0.0
         self.history: list[ThresholdUpdate] = []
 
     @property
@@ -121,6 +134,11 @@ class ThresholdController:
     def utilization(self) -> float:
         """Egress rate over capacity at the last observation."""
         return self._utilization
+
+    @property
+    def loss(self) -> float:
+        """Retransmitted over sent TCP segments in the utilisation window (0 when not counted)."""
+        return self._loss
 
     def egress_rate(self) -> float:
         """Bytes/s over the utilisation window (0 before two observations)."""
@@ -140,16 +158,29 @@ class ThresholdController:
             self._samples.popleft()
         self._capacity = obs.capacity_bytes_per_s
         self._utilization = self.egress_rate() / obs.capacity_bytes_per_s
+        self._loss = self._window_loss(obs)
         reason = self._trigger(obs)
         if reason is None or len(self.traffic) < self.config.min_samples:
             return None
         return self._solve(obs.now, reason)
+
+    def _window_loss(self, obs: LinkObservation) -> float:
+        segments = self._segments
+        if segments and obs.out_segments < segments[-1][1]:
+            segments.clear()  # a worker restarted: its counters began again
+        segments.append((obs.now, obs.out_segments, obs.retransmitted_segments))
+        while obs.now - segments[0][0] > self.config.utilization_window_s:
+            segments.popleft()
+        (_, out0, re0), (_, out1, re1) = segments[0], segments[-1]
+        return (re1 - re0) / (out1 - out0) if out1 > out0 else 0.0
 
     def _trigger(self, obs: LinkObservation) -> str | None:
         cfg = self.config
         solved = self._solved_capacity
         if solved is not None and abs(obs.capacity_bytes_per_s / solved - 1) >= cfg.capacity_change:
             return "capacity"
+        if self._loss >= cfg.congestion_loss:
+            return "congestion"
         if self._utilization >= cfg.high_utilization:
             return "utilization"
         if obs.prfaas_queue_depth >= cfg.queue_surge:
@@ -172,13 +203,16 @@ class ThresholdController:
         if self.shape.num_prfaas == 0:
             self._solved_capacity = self._capacity
             return None
-        model = live_model(self.profiles, self.shape, self.traffic, self._capacity)
+        capacity = self._capacity
+        if self._loss >= cfg.congestion_loss:
+            capacity *= cfg.congestion_backoff
+        model = live_model(self.profiles, self.shape, self.traffic, capacity)
         solution = solve_threshold(
             model,
             self.shape,
             self.config.candidates,
             arrival_rate=self.traffic.arrival_rate(now, cfg.rate_horizon_s),
-            egress_bytes_per_s=self._capacity,
+            egress_bytes_per_s=capacity,
             target_utilization=cfg.target_utilization,
         )
         new, old = solution.threshold, self._threshold

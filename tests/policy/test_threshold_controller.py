@@ -200,3 +200,25 @@ def test_config_is_validated():
         ThresholdController(
             ControllerConfig(candidates=CANDIDATES), PROFILES, SHAPE, TrafficWindow(4), 64
         ).observe(LinkObservation(0.0, 0, 0.0, 0))
+
+
+def test_tcp_loss_on_the_link_raises_t_as_a_narrower_link_would():
+    """Retransmitted / sent segments ≥ congestion_loss re-solves ("congestion") for
+    congestion_backoff of the capacity: t lands where a clean link of that capacity puts it."""
+    traffic = Traffic()
+    traffic.until(10.0)
+    ctl = controller(traffic, resolve_every_s=1000.0, congestion_backoff=0.5)
+    ctl.observe(LinkObservation(10.0, 0, 1e6, 0, 1_000, 0))
+    assert ctl.threshold == 144
+    # 1 % loss: below the default 2 %, nothing happens.
+    assert ctl.observe(LinkObservation(10.5, 0, 1e6, 0, 2_000, 10)) is None
+    assert ctl.loss == pytest.approx(10 / 1_000)
+    # 40 more retransmissions in the next 1,000 segments: 50 / 2,000 = 2.5 % over the window.
+    update = ctl.observe(LinkObservation(11.0, 0, 1e6, 0, 3_000, 50))
+    assert update is not None and update.reason == "congestion"
+    narrower = controller(traffic, resolve_every_s=1000.0)
+    narrower.observe(LinkObservation(11.0, 0, 0.5e6, 0))
+    assert update.threshold == narrower.threshold > 144
+    # Counters that go backwards (a restarted worker) start the window again: no loss yet.
+    ctl.observe(LinkObservation(11.5, 0, 1e6, 0, 10, 10))
+    assert ctl.loss == 0.0

@@ -209,6 +209,9 @@ class ServerContext:
             callback()
         return True
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"  # the sending connection
+
     def abort(self, code: grpc.StatusCode, details: str):
         self.code, self.details = code, details
         raise AbortedError(details)

@@ -149,6 +149,9 @@ class Context:
     def add_callback(self, callback) -> bool:
         return True  # a direct call is never cancelled
 
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:50000"  # the sending connection
+
 
 def test_the_decode_worker_holds_a_bounded_number_of_states(workers):
     _, channel, _, _, decode = workers

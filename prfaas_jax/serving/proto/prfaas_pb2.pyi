@@ -81,7 +81,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,8 @@ class RouterStats(_message.Message):
     RETRIES_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
+    LINK_CAPACITY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TCP_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -133,7 +135,9 @@ class RouterStats(_message.Message):
     retries: int
     resumed: int
     rejected: int
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ...) -> None: ...
+    link_capacity_samples: int
+    tcp_retransmitted_segments: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "first_index")
@@ -218,12 +222,22 @@ class PrefixCacheStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., block_size: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., checkpoints: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., exports: _Optional[int] = ..., export_bytes: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., import_failures: _Optional[int] = ...) -> None: ...
 
 class LinkState(_message.Message):
-    __slots__ = ("bandwidth_bytes_per_s", "latency_s")
+    __slots__ = ("bandwidth_bytes_per_s", "latency_s", "learned_bytes_per_s", "learned_samples", "tcp_counted", "tcp_out_segments", "tcp_retransmitted_segments")
     BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
+    LEARNED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TCP_COUNTED_FIELD_NUMBER: _ClassVar[int]
+    TCP_OUT_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TCP_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     bandwidth_bytes_per_s: float
     latency_s: float
-    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ...) -> None: ...
+    learned_bytes_per_s: float
+    learned_samples: int
+    tcp_counted: bool
+    tcp_out_segments: int
+    tcp_retransmitted_segments: int
+    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., learned_bytes_per_s: _Optional[float] = ..., learned_samples: _Optional[int] = ..., tcp_counted: _Optional[bool] = ..., tcp_out_segments: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ...) -> None: ...
 
 class SetRoleRequest(_message.Message):
     __slots__ = ("role",)
@@ -288,20 +302,26 @@ class PrefillReply(_message.Message):
     def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("request_id", "frame")
+    __slots__ = ("request_id", "frame", "queued")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     frame: bytes
-    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ...) -> None: ...
+    queued: bool
+    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ..., queued: _Optional[bool] = ...) -> None: ...
 
 class PushStateReply(_message.Message):
-    __slots__ = ("state_bytes", "frames")
+    __slots__ = ("state_bytes", "frames", "backlog_bytes", "backlog_s")
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FRAMES_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_S_FIELD_NUMBER: _ClassVar[int]
     state_bytes: int
     frames: int
-    def __init__(self, state_bytes: _Optional[int] = ..., frames: _Optional[int] = ...) -> None: ...
+    backlog_bytes: int
+    backlog_s: float
+    def __init__(self, state_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., backlog_bytes: _Optional[int] = ..., backlog_s: _Optional[float] = ...) -> None: ...
 
 class DecodeRequest(_message.Message):
     __slots__ = ("request_id", "prompt_len", "max_new_tokens")

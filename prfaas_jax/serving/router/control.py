@@ -1,7 +1,8 @@
 """The router's control loop: `RouterControl` (the process entry is serving/router/main.py).
 
 Every `control_period_s` the loop polls each worker's `GetStats`, sums the PrfaaS workers'
-link counters (egress bytes, current capacity) and hands the policy objects what they watch:
+link counters (egress bytes, the capacity each learned from its own transfers, the kernel's TCP
+segment counters under `--netns`) and hands the policy objects what they watch:
 the `ThresholdController` a `LinkObservation` each period (a new t takes effect for the next
 request), the `Rebalancer` a `StageObservation` every `rebalancer.period_s`. A role change is
 carried out on its own thread as drain → switch → resume: the node stops receiving requests,
@@ -138,18 +139,28 @@ class RouterControl:
         with core.lock:
             prfaas = [w for w in core.workers.values() if w.role is Role.PRFAAS_PREFILL]
             egress = sum(w.stats.egress_bytes for w in prfaas if w.stats is not None)
-            capacity = sum(
-                w.stats.link.bandwidth_bytes_per_s for w in prfaas if w.stats is not None
-            )
+            capacity, learned_from = self._link_capacity(prfaas)
+            counted = [
+                w.stats.link for w in prfaas if w.stats is not None and w.stats.link.tcp_counted
+            ]
+            out_segments = sum(link.tcp_out_segments for link in counted)
+            retransmitted = sum(link.tcp_retransmitted_segments for link in counted)
             prfaas_queue = sum(w.outstanding_prefills for w in prfaas)
             self._samples.append((now, egress))
             while now - self._samples[0][0] > RATE_WINDOW_S:
                 self._samples.popleft()
             (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
             self.counters.egress_bytes, self.counters.capacity = egress, capacity
+            self.counters.capacity_samples, self.counters.retransmitted = (
+                learned_from,
+                retransmitted,
+            )
             self.counters.egress_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
         if self.controller is not None and capacity > 0:
-            update = self.controller.observe(LinkObservation(now, egress, capacity, prfaas_queue))
+            observation = LinkObservation(
+                now, egress, capacity, prfaas_queue, out_segments, retransmitted
+            )
+            update = self.controller.observe(observation)
             if update is not None:
                 self._apply_threshold(update.threshold, update.reason)
         rebalance_period = core.config.rebalancer.period_s
@@ -158,6 +169,23 @@ class RouterControl:
             change = self.rebalancer.observe(self._stage_observation(now, capacity))
             if change is not None:
                 threading.Thread(target=self._switch, args=(change,), daemon=True).start()
+
+    def _link_capacity(self, prfaas: list[WorkerHandle]) -> tuple[float, int]:
+        """``(bytes/s, transfers)``: the PrfaaS link's capacity, summed over its workers, each
+        the rate its own transfers got (serving/worker/prefill.py) — the configured
+        `[link] bandwidth_mbps` share for a worker that has timed none lately — and how many
+        transfers it was learned from. The shaper's settings are never read."""
+        config = self.core.config
+        nominal = config.link.bandwidth_bytes_per_s / max(config.instances.prfaas_prefill, 1)
+        capacity, samples = 0.0, 0
+        for worker in prfaas:
+            link = worker.stats.link if worker.stats is not None else None
+            if link is not None and link.learned_bytes_per_s > 0:
+                capacity += link.learned_bytes_per_s
+                samples += link.learned_samples
+            else:
+                capacity += nominal
+        return capacity, samples
 
     def _apply_threshold(self, threshold: float, reason: str) -> None:
         with self.core.lock:

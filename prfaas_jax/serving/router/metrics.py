@@ -14,7 +14,9 @@
     prfaas_threshold_changes_total{reason}       counter  controller updates of t
     prfaas_egress_bytes_total                    counter  PrfaaS → PD link bytes
     prfaas_egress_bytes_per_second               gauge    over the controller's window
-    prfaas_link_capacity_bytes_per_second        gauge    the link's current cap
+    prfaas_link_capacity_bytes_per_second        gauge    learned from the link's transfers
+    prfaas_link_capacity_samples                 gauge    transfers it was learned from
+    prfaas_link_tcp_retransmitted_segments_total counter  where the kernel counts them (--netns)
     prfaas_egress_utilization                    gauge    rate / cap
     prfaas_queue_depth{instance, role}           gauge    router-side outstanding prefills
     prfaas_decode_assigned{instance}             gauge    requests on each decode node
@@ -85,6 +87,8 @@ class RouterSnapshot:
     resumed: int = 0
     rejected: int = 0
     down: int = 0
+    link_capacity_samples: int = 0
+    tcp_retransmitted_segments: int = 0
     # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
@@ -139,8 +143,20 @@ def render_metrics(s: RouterSnapshot) -> str:
     metric(
         "prfaas_link_capacity_bytes_per_second",
         "gauge",
-        "Current capacity of the inter-cluster link.",
+        "Capacity of the inter-cluster link, learned from its transfers.",
         [("", s.link_capacity_bytes_per_s)],
+    )
+    metric(
+        "prfaas_link_capacity_samples",
+        "gauge",
+        "Transfers the link capacity was learned from (0: the configured bandwidth).",
+        [("", s.link_capacity_samples)],
+    )
+    metric(
+        "prfaas_link_tcp_retransmitted_segments_total",
+        "counter",
+        "TCP segments the link retransmitted (counted under --netns only).",
+        [("", s.tcp_retransmitted_segments)],
     )
     cap = s.link_capacity_bytes_per_s
     metric(

@@ -23,7 +23,9 @@ class ControlCounters:
 
     egress_bytes: int = 0  # the PrfaaS workers' link egress, summed
     egress_rate: float = 0.0  # bytes/s over control.RATE_WINDOW_S
-    capacity: float = 0.0  # the PrfaaS links' current bandwidth, bytes/s
+    capacity: float = 0.0  # the PrfaaS link's capacity the controller uses, bytes/s
+    capacity_samples: int = 0  # transfers it was learned from (0: the configured bandwidth)
+    retransmitted: int = 0  # TCP segments the link retransmitted, where the kernel counts them
     threshold_changes: dict[str, int] = dataclasses.field(default_factory=dict)  # by reason
     last_reason: str = ""
     role_changes: int = 0
@@ -52,6 +54,8 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             egress_bytes=counters.egress_bytes,
             egress_bytes_per_s=counters.egress_rate,
             link_capacity_bytes_per_s=counters.capacity,
+            link_capacity_samples=counters.capacity_samples,
+            tcp_retransmitted_segments=counters.retransmitted,
             threshold_changes=sum(counters.threshold_changes.values()),
             role_changes=counters.role_changes,
             last_threshold_reason=counters.last_reason,
@@ -85,6 +89,8 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             egress_bytes=counters.egress_bytes,
             egress_bytes_per_s=counters.egress_rate,
             link_capacity_bytes_per_s=counters.capacity,
+            link_capacity_samples=counters.capacity_samples,
+            tcp_retransmitted_segments=counters.retransmitted,
             queue_depth={
                 (w.name, w.role.value): w.outstanding_prefills for w in workers if w.role.is_prefill
             },

@@ -10,6 +10,9 @@ sender's `LinkShaper`, with an unlimited rate and the configured latency).
 `tbf` needs a bucket at least as large as the biggest packet it is handed: a veth passes GSO
 segments of up to 64 KiB, so `tbf_burst_bytes` never goes below that (a smaller bucket stalls
 the connection, the classic loopback-MTU pitfall), and grows with the rate to about 4 ms of it.
+
+`tcp_segments` reads the namespace's TCP counters: retransmissions are the link's congestion
+signal (serving/router/control.py feeds them to the threshold controller).
 """
 
 from __future__ import annotations
@@ -77,6 +80,20 @@ def device_bytes(device: str, *, namespace: str | None) -> tuple[int, int]:
     )
     stats = link["stats64"]
     return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
+
+def tcp_segments(snmp: str = "/proc/net/snmp") -> tuple[int, int]:
+    """``(OutSegs, RetransSegs)``: TCP segments this process's network namespace has sent and
+    retransmitted, from the kernel's counters (``/proc/net/snmp`` is per namespace, so in a
+    PrfaaS namespace of its own they count the link's traffic only). `KernelLinkError` when
+    the file cannot be read or parsed."""
+    try:
+        with open(snmp) as fh:
+            names, values = [line.split() for line in fh if line.startswith("Tcp:")]
+        counters = dict(zip(names[1:], values[1:], strict=True))
+        return int(counters["OutSegs"]), int(counters["RetransSegs"])
+    except (OSError, ValueError, KeyError) as err:
+        raise KernelLinkError(f"cannot read the TCP counters in {snmp}: {err}") from None
 
 
 class KernelLink:

@@ -56,6 +56,7 @@ from prfaas_jax.engine.api import DecodeEngineLike
 from prfaas_jax.engine.codec.handoff import is_handoff_frame, split_handoff
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import state_nbytes
+from prfaas_jax.policy.link_capacity import FrameArrival, backlog_sample
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
@@ -93,6 +94,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         self._thread: threading.Thread | None = None
         self._stop = False
         self.completed = self.tokens_generated = self.state_bytes_received = 0
+        # Per sending connection, when its last frame arrived: the link's clock, shared by the
+        # transfers that overlap on it (policy/link_capacity.py).
+        self._arrivals_lock = threading.Lock()
+        self._last_arrival: dict[str, float] = {}
 
     # --- stats ----------------------------------------------------------------------------
 
@@ -162,8 +167,12 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         token in `_receiving`."""
         ended = threading.Event()
         context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
-        frames, total = [], 0
+        frames, total, arrivals, sender = [], 0, [], context.peer()
         for chunk in request_iterator:
+            with self._arrivals_lock:
+                now = time.perf_counter()
+                previous, self._last_arrival[sender] = self._last_arrival.get(sender), now
+            arrivals.append(FrameArrival(now, len(chunk.frame), chunk.queued, previous))
             total += len(chunk.frame)
             if total > self.max_push_bytes:
                 self._reject(
@@ -213,7 +222,14 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 self._make_ready(req)
             else:
                 req.move(Phase.PARKED)
-        return pb.PushStateReply(state_bytes=state_bytes, frames=len(frames))
+        # The sender learns its link's capacity from this (policy/link_capacity.py).
+        backlog_bytes, backlog_s = backlog_sample(arrivals)
+        return pb.PushStateReply(
+            state_bytes=state_bytes,
+            frames=len(frames),
+            backlog_bytes=backlog_bytes,
+            backlog_s=backlog_s,
+        )
 
     def _make_ready(self, req: DecodeRequest) -> None:
         """Both halves are here: queue it for a slot (caller holds `_cv`)."""

@@ -45,7 +45,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.kernel_link import KernelLink, KernelLinkError
+from prfaas_jax.serving.transport.kernel_link import KernelLink, KernelLinkError, tcp_segments
 from prfaas_jax.serving.transport.lifecycle import (
     die_with_parent,
     install_stop_handlers,
@@ -195,7 +195,15 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
     def _link_state(self) -> pb.LinkState:
         assert self.shaper is not None
         rate = self.kernel_link.rate() if self.kernel_link is not None else self.shaper.rate()
-        return pb.LinkState(bandwidth_bytes_per_s=rate, latency_s=self.shaper.latency_s)
+        state = pb.LinkState(bandwidth_bytes_per_s=rate, latency_s=self.shaper.latency_s)
+        state.learned_bytes_per_s, state.learned_samples = self.prefill.learned_link()
+        if self.kernel_link is not None:  # the namespace's TCP is the link's
+            try:
+                state.tcp_out_segments, state.tcp_retransmitted_segments = tcp_segments()
+                state.tcp_counted = True
+            except KernelLinkError as err:
+                log.warning("%s", err)
+        return state
 
     def SetRole(  # noqa: N802
         self, request: pb.SetRoleRequest, context: grpc.ServicerContext

@@ -14,7 +14,10 @@ engine/codec/handoff.py).
 Two threads share the work through an `_Outbox`: the engine thread (this RPC's) makes frames,
 gRPC's request-stream thread sends them, so copying rows to the host is all a chunk waits for.
 A PrfaaS worker sends through its `LinkShaper` (the inter-cluster link; each frame takes its
-place on the link when it is made); a PD worker sends unshaped. The engine is released after
+place on the link when it is made); a PD worker sends unshaped. Each frame says whether it was
+made before the previous one left (`StateChunk.queued`); the decode worker times those frames'
+arrivals and replies with the link's time for them, from which a PrfaaS worker learns its link's
+capacity (`link_meter`, policy/link_capacity.py). The engine is released after
 the last chunk, so the next prompt prefills while this state's tail is on the wire. The push's
 deadline (`push_timeout_s`) therefore covers prefill and transfer.
 
@@ -53,6 +56,7 @@ from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
+from prfaas_jax.policy.link_capacity import CapacityMeter
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -108,6 +112,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
         self._channels = DecodeChannels(security)
         self.faults, self.max_queue = faults, max_queue
+        # A PrfaaS worker learns its link's rate from its own transfers (never from the shaper).
+        self.link_meter = CapacityMeter() if shaper is not None else None
         self._engine_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self.queued = 0  # waiting for or running on the engine
@@ -117,6 +123,16 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
     def _count(self, name: str, delta: int) -> None:
         with self._count_lock:
             setattr(self, name, getattr(self, name) + delta)
+
+    def learned_link(self) -> tuple[float, int]:
+        """``(bytes/s, transfers)``: the link's capacity and how many transfers taught it;
+        0.0 bytes/s without a link, before the first timed transfer, or when none was timed
+        for the meter's `stale_s`."""
+        with self._count_lock:
+            meter = self.link_meter
+            if meter is None:
+                return 0.0, 0
+            return meter.estimate(time.monotonic()), meter.samples
 
     @property
     def busy(self) -> bool:
@@ -211,7 +227,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             outbox.put(pack_handoff(Handoff(result.first_token, sampling), encoder.header()))
             outbox.close()
         try:
-            push.result()
+            pushed = push.result()
         except grpc.FutureCancelledError:  # the link was cut under the stream
             context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -224,6 +240,9 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         if result is None:  # stopped although the push went through: cannot happen, but say so
             context.abort(grpc.StatusCode.INTERNAL, "the prefill stopped before its state was sent")
         self._count("completed", 1)
+        if self.link_meter is not None:
+            with self._count_lock:
+                self.link_meter.add(pushed.backlog_bytes, pushed.backlog_s, time.monotonic())
         return pb.PrefillReply(
             first_token=result.first_token,
             state_bytes=encoder.state_header.payload_nbytes,
@@ -261,8 +280,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
 
         def chunks() -> Iterator[pb.StateChunk]:
             yield pb.StateChunk(request_id=request.request_id)
-            for frame in outbox.frames_to_send():
-                yield pb.StateChunk(frame=frame)
+            for frame, queued in outbox.frames_to_send():
+                yield pb.StateChunk(frame=frame, queued=queued)
 
         stub = self._channels.stub(request.decode_address)
         self._count("transferring", 1)
@@ -350,9 +369,18 @@ class _Outbox:
         push.cancel()
         cancelled.wait(_CANCEL_WAIT_S)
 
-    def frames_to_send(self) -> Iterator[bytes]:
+    def frames_to_send(self) -> Iterator[tuple[bytes, bool]]:
+        """``(frame, queued)`` as they may go: ``queued`` when the frame was made before the
+        previous one left, so it follows it onto the wire back to back (the receiver times
+        the link on such frames: policy/link_capacity.py)."""
         sent = 0
-        while (item := self._queue.get()) is not _CLOSED:
+        while True:
+            try:
+                item, queued = self._queue.get_nowait(), sent > 0
+            except queue.Empty:
+                item, queued = self._queue.get(), False
+            if item is _CLOSED:
+                return
             if self._stopped.is_set() or not self._context.is_active():
                 self._abandon()  # the router gave up on this request: stop using the link
                 return
@@ -360,5 +388,8 @@ class _Outbox:
                 self._abandon()  # a dead link: the receiver sees no clean end
                 return
             frame, arrival = item
-            yield self._shaper.deliver(frame, arrival) if self._shaper is not None else frame
+            yield (
+                (self._shaper.deliver(frame, arrival) if self._shaper is not None else frame),
+                queued,
+            )
             sent += 1
