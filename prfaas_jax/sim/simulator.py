@@ -209,7 +209,15 @@ class Simulator:
     def _send_tail(self, req: Request) -> None:
         link = self.config.link
         chunks = link.chunks if link.layerwise else 1
-        self.link.send(req.kv_bytes / chunks, self._first_token, req)
+        self.link.send(req.kv_bytes / chunks, self._delivered, req)
+
+    def _delivered(self, req: Request) -> None:
+        """The state's last byte left the link; it arrives `latency_s` later."""
+        latency = self.config.link.latency_s
+        if latency > 0:
+            self.loop.schedule(self.loop.now + latency, self._first_token, req)
+        else:
+            self._first_token(req)
 
     def _prefilled(self, req: Request) -> None:
         req.prefill.release(req.uncached_len)

@@ -58,7 +58,9 @@ def _trace(tmp_path: Path, records: list[tuple[float, int]]) -> Path:
     return path
 
 
-def _one_request_config(tmp_path: Path, *, layerwise: bool, prompt_len: int):
+def _one_request_config(
+    tmp_path: Path, *, layerwise: bool, prompt_len: int, latency_s: float = 0.0
+):
     # A second request 10^6 s later keeps the first alone in the system.
     _trace(tmp_path, [(0.0, prompt_len), (1e9, 1000)])
     return load_sim_config(
@@ -70,6 +72,7 @@ arrivals = "trace"
 path = "{tmp_path / "trace.jsonl"}"
 [link]
 schedule = [[0, 10]]
+latency_s = {latency_s}
 layerwise = {str(layerwise).lower()}
 chunks = 4
 rdma_gbps = 400
@@ -123,6 +126,20 @@ def test_layerwise_pipelining_leaves_only_the_last_chunk_after_the_prefill(tmp_p
     # Only the last chunk is exposed (the model the serving plane's measurement checks).
     exposed = exposed_transfer_s(result, offloaded=True)
     assert exposed == pytest.approx([transfer_s / 4], rel=1e-9)
+
+
+def test_link_latency_delays_an_offloaded_state_once(tmp_path):
+    config = _one_request_config(tmp_path, layerwise=True, prompt_len=50_000, latency_s=0.04)
+    result = Simulator(config, config.deployments[0]).run()
+    prefill_s = config.profiles.prfaas_prefill_s(50_000)
+    transfer_s = config.profiles.kv_size_mib(50_000) * MIB / (10e9 / 8)
+    ttft = result.first_token[0] - result.arrival[0]
+    assert ttft == pytest.approx(prefill_s + transfer_s / 4 + 0.04, rel=1e-12)
+    assert exposed_transfer_s(result, offloaded=True) == pytest.approx([transfer_s / 4 + 0.04])
+    # The local request (RDMA inside the PD cluster) does not cross the link.
+    local = result.first_token[1] - result.arrival[1]
+    rdma_s = config.profiles.kv_size_mib(1000) * MIB / (400e9 / 8)
+    assert local == pytest.approx(config.profiles.pd_prefill_s(1000) + rdma_s, rel=1e-9)
 
 
 def test_a_link_shared_by_two_transfers_halves_each_rate():
