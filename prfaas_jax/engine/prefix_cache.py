@@ -37,6 +37,7 @@ import numpy as np
 
 from prfaas_jax.config import LayerKind, ModelConfig
 from prfaas_jax.engine.codec.layout import (
+    KvPrefix,
     TensorSpec,
     canonical_arrays,
     canonical_tensors,
@@ -129,16 +130,25 @@ class PrefixCache:
         stride = self.block_size * self.checkpoint_every
         return [*range(stride, prompt_len, stride), prompt_len]
 
-    def insert(self, tokens: Sequence[int], state: ModelState, *, row: int = 0) -> None:
-        """Store the state of ``tokens`` (row ``row`` of ``state`` has absorbed exactly them)."""
+    def insert(
+        self, tokens: Sequence[int], state: ModelState, *, row: int = 0, kv_only: bool = False
+    ) -> None:
+        """Store the state of ``tokens`` (row ``row`` of ``state`` has absorbed exactly them);
+        ``kv_only``: the full blocks of KV only, no checkpoint (a decode worker's cache, which
+        receives the fixed-size state with every transfer anyway)."""
         length, arrays = canonical_arrays(state, self.cfg, row)
         if length != len(tokens):
             raise ValueError(f"state holds {length} tokens but {len(tokens)} were given")
         with self._lock:
-            self._insert(tokens, length, arrays)
+            self._insert(tokens, length, arrays, kv_only=kv_only)
 
     def _insert(
-        self, tokens: Sequence[int], length: int, arrays: list[tuple[TensorSpec, np.ndarray]]
+        self,
+        tokens: Sequence[int],
+        length: int,
+        arrays: list[tuple[TensorSpec, np.ndarray]],
+        *,
+        kv_only: bool = False,
     ) -> None:
         growing = [a for spec, a in arrays if _is_growing(spec)]
         fixed = [a for spec, a in arrays if not _is_growing(spec)]
@@ -154,6 +164,9 @@ class PrefixCache:
                 self._account(child.nbytes, blocks=1)
             child.last_used = now
             node = child
+        if kv_only:
+            self._evict()
+            return
         tail = tuple(tokens[node.depth * bs :])
         if tail not in node.checkpoints:
             tail_kv = [np.array(a[node.depth * bs :]) for a in growing]
@@ -185,6 +198,31 @@ class PrefixCache:
                 self.stats.hits += 1
                 self.stats.hit_tokens += best.length
             return best
+
+    def kv_prefix(self, tokens: Sequence[int]) -> KvPrefix:
+        """The KV rows of the longest run of cached full blocks that starts ``tokens``, short of
+        the last token (no checkpoint needed: a transfer brings the fixed-size state). Host
+        arrays that stay valid after an eviction; length 0 when nothing is cached."""
+        with self._lock:
+            node, path, bs = self._root, [], self.block_size
+            for depth, key in enumerate(block_hashes(tokens[: len(tokens) - 1], bs)):
+                child = node.children.get(key)
+                if child is None or child.tokens != tuple(tokens[depth * bs : (depth + 1) * bs]):
+                    break
+                path.append(child)
+                node = child
+            now = next(self._clock)
+            for block in path:
+                block.last_used = now
+        length = len(path) * bs
+        if not path:
+            return KvPrefix(0, {})
+        growing = [spec for spec in canonical_tensors(self.cfg, length) if _is_growing(spec)]
+        rows = {
+            (spec.layer, spec.name): np.concatenate([block.kv[i] for block in path])
+            for i, spec in enumerate(growing)
+        }
+        return KvPrefix(length, rows)
 
     def _find(self, tokens: Sequence[int]) -> PrefixHit | None:
         limit, bs = len(tokens) - 1, self.block_size

@@ -112,3 +112,29 @@ def test_eviction_keeps_checkpoints_reachable_and_within_budget():
         reused, _ = _absorb(params, cfg, extension[hit.length :], cache.build_state(hit, CAPACITY))
         fresh, _ = _absorb(params, cfg, extension, init_state(cfg, 1, CAPACITY))
         assert float(jnp.max(jnp.abs(reused - fresh[hit.length :]))) <= 1e-4
+
+
+def test_kv_prefix_returns_the_cached_blocks_rows_without_needing_a_checkpoint():
+    """A decode worker's cache: full blocks of KV only; a lookup gives their rows, short of the
+    last token, and stops where the prompt leaves the cached blocks."""
+    from test_codec import model, random_state
+
+    from prfaas_jax.engine.codec.layout import canonical_arrays
+
+    cfg = model("tiny")
+    cache = PrefixCache(cfg, capacity_bytes=1 << 24, block_size=BLOCK)
+    tokens = list(range(1, 28))  # 3 full blocks of 8, and 3 tokens more
+    state = random_state(cfg, [len(tokens)], 32, seed=3)
+    cache.insert(tokens, state, kv_only=True)
+    assert cache.stats.checkpoints == 0 and cache.stats.blocks == 3
+    _, arrays = canonical_arrays(state, cfg, 0)
+    growing = {(s.layer, s.name): a for s, a in arrays if s.kind.has_growing_state}
+
+    hit = cache.kv_prefix([*tokens, 99, 98])
+    assert hit.length == 24 and set(hit.rows) == set(growing)
+    for key, rows in hit.rows.items():
+        assert rows.tobytes() == growing[key][:24].tobytes()
+    assert cache.kv_prefix(tokens[:24]).length == 16  # capped short of the last token
+    assert cache.kv_prefix([*tokens[:12], 0, *tokens[13:]]).length == 8  # diverges in block 2
+    assert cache.kv_prefix([5, *tokens]) == type(hit)(0, {})
+    assert cache.match(tokens) is None  # no checkpoint: nothing for a prefill to reuse

@@ -76,5 +76,7 @@ def test_front_door_is_as_specified():
         ("resumed_from", 11, T.TYPE_INT32),
         ("prefill_s", 12, T.TYPE_DOUBLE),
         ("exposed_transfer_s", 13, T.TYPE_DOUBLE),
+        ("decode_cached_len", 14, T.TYPE_INT32),
+        ("saved_bytes", 15, T.TYPE_UINT64),
     ]
     assert prfaas_pb2.DESCRIPTOR.package == "prfaas.v1"

@@ -9,6 +9,7 @@ docs/wire-format.md.
 
 from prfaas_jax.engine.codec.wire import (
     DEFAULT_MAX_FRAME_BYTES,
+    KvPrefix,
     StateDecodeError,
     StateHeader,
     StateTrailer,
@@ -26,6 +27,7 @@ from prfaas_jax.engine.codec.wire import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "KvPrefix",
     "StateDecodeError",
     "StateHeader",
     "StateTrailer",

@@ -52,10 +52,18 @@ class TensorEntry:
 
     spec: TensorSpec
     chunk_bytes: int  # every data frame of the tensor but the last carries exactly this many
+    # Leading bytes the stream does not carry (the receiver holds them: the header's ``base``
+    # rows of a growing cache); frames are cut from here on.
+    skip_bytes: int = 0
 
     @property
     def num_frames(self) -> int:
-        return -(-self.spec.nbytes // self.chunk_bytes)
+        return -(-(self.spec.nbytes - self.skip_bytes) // self.chunk_bytes)
+
+    @property
+    def first_row(self) -> int:
+        """The first token row the stream carries (0 but for a growing cache after a base)."""
+        return self.skip_bytes // self.spec.unit_bytes if self.spec.token_axis else 0
 
     @property
     def frame_rows(self) -> int:
@@ -72,10 +80,14 @@ class StateHeader:
     stream_id: int  # random u64 that every later frame of the stream repeats
     length: int  # tokens of state (L)
     tensors: tuple[TensorEntry, ...]
+    # Positions of every growing cache (MLA, GQA) the stream leaves out: the receiver already
+    # holds them (an increment on a cached prefix). 0: the whole state.
+    base: int = 0
 
     @property
     def payload_nbytes(self) -> int:
-        return sum(entry.spec.nbytes for entry in self.tensors)
+        """Tensor bytes the stream carries (the base's rows excluded)."""
+        return sum(entry.spec.nbytes - entry.skip_bytes for entry in self.tensors)
 
     @property
     def num_data_frames(self) -> int:
@@ -103,6 +115,7 @@ class StateHeader:
             # A string: a u64 does not survive JSON readers that parse numbers as doubles.
             "stream_id": f"{self.stream_id:016x}",
             "length": self.length,
+            "base": self.base,
             "payload_nbytes": self.payload_nbytes,
             "num_frames": self.num_frames,
             "tensors": table,
@@ -117,7 +130,10 @@ def _row(entry: TensorEntry) -> list[Any]:
 
 def pack_header(header: StateHeader) -> bytes:
     rows = [_row(entry) for entry in header.tensors]
-    blob = json.dumps({"tensors": rows}, separators=(",", ":")).encode()
+    table: dict[str, Any] = {"tensors": rows}
+    if header.base:
+        table["base"] = header.base
+    blob = json.dumps(table, separators=(",", ":")).encode()
     fixed = _HEADER.pack(
         HEADER_MAGIC,
         header.version,
@@ -219,13 +235,27 @@ def parse_header(frame: memoryview) -> StateHeader:
         if isinstance(err, StateDecodeError):
             raise
         raise StateDecodeError(f"header tensor table is not valid UTF-8 JSON: {err}") from None
-    if type(table) is not dict or set(table) != {"tensors"} or type(table["tensors"]) is not list:
-        _fail('header tensor table must be a JSON object {"tensors": [...]}')
+    if (
+        type(table) is not dict
+        or set(table) not in ({"tensors"}, {"tensors", "base"})
+        or type(table["tensors"]) is not list
+    ):
+        _fail('header tensor table must be a JSON object {"tensors": [...]} (and "base": n)')
+    base = table.get("base", 0)
+    if "base" in table and not _is_int(base, 1, length):
+        _fail(f"header base must be an integer in [1, L={length}], got {base!r:.40}")
     rows = table["tensors"]
     if len(rows) != count:
         _fail(f"header says {count} tensors but its table lists {len(rows)}")
-    tensors = tuple(_parse_entry(tid, row) for tid, row in enumerate(rows))
-    return StateHeader(version, digest.hex(), stream_id, length, tensors)
+    tensors = tuple(with_base(_parse_entry(tid, row), base) for tid, row in enumerate(rows))
+    return StateHeader(version, digest.hex(), stream_id, length, tensors, base)
+
+
+def with_base(entry: TensorEntry, base: int) -> TensorEntry:
+    """``entry`` of a stream that leaves out the first ``base`` rows of every growing cache."""
+    if not (base and entry.spec.kind.has_growing_state):
+        return entry
+    return dataclasses.replace(entry, skip_bytes=base * entry.spec.unit_bytes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +299,8 @@ def parse_data(frame: memoryview, index: int) -> DataFrame:
 
 @dataclasses.dataclass(frozen=True)
 class StateTrailer:
-    """The last frame of an encoded state: the CRC32 of every tensor's whole canonical buffer."""
+    """The last frame of an encoded state: the CRC32 of every tensor's bytes the stream carries
+    (its whole canonical buffer, less a base's rows)."""
 
     stream_id: int
     crc32s: tuple[int, ...]  # in tensor-table order

@@ -5,7 +5,8 @@ wire order; ``canonical_arrays`` reads them out of one row of a (batched) state 
 (``canonical_row``: as little-endian bytes, ``wire_bytes`` for one array), ``growing_rows`` reads
 some positions of one growing cache of a state still being prefilled, and ``state_from_arrays`` /
 ``build_state`` lay them back out as a batch-1 state of a given capacity. The prefix cache
-stores the same arrays.
+stores the same arrays; ``KvPrefix`` holds the leading rows of the growing caches a receiver
+already has.
 SWA rings keep position ``p`` in slot ``p mod W'`` (``W'`` the ring size, the array's axis 1).
 """
 
@@ -62,6 +63,16 @@ class TensorSpec:
         if self.token_axis:
             return math.prod(self.shape[1:]) * self.itemsize
         return self.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class KvPrefix:
+    """The first ``length`` positions of every growing cache (MLA, GQA) of one sequence, as
+    canonical host arrays keyed by (layer, field): what a receiver holds of a prompt, so that a
+    stream with ``base = length`` need not carry them."""
+
+    length: int
+    rows: dict[tuple[int, str], np.ndarray]
 
 
 def canonical_tensors(cfg: ModelConfig, length: int) -> list[TensorSpec]:

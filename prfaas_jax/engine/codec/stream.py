@@ -11,6 +11,11 @@ the trailer. Frames of a token-axis tensor are cut on one fixed grid of ``frame_
 frames are the same bytes in whatever chunks the state was produced — a one-shot ``encode``
 with the same stream id yields the same set of frames.
 
+With ``base = K`` the stream is an *increment*: the receiver already holds the first K positions
+of every growing cache (a prefix it cached), so those rows are not sent; each growing cache's
+frames are cut on the same grid from row K on, and the trailer's CRCs cover the bytes sent.
+Everything else — recurrent states, conv tails, SWA windows — is sent whole as always.
+
 Within a tensor, frames are emitted by increasing offset, so the whole-tensor CRC32 that the
 trailer carries is computed incrementally (``zlib.crc32(chunk, crc_so_far)``) and no tensor is
 held after its frames are built.
@@ -21,6 +26,8 @@ from __future__ import annotations
 import secrets
 import zlib
 from collections.abc import Iterator
+
+import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.codec.format import (
@@ -35,6 +42,7 @@ from prfaas_jax.engine.codec.format import (
     pack_header,
     pack_trailer,
     trailer_nbytes,
+    with_base,
 )
 from prfaas_jax.engine.codec.layout import (
     canonical_arrays,
@@ -63,9 +71,12 @@ class StreamEncoder:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         stream_id: int | None = None,
+        base: int = 0,
     ) -> None:
         if length < 0:
             raise ValueError(f"a state holds ≥ 0 tokens, got L={length}")
+        if not 0 <= base <= length:
+            raise ValueError(f"base must be in [0, L={length}], got {base}")
         stream_id = secrets.randbits(64) if stream_id is None else stream_id
         if not 0 <= stream_id <= MAX_STREAM_ID:
             raise ValueError(f"stream_id must be a u64, got {stream_id}")
@@ -79,10 +90,10 @@ class StreamEncoder:
                     f"unit of layer {spec.layer} {spec.name} after the {DATA_PREFIX_SIZE}-byte "
                     "frame prefix"
                 )
-            entries.append(TensorEntry(spec, chunk))
+            entries.append(with_base(TensorEntry(spec, chunk), base))
         self.cfg, self.length, self.stream_id = cfg, length, stream_id
         self.state_header = StateHeader(
-            FORMAT_VERSION, cfg.fingerprint(), stream_id, length, tuple(entries)
+            FORMAT_VERSION, cfg.fingerprint(), stream_id, length, tuple(entries), base
         )
         self._header = pack_header(self.state_header)
         longest = max(len(self._header), trailer_nbytes(len(entries)))
@@ -109,8 +120,9 @@ class StreamEncoder:
         frame; ``data`` must end on the frame grid or at the tensor's end."""
         entry, first = self.entries[tid], self._sent[tid]
         chunk, view = entry.chunk_bytes, memoryview(data)
+        start = entry.skip_bytes + first * chunk
         frames = [
-            pack_data(self.stream_id, tid, (first * chunk) + at, view[at : at + chunk])
+            pack_data(self.stream_id, tid, start + at, view[at : at + chunk])
             for at in range(0, len(data), chunk)
         ]
         self._sent[tid] += len(frames)
@@ -135,12 +147,16 @@ class StreamEncoder:
         for tid, entry in enumerate(self.entries):
             if not entry.spec.kind.has_growing_state:
                 continue
-            rows = entry.frame_rows
-            # Frame k holds positions [k·rows, min((k+1)·rows, L)): ready once they are final.
-            ready = entry.num_frames if tokens_done == self.length else tokens_done // rows
+            rows, first = entry.frame_rows, entry.first_row
+            # Frame k holds positions [first + k·rows, min(first + (k+1)·rows, L)): ready once
+            # they are final.
+            if tokens_done == self.length:
+                ready = entry.num_frames
+            else:
+                ready = max(tokens_done - first, 0) // rows
             if ready <= self._sent[tid]:
                 continue
-            start, stop = self._sent[tid] * rows, min(ready * rows, self.length)
+            start, stop = first + self._sent[tid] * rows, min(first + ready * rows, self.length)
             host = growing_rows(state, self.cfg, entry.spec, row, start, stop)
             frames += self._emit(tid, wire_bytes(host))
         return iter(frames)
@@ -160,9 +176,7 @@ class StreamEncoder:
             entry, sent = self.entries[tid], self._sent[tid]
             if sent == entry.num_frames:
                 continue
-            frames += self._emit(
-                tid, wire_bytes(array[sent * entry.frame_rows :] if spec.token_axis else array)
-            )
+            frames += self._emit(tid, wire_bytes(_unsent(entry, sent, array)))
         return iter(frames)
 
     def finish(self, state: ModelState, *, row: int = 0) -> Iterator[bytes]:
@@ -186,8 +200,7 @@ class StreamEncoder:
             entry, sent = self.entries[tid], self._sent[tid]
             if sent == entry.num_frames:
                 continue
-            # Only token-axis tensors can be partly sent; the rest start at frame 0.
-            data = wire_bytes(array[sent * entry.frame_rows :] if entry.spec.token_axis else array)
+            data = wire_bytes(_unsent(entry, sent, array))
             self._crcs[tid] = zlib.crc32(data, self._crcs[tid])
             rest.append((tid, data))
         self._finished = True
@@ -197,7 +210,15 @@ class StreamEncoder:
     def _rest_frames(self, rest: list[tuple[int, bytes]], trailer: bytes) -> Iterator[bytes]:
         for tid, data in rest:
             entry, view = self.entries[tid], memoryview(data)
-            first = self._sent[tid] * entry.chunk_bytes
+            first = entry.skip_bytes + self._sent[tid] * entry.chunk_bytes
             for at in range(0, len(data), entry.chunk_bytes):
                 yield pack_data(self.stream_id, tid, first + at, view[at : at + entry.chunk_bytes])
         yield trailer
+
+
+def _unsent(entry: TensorEntry, sent: int, array: np.ndarray) -> np.ndarray:
+    """The part of a tensor's canonical ``array`` after its first ``sent`` data frames (and its
+    base rows). Only token-axis tensors can be partly sent; the rest start at frame 0."""
+    if not entry.spec.token_axis:
+        return array
+    return array[entry.first_row + sent * entry.frame_rows :]

@@ -36,16 +36,19 @@ from prfaas_jax.engine.codec.format import (
     parse_trailer,
 )
 from prfaas_jax.engine.codec.layout import (
+    KvPrefix,
     TensorSpec,
     build_state,
     canonical_tensors,
     row_length,
+    wire_bytes,
 )
 from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, StreamEncoder
 from prfaas_jax.model.state import ModelState
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "KvPrefix",
     "StateDecodeError",
     "StateHeader",
     "StateTrailer",
@@ -71,15 +74,19 @@ def encode(
     row: int = 0,
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     stream_id: int | None = None,
+    base: int = 0,
 ) -> Iterator[bytes]:
     """Frames of sequence ``row`` of ``state``: header, data frames layer by layer, trailer.
 
-    ``StreamEncoder`` in one go (``stream_id``: random unless given). Every frame is at most
+    ``StreamEncoder`` in one go (``stream_id``: random unless given; ``base``: leading positions
+    of the growing caches left out, which the receiver holds). Every frame is at most
     ``max_frame_bytes`` long. The state is checked and read eagerly (ValueError if it does not
     fit ``cfg``); frames are built as iterated.
     """
     _, length = row_length(state, row)
-    encoder = StreamEncoder(cfg, length, max_frame_bytes=max_frame_bytes, stream_id=stream_id)
+    encoder = StreamEncoder(
+        cfg, length, max_frame_bytes=max_frame_bytes, stream_id=stream_id, base=base
+    )
     return itertools.chain([encoder.header()], encoder.finish(state, row=row))
 
 
@@ -117,19 +124,32 @@ def _check_header(header: StateHeader, cfg: ModelConfig, max_len: int | None) ->
             )
 
 
-def decode(frames: Iterable[bytes], cfg: ModelConfig, *, max_len: int | None = None) -> ModelState:
+def decode(
+    frames: Iterable[bytes],
+    cfg: ModelConfig,
+    *,
+    max_len: int | None = None,
+    base: KvPrefix | None = None,
+) -> ModelState:
     """Rebuild a batch-1 ``ModelState`` from ``encode``'s frames (data frames in any order).
 
     Growing caches get capacity ``max_len`` (default: L, at least 1), zeros beyond L; SWA rings
     get ``window_capacity(W, max_len)`` slots with position p in slot p mod ring size. A state
     longer than ``max_len`` (default: the model's ``cfg.max_len``) is rejected before any
-    buffer is allocated.
+    buffer is allocated. A stream whose header has a ``base`` (an increment) needs ``base``,
+    the receiver's rows of those positions, of exactly that length.
     """
     if max_len is not None and max_len < 1:
         raise ValueError(f"max_len must be ≥ 1, got {max_len}")
     stream = iter(frames)
     header = _first_header(stream)
     _check_header(header, cfg, max_len)
+    held = 0 if base is None else base.length
+    if header.base != held:
+        raise StateDecodeError(
+            f"the stream leaves out the first {header.base} positions of its KV caches, but "
+            f"the receiver holds {held} of them"
+        )
     entries = header.tensors
     buffers = [bytearray(entry.spec.nbytes) for entry in entries]
     seen: list[set[int]] = [set() for _ in entries]
@@ -152,10 +172,11 @@ def decode(frames: Iterable[bytes], cfg: ModelConfig, *, max_len: int | None = N
             )
         entry, offset = entries[data.tensor_id], data.offset
         where = f"data frame {index} (tensor {data.tensor_id}, offset {offset})"
-        if offset >= entry.spec.nbytes or offset % entry.chunk_bytes:
+        skip = entry.skip_bytes
+        if not skip <= offset < entry.spec.nbytes or (offset - skip) % entry.chunk_bytes:
             raise StateDecodeError(
                 f"{where} is out of range or off the {entry.chunk_bytes}-byte chunk grid of a "
-                f"{entry.spec.nbytes}-byte tensor"
+                f"{entry.spec.nbytes}-byte tensor" + (f" from byte {skip}" if skip else "")
             )
         size = min(entry.chunk_bytes, entry.spec.nbytes - offset)
         if len(data.payload) != size:
@@ -176,12 +197,28 @@ def decode(frames: Iterable[bytes], cfg: ModelConfig, *, max_len: int | None = N
             "stream ended early: no trailer frame (it follows the last data frame)"
         )
     for tid, entry in enumerate(entries):
-        if zlib.crc32(buffers[tid]) != trailer.crc32s[tid]:
+        if zlib.crc32(memoryview(buffers[tid])[entry.skip_bytes :]) != trailer.crc32s[tid]:
             spec = entry.spec
             raise StateDecodeError(f"tensor {tid} (layer {spec.layer} {spec.name}) fails its CRC32")
+        if entry.skip_bytes:
+            buffers[tid][: entry.skip_bytes] = _base_rows(entry.spec, base)
     capacity = max(header.length, 1) if max_len is None else max_len
     tensors = [(entry.spec, buffer) for entry, buffer in zip(entries, buffers, strict=True)]
     return build_state(cfg, header.length, tensors, capacity)
+
+
+def _base_rows(spec: TensorSpec, base: KvPrefix | None) -> bytes:
+    """The receiver's bytes of the positions a stream left out of tensor ``spec``."""
+    assert base is not None  # decode checked that the receiver holds the header's base
+    rows = base.rows.get((spec.layer, spec.name))
+    expected = (base.length, *spec.shape[1:])
+    if rows is None or rows.shape != expected or rows.dtype.name != spec.dtype:
+        got = "nothing" if rows is None else f"{rows.dtype.name}{list(rows.shape)}"
+        raise StateDecodeError(
+            f"the receiver's rows of layer {spec.layer} {spec.name} are {got}, the stream "
+            f"needs {spec.dtype}{list(expected)}"
+        )
+    return wire_bytes(rows)
 
 
 def _first_header(stream: Iterator[object]) -> StateHeader:

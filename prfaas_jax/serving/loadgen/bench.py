@@ -177,6 +177,7 @@ class BenchResult:
     uncached_len: int = 0
     state_bytes: int = 0
     exposed_transfer: float | None = None  # prefill end → first token (the report's), s
+    prefill_s: float | None = None  # the prefill on its engine (the report's), s
     error: str | None = None
 
 
@@ -199,6 +200,7 @@ def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: B
                 rec.state_bytes = message.report.state_bytes
                 if message.report.attempts == 1:  # else it covers the last attempt only
                     rec.exposed_transfer = message.report.exposed_transfer_s
+                    rec.prefill_s = message.report.prefill_s
         rec.e2el = time.perf_counter() - rec.sent
     except grpc.RpcError as err:
         rec.error = f"{err.code().name}: {err.details()}"

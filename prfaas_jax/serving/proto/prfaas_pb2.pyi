@@ -47,7 +47,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., report: _Optional[_Union[RequestReport, _Mapping]] = ...) -> None: ...
 
 class RequestReport(_message.Message):
-    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from", "prefill_s", "exposed_transfer_s")
+    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from", "prefill_s", "exposed_transfer_s", "decode_cached_len", "saved_bytes")
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,8 @@ class RequestReport(_message.Message):
     RESUMED_FROM_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_FIELD_NUMBER: _ClassVar[int]
     EXPOSED_TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     route: str
     prompt_len: int
     cached_len: int
@@ -74,14 +76,16 @@ class RequestReport(_message.Message):
     resumed_from: int
     prefill_s: float
     exposed_transfer_s: float
-    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ..., prefill_s: _Optional[float] = ..., exposed_transfer_s: _Optional[float] = ...) -> None: ...
+    decode_cached_len: int
+    saved_bytes: int
+    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ..., prefill_s: _Optional[float] = ..., exposed_transfer_s: _Optional[float] = ..., decode_cached_len: _Optional[int] = ..., saved_bytes: _Optional[int] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +117,7 @@ class RouterStats(_message.Message):
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     LINK_CAPACITY_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TCP_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -137,7 +142,8 @@ class RouterStats(_message.Message):
     rejected: int
     link_capacity_samples: int
     tcp_retransmitted_segments: int
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ...) -> None: ...
+    saved_bytes: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "first_index")
@@ -262,20 +268,22 @@ class SetLinkRequest(_message.Message):
     def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "prefix_source", "prefix_cross_cluster")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "prefix_source", "prefix_cross_cluster", "decode_cached_len")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     DECODE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_SOURCE_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CROSS_CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
     decode_address: str
     prefix_source: str
     prefix_cross_cluster: bool
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ...) -> None: ...
+    decode_cached_len: int
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ..., decode_cached_len: _Optional[int] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
     __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes")
@@ -310,6 +318,20 @@ class StateChunk(_message.Message):
     frame: bytes
     queued: bool
     def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ..., queued: _Optional[bool] = ...) -> None: ...
+
+class KvReserveRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class KvReserveReply(_message.Message):
+    __slots__ = ("cached_len",)
+    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
+    cached_len: int
+    def __init__(self, cached_len: _Optional[int] = ...) -> None: ...
 
 class PushStateReply(_message.Message):
     __slots__ = ("state_bytes", "frames", "backlog_bytes", "backlog_s")

@@ -395,6 +395,11 @@ class DecodeWorkerStub:
                 request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.StateChunk.SerializeToString,
                 response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PushStateReply.FromString,
                 _registered_method=True)
+        self.ReserveKv = channel.unary_unary(
+                '/prfaas.v1.DecodeWorker/ReserveKv',
+                request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveRequest.SerializeToString,
+                response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveReply.FromString,
+                _registered_method=True)
         self.Generate = channel.unary_stream(
                 '/prfaas.v1.DecodeWorker/Generate',
                 request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DecodeRequest.SerializeToString,
@@ -407,6 +412,14 @@ class DecodeWorkerServicer:
 
     def PushState(self, request_iterator, context):
         """A client stream: the first message names the request, the rest carry one frame each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveKv(self, request, context):
+        """Before a state crosses the link: how many leading prompt positions' KV this node holds
+        (its cache of earlier states); it keeps those rows for the request's coming state.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -426,6 +439,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.PushState,
                     request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.StateChunk.FromString,
                     response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PushStateReply.SerializeToString,
+            ),
+            'ReserveKv': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveKv,
+                    request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveRequest.FromString,
+                    response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveReply.SerializeToString,
             ),
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
@@ -460,6 +478,33 @@ class DecodeWorker:
             '/prfaas.v1.DecodeWorker/PushState',
             prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.StateChunk.SerializeToString,
             prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PushStateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveKv(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prfaas.v1.DecodeWorker/ReserveKv',
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveRequest.SerializeToString,
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,11 +54,13 @@ import grpc
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
+from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.admission import (
     admit,
 )
 from prfaas_jax.policy.live_model import TrafficWindow
 from prfaas_jax.policy.routing import (
+    ClusterKind,
     ClusterView,
     Decision,
     DecodeLoad,
@@ -70,7 +72,12 @@ from prfaas_jax.policy.routing import (
 from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.router.handles import TtftPredictor, WorkerHandle, lookup_prefixes
+from prfaas_jax.serving.router.handles import (
+    TtftPredictor,
+    WorkerHandle,
+    lookup_prefixes,
+    reserve_kv,
+)
 from prfaas_jax.serving.router.metrics import Histogram
 from prfaas_jax.serving.router.record import Failure, RequestRecord, Route, backoff_s
 from prfaas_jax.serving.transport.messages import (
@@ -117,6 +124,7 @@ class RouterCore:
         self.exposed_transfer = {route: Histogram() for route in ("prfaas", "pd")}
         self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0
         self.retries = self.resumed = self.rejected = 0
+        self.saved_bytes = 0  # state bytes increments kept off the link
         self.predictor = TtftPredictor(config, cfg)
         self.watchdog = Watchdog()
 
@@ -323,6 +331,10 @@ class RouterCore:
             timeout=timeout,
         )
         source = self.workers.get(decision.prefix_source or "") if decision.moves_prefix else None
+        # Across the link, ship only what the decode worker does not hold (an increment).
+        held = 0
+        if decision.cluster is ClusterKind.PRFAAS and self.config.prefix_cache.enabled:
+            held = reserve_kv(decode.decode, wire_id, context)
         prefill_call = prefill.prefill.Prefill.future(
             pb.PrefillRequest(
                 request_id=wire_id,
@@ -331,6 +343,7 @@ class RouterCore:
                 decode_address=decode.address,
                 prefix_source=source.address if source else "",
                 prefix_cross_cluster=bool(source and source.role.cluster != prefill.role.cluster),
+                decode_cached_len=held,
             ),
             timeout=timeout,
         )
@@ -368,6 +381,11 @@ class RouterCore:
                         exposed = max(reply.transfer_s + first_token_at - replied[0], 0.0)
                         with self.lock:
                             self.exposed_transfer[decision.cluster.value].observe(exposed)
+                    saved = (
+                        max(state_nbytes(self.cfg, len(context)) - state_bytes, 0) if held else 0
+                    )
+                    with self.lock:
+                        self.saved_bytes += saved
                     report = pb.RequestReport(
                         route=decision.cluster.value,
                         prompt_len=len(record.prompt),
@@ -382,6 +400,8 @@ class RouterCore:
                         resumed_from=resumed_from,
                         prefill_s=reply.prefill_s if reply is not None else 0.0,
                         exposed_transfer_s=exposed,
+                        decode_cached_len=held,
+                        saved_bytes=saved,
                     )
                     if resumed_from:
                         with self.lock:

@@ -146,3 +146,20 @@ def lookup_prefixes(
             log.warning("prefix lookup on %s: %s", name, err.code().name)
             cached[name] = 0
     return cached
+
+
+def reserve_kv(
+    stub: pb_grpc.DecodeWorkerStub,
+    request_id: str,
+    prompt: Sequence[int],
+    timeout_s: float = LOOKUP_TIMEOUT_S,
+) -> int:
+    """Leading prompt positions whose KV the decode worker holds and keeps for this request's
+    state (serving/worker/decode_cache.py); 0 when it holds none or does not answer in time —
+    the state then comes whole."""
+    request = pb.KvReserveRequest(request_id=request_id, prompt_token_ids=prompt)
+    try:
+        return stub.ReserveKv(request, timeout=timeout_s).cached_len
+    except grpc.RpcError as err:
+        log.info("no KV reservation for %s: %s", request_id, err.code().name)
+        return 0

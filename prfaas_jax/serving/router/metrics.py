@@ -16,6 +16,7 @@
     prfaas_egress_bytes_per_second               gauge    over the controller's window
     prfaas_link_capacity_bytes_per_second        gauge    learned from the link's transfers
     prfaas_link_capacity_samples                 gauge    transfers it was learned from
+    prfaas_link_saved_bytes_total                counter  kept off the link by increments
     prfaas_link_tcp_retransmitted_segments_total counter  where the kernel counts them (--netns)
     prfaas_egress_utilization                    gauge    rate / cap
     prfaas_queue_depth{instance, role}           gauge    router-side outstanding prefills
@@ -88,6 +89,7 @@ class RouterSnapshot:
     rejected: int = 0
     down: int = 0
     link_capacity_samples: int = 0
+    saved_bytes: int = 0
     tcp_retransmitted_segments: int = 0
     # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
@@ -145,6 +147,12 @@ def render_metrics(s: RouterSnapshot) -> str:
         "gauge",
         "Capacity of the inter-cluster link, learned from its transfers.",
         [("", s.link_capacity_bytes_per_s)],
+    )
+    metric(
+        "prfaas_link_saved_bytes_total",
+        "counter",
+        "State bytes kept off the link: KV the decode side already held.",
+        [("", s.saved_bytes)],
     )
     metric(
         "prfaas_link_capacity_samples",

@@ -70,6 +70,7 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             retries=core.retries,
             resumed=core.resumed,
             rejected=core.rejected,
+            saved_bytes=core.saved_bytes,
         )
 
 
@@ -107,6 +108,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             retries=core.retries,
             resumed=core.resumed,
             rejected=core.rejected,
+            saved_bytes=core.saved_bytes,
             down=sum(w.down for w in workers),
             prefix_cache={
                 w.name: {f.name: getattr(w.stats.prefix_cache, f.name) for f in cache_fields}

@@ -7,7 +7,10 @@ stream and validates everything before a request can use it — the handoff (`sp
 first token must be in the vocabulary) and every frame (`codec.decode`: magic, version, model
 fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) — and refuses a
 state longer than the node can decode, or one whose length differs from the prompt length the
-router announced. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
+router announced. A state sent as an increment (its header's base: the KV rows this node said
+it holds, `ReserveKv`) is stitched onto the rows kept for it, and a PrfaaS state's KV is cached
+for the prompt's next turn (serving/worker/decode_cache.py). Malformed input is INVALID_ARGUMENT
+and keeps nothing (a `Generate` already
 waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
 A stream its sender cancelled is a cut transfer, not malformed input — also where gRPC ends it
 like a complete one before reporting the cancel — so it fails nothing here: the sender's
@@ -59,6 +62,8 @@ from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.link_capacity import FrameArrival, backlog_sample
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.messages import check_prompt
+from prfaas_jax.serving.worker.decode_cache import DecodeKvCache
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
 
 _DONE = object()
@@ -79,8 +84,12 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         state_timeout_s: float = 120.0,
         max_pending_states: int = 256,
         max_waiting: int = 512,
+        kv_cache: DecodeKvCache | None = None,
     ) -> None:
+        """`kv_cache`: the received KV this node keeps, so PrfaaS states can ship increments
+        (serving/worker/decode_cache.py; None: every state comes whole)."""
         self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
+        self.kv_cache = kv_cache
         self.state_timeout_s = state_timeout_s
         self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
         # Pushes accepted and still streaming, one token each until their state is kept.
@@ -192,7 +201,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 raise UserError(
                     f"handoff first token {handoff.first_token} outside the vocabulary [0, {vocab})"
                 )
-            state = codec.decode(state_frames, self.cfg, max_len=self.max_len)
+            reserved = self.kv_cache.take(first.request_id) if self.kv_cache else None
+            base = reserved.prefix if reserved is not None and reserved.prefix.length else None
+            state = codec.decode(state_frames, self.cfg, max_len=self.max_len, base=base)
             state_bytes = codec.inspect(state_frames).payload_nbytes
         except UserError as err:
             self._reject(context, first.request_id, str(err))
@@ -222,6 +233,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 self._make_ready(req)
             else:
                 req.move(Phase.PARKED)
+        if reserved is not None and length == len(reserved.tokens):
+            # This state's KV serves the prompt's next turn (serving/worker/decode_cache.py).
+            saved = state_nbytes(self.cfg, length) - state_bytes
+            self.kv_cache.keep(reserved, state, saved)  # type: ignore[union-attr]
         # The sender learns its link's capacity from this (policy/link_capacity.py).
         backlog_bytes, backlog_s = backlog_sample(arrivals)
         return pb.PushStateReply(
@@ -230,6 +245,23 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             backlog_bytes=backlog_bytes,
             backlog_s=backlog_s,
         )
+
+    def ReserveKv(  # noqa: N802
+        self, request: pb.KvReserveRequest, context: grpc.ServicerContext
+    ) -> pb.KvReserveReply:
+        """How many leading positions of the prompt's KV this node holds, kept for the
+        request's coming state (0 without a cache)."""
+        self._admit(context)
+        tokens = list(request.prompt_token_ids)
+        try:
+            if not request.request_id:
+                raise UserError("request_id is empty")
+            check_prompt(tokens, self.cfg, max_len=self.max_len, max_new_tokens=1)
+        except UserError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        if self.kv_cache is None:
+            return pb.KvReserveReply(cached_len=0)
+        return pb.KvReserveReply(cached_len=self.kv_cache.reserve(request.request_id, tokens))
 
     def _make_ready(self, req: DecodeRequest) -> None:
         """Both halves are here: queue it for a slot (caller holds `_cv`)."""

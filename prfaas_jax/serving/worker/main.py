@@ -56,6 +56,7 @@ from prfaas_jax.serving.transport.messages import role_from_proto, role_to_proto
 from prfaas_jax.serving.transport.security import server_credentials
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
 from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.decode_cache import build_decode_kv_cache
 from prfaas_jax.serving.worker.engines import EngineFactory
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
@@ -137,6 +138,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             # The router admits at most max_in_flight requests; twice that leaves room for
             # attempts it gave up on whose cancellation has not arrived yet.
             max_waiting=2 * config.router.max_in_flight,
+            kv_cache=None if prfaas else build_decode_kv_cache(cfg, config),
         )
 
     @property

@@ -21,6 +21,10 @@ capacity (`link_meter`, policy/link_capacity.py). The engine is released after
 the last chunk, so the next prompt prefills while this state's tail is on the wire. The push's
 deadline (`push_timeout_s`) therefore covers prefill and transfer.
 
+When the router says the decode worker already holds the KV of the prompt's first K positions
+(`decode_cached_len`, from `DecodeWorker.ReserveKv`), the stream is an increment: those rows
+stay out of it (the header's base; docs/wire-format.md).
+
 Every prefill goes through the node's prefix cache (`prefixes`, serving/worker/prefix.py): only
 the part of the prompt no cached prefix covers is computed, checkpoints are saved from the same
 `on_chunk` calls, and a prefix the router says sits on another instance (`prefix_source`) is
@@ -160,6 +164,11 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             if not request.decode_address:
                 raise UserError("decode_address is empty")
             check_prompt(tokens, self.cfg, max_len=self.max_len, max_new_tokens=1)
+            if not 0 <= request.decode_cached_len < len(tokens):
+                raise UserError(
+                    f"decode_cached_len {request.decode_cached_len} is outside [0, "
+                    f"{len(tokens)}): the last prompt position is always sent"
+                )
             s = request.sampling
             sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
         except UserError as err:
@@ -182,8 +191,13 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 if outbox.stopped:  # cancelled while it waited: the engine goes to the next
                     raise _AbandonedError
                 started = time.perf_counter()
+                # The decode worker holds the KV of the first decode_cached_len positions: an
+                # increment leaves them out.
                 encoder = codec.StreamEncoder(
-                    self.cfg, len(tokens), max_frame_bytes=self.frame_bytes
+                    self.cfg,
+                    len(tokens),
+                    max_frame_bytes=self.frame_bytes,
+                    base=request.decode_cached_len,
                 )
                 if self.faults is not None:
                     outbox.faults = self.faults.plan(
