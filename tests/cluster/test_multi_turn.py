@@ -1,6 +1,9 @@
 """A multi-turn conversation through `prfaas serve` (real processes, the real `tiny`
 KDA + MLA model) reuses nearly all of each previous turn, and the prefill tokens the workers
-actually compute fall by ≥ 70 % against the same conversation with the cache disabled.
+actually compute fall by ≥ 70 % against the same conversation with the cache disabled. From its
+second turn each PrfaaS state crosses the link as an increment: the decode worker holds the
+previous prompt's KV blocks, so the state's bytes are state_nbytes(L) less those positions'
+MLA rows (hand-computed from the config) — and the replies are still those of the uncached run.
 
 Each turn's prompt is the previous prompt + the previous reply + new tokens. The conversation
 runs twice, `[prefix_cache] enabled = true` and `false`; the computed tokens are the prefill
@@ -24,6 +27,8 @@ import numpy as np
 import pytest
 from serving_support import generate, toml
 
+from prfaas_jax.config import load_model_config
+from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -81,6 +86,9 @@ def converse(tmp_path, enabled: bool, cache_home) -> tuple[list[dict], int]:
                         "instance": r.prefill_instance,
                         "ttft_s": r.ttft_s,
                         "reply": reply.tokens,
+                        "state_bytes": r.state_bytes,
+                        "decode_cached_len": r.decode_cached_len,
+                        "saved_bytes": r.saved_bytes,
                     }
                 )
                 prompt = prompt + reply.tokens + rng.integers(0, 256, ADDED).tolist()
@@ -105,14 +113,15 @@ def test_multi_turn_conversation_reuses_each_previous_turn(tmp_path, child_cache
 
     print(
         f"\n{'turn':>4} {'prompt':>6} {'cached':>6} {'of prev':>7} {'route':>6} "
-        f"{'TTFT ms (cache on / off)':>25}"
+        f"{'TTFT ms (cache on / off)':>25} {'state bytes shipped (on / off)':>31}"
     )
     for i, (on, off) in enumerate(zip(cached_turns, plain_turns, strict=True)):
         previous = cached_turns[i - 1]["prompt_len"] if i else 0
         share = f"{on['cached_len'] / previous:.0%}" if previous else "-"
         print(
             f"{i + 1:>4} {on['prompt_len']:>6} {on['cached_len']:>6} {share:>7} "
-            f"{on['route']:>6} {on['ttft_s'] * 1e3:>12.0f} / {off['ttft_s'] * 1e3:.0f}"
+            f"{on['route']:>6} {on['ttft_s'] * 1e3:>12.0f} / {off['ttft_s'] * 1e3:<11.0f}"
+            f"{on['state_bytes']:>16} / {off['state_bytes']}"
         )
     prompt_tokens = sum(t["prompt_len"] for t in cached_turns)
     reduction = 1 - cached_computed / plain_computed
@@ -127,3 +136,20 @@ def test_multi_turn_conversation_reuses_each_previous_turn(tmp_path, child_cache
         assert turn["cached_len"] >= 0.8 * previous["prompt_len"], turn
     assert cached_computed == prompt_tokens - sum(t["cached_len"] for t in cached_turns)
     assert reduction >= 0.70
+    # Increments: from turn 2 the decode worker holds the previous prompt's 16-token blocks.
+    cfg = load_model_config("tiny")
+    row = (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) * {"float32": 4, "bfloat16": 2}[
+        cfg.dtype
+    ]
+    previous = 0
+    for on, off in zip(cached_turns, plain_turns, strict=True):
+        held = previous // 16 * 16
+        assert on["route"] == off["route"] == "prfaas"
+        assert (on["decode_cached_len"], off["decode_cached_len"]) == (held, 0)
+        assert off["state_bytes"] == state_nbytes(cfg, on["prompt_len"])
+        assert (
+            on["state_bytes"]
+            == off["state_bytes"] - held * row
+            == off["state_bytes"] - (on["saved_bytes"])
+        )
+        previous = on["prompt_len"]
