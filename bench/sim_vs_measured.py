@@ -10,8 +10,10 @@
    request's report is kept.
 3. Takes the simulator's inputs from that run and the config only: T_prefill(l) = c0 + c1·l
    fitted (least squares) to each route's (prompt length, prefill time on the engine); the
-   decode step = the mean TPOT; S_kv(l) = the model's ``state_nbytes`` (exact); the link's
-   bandwidth and latency as configured.
+   decode step = the mean TPOT; the handoff (what handing any state to decode costs besides its
+   bytes: the push's setup, the codec's checks, the insert) = the median exposed transfer of the
+   local route, whose bytes take no time; S_kv(l) = the model's ``state_nbytes`` (exact); the
+   link's bandwidth and latency as configured.
 4. Replays the same requests (send times, lengths, output lengths) through the simulator, with
    ``layerwise = false`` for the chunk-wise run and ``layerwise = true, chunks = --groups`` for
    the layer-wise one.
@@ -22,9 +24,9 @@
     python bench/sim_vs_measured.py [--netns] [--rate 4] [--prompts 60] [--input-len 120]
                                     [--output-len 8] [--groups 4] [--json]
 
-The simulator leaves out what the serving plane pays besides the model: gRPC hops, the codec,
-the handoff, the decode worker's insert, Python threads sharing two cores with the engines.
-The error says how much that is on this machine.
+What the simulator still leaves out is what the errors show: TCP and gRPC flow control, the
+chunk-wise stream's early KV rows (it ships a chunk-wise state whole after the prefill), the
+router's hops, and Python threads sharing two cores with the engines.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ def simulate(root: Path, records: list[BenchResult], toy: dict, groups: int, tag
         done = [r for r in records if r.route == route and r.prefill_s is not None]
         profile[route] = fit_line([r.prompt_len for r in done], [r.prefill_s for r in done])
     tpot = [(r.e2el - r.ttft) / (r.output_tokens - 1) for r in records if r.output_tokens > 1]
+    local = [r.exposed_transfer for r in records if r.route == "pd" and r.exposed_transfer]
+    handoff_s = statistics.median(local) if local else 0.0
     start = min(r.sent for r in records)
     trace = root / f"trace-{tag}.jsonl"
     trace.write_text(
@@ -156,6 +160,7 @@ def simulate(root: Path, records: list[BenchResult], toy: dict, groups: int, tag
         "link": {
             "schedule": [[0, link["bandwidth_mbps"] / 1e3]],
             "latency_s": link.get("latency_ms", 0.0) / 1e3,
+            "handoff_s": handoff_s,
             "layerwise": groups > 1,
             "chunks": groups,
         },
@@ -177,6 +182,7 @@ def simulate(root: Path, records: list[BenchResult], toy: dict, groups: int, tag
         "result": result,
         "profile": profile,
         "decode_step_s": statistics.fmean(tpot),
+        "handoff_s": handoff_s,
     }
 
 
@@ -258,6 +264,7 @@ def main() -> int:
                 "layer_groups": groups,
                 "prefill_fit_s": simulated["profile"],
                 "decode_step_s": simulated["decode_step_s"],
+                "handoff_s": simulated["handoff_s"],
                 "routes": compare(records, simulated),
             }
     report = {
@@ -278,7 +285,10 @@ def main() -> int:
                 f"{route} {c0 * 1e3:.2f} ms + {c1 * 1e6:.1f} µs/token"
                 for route, (c0, c1) in data["prefill_fit_s"].items()
             )
-            print(f"{tag}: prefill fit {fit}; decode step {data['decode_step_s'] * 1e3:.2f} ms")
+            print(
+                f"{tag}: prefill fit {fit}; decode step {data['decode_step_s'] * 1e3:.2f} ms; "
+                f"handoff {data['handoff_s'] * 1e3:.2f} ms"
+            )
         print()
     print(json.dumps(report, indent=None if not args.json else 2))
     return 0

@@ -1,8 +1,9 @@
 """Per-request routing (arXiv 2604.15039 §3.3, §3.4.3): `route(prompt_len, view, now) -> Decision`.
 
 Also exposes the roles and clusters (`Role`, `ClusterKind`), the router's view of the instances
-(`InstanceLoad`, `ClusterView`), why a decision went where it did (`RouteReason`), and
-`pick_decode`, the decode-instance choice.
+(`InstanceLoad`, `ClusterView`), why a decision went where it did (`RouteReason`),
+`pick_decode`, the decode-instance choice, and `choose_abundant` with its `LinkView`, the
+per-request choice of the cache rule.
 
 Base rule, on the *incremental uncached* length l (prompt minus the prefix a cache already
 holds): l > t → PrfaaS, l ≤ t → PD prefill. With cache hits, l_total the prompt length and
@@ -14,6 +15,11 @@ l_prfaas, l_pd the longest prefix cached in each cluster:
         l_prefix = max(l_prfaas, l_pd)
         l_total − l_prefix ≤ t → PD-P  else → PrfaaS; the prefix moves across clusters when the
         instance holding it is in the other cluster (`Decision.prefix_source`)
+
+Which of the two rules applies is chosen per request (`choose_abundant`): moving the prefix
+pays when the link has room (utilisation under a bound) and carrying its state over the spare
+capacity takes less time than recomputing the tokens the other cluster would otherwise
+prefill again; otherwise the link is the scarce resource and each cluster keeps to its own.
 
 PrfaaS queue guard (Dynamo's conditional disaggregation): a request bound for PrfaaS stays local
 when every PrfaaS instance already has `prfaas_max_queue` requests queued, since a deep queue
@@ -183,6 +189,33 @@ class DecodeLoad:
     def __post_init__(self) -> None:
         if self.assigned < 0 or self.max_slots < 1:
             raise ValueError(f"decode instance {self.name!r}: need assigned ≥ 0, max_slots ≥ 1")
+
+
+@dataclass(frozen=True)
+class LinkView:
+    """The inter-cluster link as the router knows it now."""
+
+    capacity_bytes_per_s: float  # learned from the transfers (policy/link_capacity.py)
+    utilization: float  # egress rate over capacity, recent
+    latency_s: float = 0.0
+
+
+def choose_abundant(
+    *,
+    move_bytes: float,
+    recompute_s: float,
+    link: LinkView,
+    max_utilization: float,
+) -> bool:
+    """Whether the bandwidth-abundant rule should route this request: moving a cached prefix's
+    ``move_bytes`` over the link's spare capacity (plus latency) beats ``recompute_s`` of
+    prefill, and the link is below ``max_utilization``."""
+    if move_bytes <= 0 or recompute_s <= 0 or link.capacity_bytes_per_s <= 0:
+        return False
+    if link.utilization >= max_utilization:
+        return False
+    spare = link.capacity_bytes_per_s * (1.0 - link.utilization)
+    return move_bytes / spare + link.latency_s < recompute_s
 
 
 def pick_decode(instances: Sequence[DecodeLoad]) -> str:

@@ -15,7 +15,7 @@ except `[model] preset` (docs/serving.md explains each):
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
                   PrfaaS instance, sharing its mesh: engine/spmd.py)
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s
-    [router]      threshold, prfaas_max_queue, bandwidth_abundant, control_period_s,
+    [router]      threshold, prfaas_max_queue, cache_rule, control_period_s,
                   request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
                   metrics_port, max_in_flight (requests admitted at once), ttft_slo_s
                   (refuse a request whose predicted TTFT exceeds it, policy/admission.py; 0 = off)

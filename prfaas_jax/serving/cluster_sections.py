@@ -131,7 +131,9 @@ class LinkSection:
 class RouterSection:
     threshold: float = 64.0
     prfaas_max_queue: int = 4
-    bandwidth_abundant: bool = False
+    # The prefix-cache rule (policy/routing.py): "auto" picks per request from the link's
+    # utilisation and the predicted move vs recompute time; "scarce" / "abundant" fix it.
+    cache_rule: str = "auto"
     control_period_s: float = 0.5
     request_timeout_s: float = 120.0
     max_attempts: int = 4  # per request: the first attempt and up to 3 retries after faults
@@ -144,6 +146,8 @@ class RouterSection:
     def __post_init__(self) -> None:
         _check(self.threshold >= 0, "router.threshold", "must be ≥ 0")
         _check(self.prfaas_max_queue >= 1, "router.prfaas_max_queue", "must be ≥ 1")
+        rules = ("auto", "scarce", "abundant")
+        _check(self.cache_rule in rules, "router.cache_rule", f"must be one of {rules}")
         _check(self.control_period_s > 0, "router.control_period_s", "must be positive")
         _check(self.request_timeout_s > 0, "router.request_timeout_s", "must be positive")
         _check(self.max_attempts >= 1, "router.max_attempts", "must be ≥ 1")

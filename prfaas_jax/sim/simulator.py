@@ -212,10 +212,10 @@ class Simulator:
         self.link.send(req.kv_bytes / chunks, self._delivered, req)
 
     def _delivered(self, req: Request) -> None:
-        """The state's last byte left the link; it arrives `latency_s` later."""
-        latency = self.config.link.latency_s
-        if latency > 0:
-            self.loop.schedule(self.loop.now + latency, self._first_token, req)
+        """The state's last byte left the link; decode has it `latency_s` + `handoff_s` later."""
+        delay = self.config.link.latency_s + self.config.link.handoff_s
+        if delay > 0:
+            self.loop.schedule(self.loop.now + delay, self._first_token, req)
         else:
             self._first_token(req)
 
@@ -230,8 +230,9 @@ class Simulator:
                 self._send_tail(req)
             return
         req.kv_bytes = self.kv_mib(req.prompt_len) * BYTES_PER_MIB
-        rdma_bytes_per_s = self.config.link.rdma_gbps * 1e9 / 8
-        self.loop.schedule(self.loop.now + req.kv_bytes / rdma_bytes_per_s, self._first_token, req)
+        link = self.config.link
+        hop_s = req.kv_bytes / (link.rdma_gbps * 1e9 / 8) + link.handoff_s
+        self.loop.schedule(self.loop.now + hop_s, self._first_token, req)
 
     def _first_token(self, req: Request) -> None:
         self.n_first += 1

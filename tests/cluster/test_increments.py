@@ -36,6 +36,9 @@ def test_a_conversation_ships_only_the_increment_from_its_second_turn(tmp_path):
         tmp_path / "cluster.toml",
         prefix_cache={"enabled": True, "capacity_mib": 8.0, "block_size": BLOCK},
         link={"bandwidth_mbps": 400.0, "latency_ms": 0.0},
+        # Each turn stays on PrfaaS with its own cached prefix (the auto rule would move it
+        # to PD over this fast link).
+        router={"cache_rule": "scarce"},
     )
     with ClusterProcesses(config, log_dir=tmp_path / "logs") as processes:
         ready = processes.start()

@@ -42,8 +42,9 @@ def serve_config(path, enabled: bool):
                 "model": {"preset": "tiny"},
                 "engine": {"max_len": 512, "chunk_len": 128, "buckets": [32, 128]},
                 "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
-                "router": {"threshold": 64},
-                "controller": {"enabled": False},  # a fixed t: both runs route alike
+                # A fixed t and cache rule: both runs route alike, every turn to PrfaaS.
+                "router": {"threshold": 64, "cache_rule": "scarce"},
+                "controller": {"enabled": False},
                 "prefix_cache": {"enabled": enabled, "block_size": 16, "checkpoint_every": 4},
             }
         )

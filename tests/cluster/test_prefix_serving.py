@@ -7,7 +7,8 @@ receives), so a wrong prefix state — from the local cache or fetched across cl
 its attempt; every turn here must succeed at its first.
 
 The conversation: turn 1 is 100 tokens (> t = 64: PrfaaS, cold); turn 2 = turn 1 + its reply
-(4 tokens) + 12 new = 116 tokens, 100 of them cached on prfaas-0.
+(4 tokens) + 12 new = 116 tokens, 100 of them cached on prfaas-0. Each rule is fixed by
+`[router] cache_rule`; the default, "auto", picks the abundant rule here (the link is fast).
   scarce:    l_total − l_pd = 116 − 0 > 64 → PrfaaS, reusing its own 100 (computes 16);
   abundant:  l_total − max(100, 0) = 16 ≤ 64 → PD, the 100-token prefix moves from prfaas-0
              to pd-0 over the link; turn 3 then hits pd-0's own copy.
@@ -69,7 +70,7 @@ def conversation(router) -> tuple[list[int], list[int]]:
 
 
 def test_bandwidth_scarce_reuses_the_prefix_where_it_is(tmp_path):
-    with cluster(tmp_path) as (router, ready):
+    with cluster(tmp_path, cache_rule="scarce") as (router, ready):
         _, second = conversation(router)
         report, _ = turn(router, second)
         assert (report.route, report.prefill_instance) == ("prfaas", "prfaas-0")
@@ -89,7 +90,7 @@ def test_bandwidth_scarce_reuses_the_prefix_where_it_is(tmp_path):
 
 
 def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
-    with cluster(tmp_path, bandwidth_abundant=True) as (router, ready):
+    with cluster(tmp_path, cache_rule="abundant") as (router, ready):
         _, second = conversation(router)
         egress_before = worker_stats(ready, "prfaas-0").egress_bytes
         report, _ = turn(router, second)
@@ -117,6 +118,20 @@ def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
         metrics = urllib.request.urlopen(f"http://{ready['metrics']}/metrics", timeout=10).read()
         lines = set(metrics.decode().splitlines())
         assert "prfaas_cached_tokens_total 216" in lines and "prfaas_prefix_moves_total 1" in lines
+
+
+def test_the_auto_rule_moves_the_prefix_when_the_link_beats_recomputing_it(tmp_path):
+    """The default rule: the 100-token prefix's 25.6 KB cross a 2 MB/s link in 12.8 ms, less
+    than the 25 ms PD would prefill them (tests/serving/test_cache_rule.py), so turn 2 goes
+    local with the prefix moved, as under the abundant rule."""
+    with cluster(tmp_path) as (router, ready):
+        _, second = conversation(router)
+        report, _ = turn(router, second)
+        assert (report.route, report.cached_len, report.uncached_len) == ("pd", 100, 16)
+        stats = router.GetStats(pb.GetStatsRequest())
+        assert stats.prefix_moves == 1 and dict(stats.cache_rules) == {"abundant": 1, "scarce": 0}
+        metrics = urllib.request.urlopen(f"http://{ready['metrics']}/metrics", timeout=10).read()
+        assert 'prfaas_cache_rule_total{rule="abundant"} 1' in metrics.decode().splitlines()
 
 
 def test_disabled_cache_computes_everything(tmp_path):

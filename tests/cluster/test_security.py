@@ -66,7 +66,7 @@ def cluster(creds):
             "token_file": "creds/router.token",
         },
         prefix_cache={"enabled": True, "capacity_mib": 4.0, "block_size": 8},
-        router={"bandwidth_abundant": True},
+        router={"cache_rule": "abundant"},
     )
     with ClusterProcesses(config, log_dir=creds / "logs") as processes:
         yield processes.start()

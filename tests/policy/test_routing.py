@@ -9,8 +9,10 @@ from prfaas_jax.policy.routing import (
     ClusterView,
     DecodeLoad,
     InstanceLoad,
+    LinkView,
     Role,
     RouteReason,
+    choose_abundant,
     pick_decode,
     route,
 )
@@ -196,3 +198,22 @@ def test_queue_guard_keeps_a_cached_request_local_with_pd_prefix():
         "p0",
         700,
     )
+
+
+def test_a_prefix_moves_when_the_spare_link_carries_it_faster_than_it_is_recomputed():
+    # 1 MB over 10 MB/s: 0.1 s, plus 5 ms of latency.
+    def choose(utilization: float, recompute_s: float, capacity: float = 1e7) -> bool:
+        link = LinkView(capacity, utilization, latency_s=0.005)
+        return choose_abundant(
+            move_bytes=1e6, recompute_s=recompute_s, link=link, max_utilization=0.85
+        )
+
+    assert choose(0.0, 0.106) and not choose(0.0, 0.104)
+    # Half the link in use: the move takes 0.2 s of the spare half.
+    assert choose(0.5, 0.206) and not choose(0.5, 0.2)
+    # A link past the bound never takes a move, however slow the recompute.
+    assert not choose(0.85, 100.0)
+    # Nothing to move, nothing to recompute, or no known capacity: keep to the cluster's own.
+    assert not choose(0.0, 0.0) and not choose(0.0, 1.0, capacity=0.0)
+    empty = LinkView(1e7, 0.0)
+    assert not choose_abundant(move_bytes=0, recompute_s=1.0, link=empty, max_utilization=0.85)

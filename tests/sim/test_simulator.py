@@ -59,7 +59,12 @@ def _trace(tmp_path: Path, records: list[tuple[float, int]]) -> Path:
 
 
 def _one_request_config(
-    tmp_path: Path, *, layerwise: bool, prompt_len: int, latency_s: float = 0.0
+    tmp_path: Path,
+    *,
+    layerwise: bool,
+    prompt_len: int,
+    latency_s: float = 0.0,
+    handoff_s: float = 0.0,
 ):
     # A second request 10^6 s later keeps the first alone in the system.
     _trace(tmp_path, [(0.0, prompt_len), (1e9, 1000)])
@@ -73,6 +78,7 @@ path = "{tmp_path / "trace.jsonl"}"
 [link]
 schedule = [[0, 10]]
 latency_s = {latency_s}
+handoff_s = {handoff_s}
 layerwise = {str(layerwise).lower()}
 chunks = 4
 rdma_gbps = 400
@@ -128,18 +134,21 @@ def test_layerwise_pipelining_leaves_only_the_last_chunk_after_the_prefill(tmp_p
     assert exposed == pytest.approx([transfer_s / 4], rel=1e-9)
 
 
-def test_link_latency_delays_an_offloaded_state_once(tmp_path):
-    config = _one_request_config(tmp_path, layerwise=True, prompt_len=50_000, latency_s=0.04)
+def test_link_latency_delays_an_offloaded_state_once_and_the_handoff_every_state(tmp_path):
+    config = _one_request_config(
+        tmp_path, layerwise=True, prompt_len=50_000, latency_s=0.04, handoff_s=0.003
+    )
     result = Simulator(config, config.deployments[0]).run()
     prefill_s = config.profiles.prfaas_prefill_s(50_000)
     transfer_s = config.profiles.kv_size_mib(50_000) * MIB / (10e9 / 8)
     ttft = result.first_token[0] - result.arrival[0]
-    assert ttft == pytest.approx(prefill_s + transfer_s / 4 + 0.04, rel=1e-12)
-    assert exposed_transfer_s(result, offloaded=True) == pytest.approx([transfer_s / 4 + 0.04])
-    # The local request (RDMA inside the PD cluster) does not cross the link.
+    assert ttft == pytest.approx(prefill_s + transfer_s / 4 + 0.04 + 0.003, rel=1e-12)
+    exposed = exposed_transfer_s(result, offloaded=True)
+    assert exposed == pytest.approx([transfer_s / 4 + 0.043])
+    # The local request (RDMA inside the PD cluster) does not cross the link: no latency.
     local = result.first_token[1] - result.arrival[1]
     rdma_s = config.profiles.kv_size_mib(1000) * MIB / (400e9 / 8)
-    assert local == pytest.approx(config.profiles.pd_prefill_s(1000) + rdma_s, rel=1e-9)
+    assert local == pytest.approx(config.profiles.pd_prefill_s(1000) + rdma_s + 0.003, rel=1e-9)
 
 
 def test_a_link_shared_by_two_transfers_halves_each_rate():

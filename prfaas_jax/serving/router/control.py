@@ -21,6 +21,7 @@ file (`--workers`); the loop notices the change and connects to the new address.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import logging
 import os
@@ -156,6 +157,11 @@ class RouterControl:
                 retransmitted,
             )
             self.counters.egress_rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+            if capacity > 0:  # what the per-request cache rule weighs (router/cache_rule.py)
+                utilization = self.counters.egress_rate / capacity
+                core.link = dataclasses.replace(
+                    core.link, capacity_bytes_per_s=capacity, utilization=utilization
+                )
         if self.controller is not None and capacity > 0:
             observation = LinkObservation(
                 now, egress, capacity, prfaas_queue, out_segments, retransmitted

@@ -65,6 +65,7 @@ from prfaas_jax.policy.routing import (
     Decision,
     DecodeLoad,
     InstanceLoad,
+    LinkView,
     Role,
     pick_decode,
     route,
@@ -72,6 +73,7 @@ from prfaas_jax.policy.routing import (
 from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.router.cache_rule import CacheRule
 from prfaas_jax.serving.router.handles import (
     TtftPredictor,
     WorkerHandle,
@@ -125,6 +127,10 @@ class RouterCore:
         self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0
         self.retries = self.resumed = self.rejected = 0
         self.saved_bytes = 0  # state bytes increments kept off the link
+        # The link as the control loop last saw it (serving/router/control.py), for the
+        # per-request cache rule; until then, as configured and idle.
+        self.link = LinkView(config.link.bandwidth_bytes_per_s, 0.0, config.link.latency_ms / 1e3)
+        self.cache_rule = CacheRule(config, cfg)
         self.predictor = TtftPredictor(config, cfg)
         self.watchdog = Watchdog()
 
@@ -193,7 +199,9 @@ class RouterCore:
                 prfaas,
                 pd_prefill,
                 prfaas_max_queue=self.config.router.prfaas_max_queue,
-                bandwidth_abundant=self.config.router.bandwidth_abundant,
+                bandwidth_abundant=self.cache_rule.abundant(
+                    request_len, prfaas, pd_prefill, self.link
+                ),
             )
             decision = route(request_len, view, now)
             slots = self.config.engine.max_slots

@@ -17,6 +17,7 @@
     prfaas_link_capacity_bytes_per_second        gauge    learned from the link's transfers
     prfaas_link_capacity_samples                 gauge    transfers it was learned from
     prfaas_link_saved_bytes_total                counter  kept off the link by increments
+    prfaas_cache_rule_total{rule}                counter  "scarce" | "abundant", where they differ
     prfaas_link_tcp_retransmitted_segments_total counter  where the kernel counts them (--netns)
     prfaas_egress_utilization                    gauge    rate / cap
     prfaas_queue_depth{instance, role}           gauge    router-side outstanding prefills
@@ -90,6 +91,7 @@ class RouterSnapshot:
     down: int = 0
     link_capacity_samples: int = 0
     saved_bytes: int = 0
+    cache_rules: dict[str, int] = dataclasses.field(default_factory=dict)  # rule → requests
     tcp_retransmitted_segments: int = 0
     # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
@@ -147,6 +149,12 @@ def render_metrics(s: RouterSnapshot) -> str:
         "gauge",
         "Capacity of the inter-cluster link, learned from its transfers.",
         [("", s.link_capacity_bytes_per_s)],
+    )
+    metric(
+        "prfaas_cache_rule_total",
+        "counter",
+        "Requests the two prefix-cache rules would route differently, by the rule chosen.",
+        [(_labels(rule=r), n) for r, n in sorted(s.cache_rules.items())],
     )
     metric(
         "prfaas_link_saved_bytes_total",

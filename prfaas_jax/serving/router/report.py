@@ -71,6 +71,7 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             resumed=core.resumed,
             rejected=core.rejected,
             saved_bytes=core.saved_bytes,
+            cache_rules=core.cache_rule.counts,
         )
 
 
@@ -109,6 +110,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             resumed=core.resumed,
             rejected=core.rejected,
             saved_bytes=core.saved_bytes,
+            cache_rules=dict(core.cache_rule.counts),
             down=sum(w.down for w in workers),
             prefix_cache={
                 w.name: {f.name: getattr(w.stats.prefix_cache, f.name) for f in cache_fields}
