@@ -52,5 +52,5 @@ def test_a_fixed_rule_is_kept(tmp_path):
         assert rule.abundant(116, *held(100, 0), LinkView(2e6, 0.0)) is expected
         assert rule.abundant(116, *held(0, 100), LinkView(2e6, 0.99)) is expected
     bad = fake_config(tmp_path / "bad.toml", router={"cache_rule": "sometimes"})
-    with pytest.raises(ConfigError, match="router.cache_rule: must be one of"):
+    with pytest.raises(ConfigError, match=r"router\.cache_rule: must be one of"):
         load_cluster_config(bad)
