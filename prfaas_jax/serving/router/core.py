@@ -8,11 +8,13 @@ once), admits it (`policy.admission`: RESOURCE_EXHAUSTED beyond `max_in_flight` 
 with `ttft_slo_s` set, when its predicted TTFT on the chosen instances misses the SLO), asks
 every live prefill instance how much of the prompt its prefix cache holds (`lookup_prefixes`,
 serving/worker/prefix.py; skipped when `[prefix_cache]` is off), asks the policy where to
-prefill (`policy.routing.route` on the uncached length — both bandwidth cases, cache affinity
-against load, the PrfaaS queue guard) and where to decode (`pick_decode`), then opens the
-decode worker's token stream and calls the prefill worker, which pushes the state to that
-decode worker; when the reused prefix sits on another instance, the call names it and the
-prefill worker fetches it first. Tokens are forwarded as they come; the final message carries
+prefill (`policy.routing.route` on the uncached length — the bandwidth case chosen per request
+by serving/router/cache_rule.py, cache affinity against load, the PrfaaS queue guard) and where
+to decode (`pick_decode`), then opens the decode worker's token stream and calls the prefill
+worker, which pushes the state to that decode worker; when the reused prefix sits on another
+instance, the call names it and the prefill worker fetches it first. Before a state crosses
+the link the decode worker is asked which leading KV it holds (`reserve_kv`), and the state
+ships as an increment. Tokens are forwarded as they come; the final message carries
 the `RequestReport`. If the client goes away, both calls are cancelled.
 
 Faults. One prefill + decode is an *attempt*; the router keeps a `RequestRecord` (prompt,
@@ -29,17 +31,16 @@ is left out of routing until the control loop hears from it again or its replace
 (serving/router/control.py). A new request that finds no live instance fails at once
 (UNAVAILABLE); a request already in flight waits up to `retry_wait_s` for one.
 
-Over 400 lines because dispatch and retry are one loop over one `RequestRecord`: split, the
-record's invariants (every token streamed once, one live attempt) would span two modules.
-
 The router's own counts of outstanding prefills (and their tokens) per instance are the queue
 depths the routing rule and the controllers see — exact at decision time, unlike polled worker
 stats. Draining instances (`RouterControl`) take no new requests. The router holds no policy of
 its own: routing, t and role changes come from `prfaas_jax.policy`.
 
 The module is longer than most because one request's life — admission, attempts, the stream,
-its bookkeeping — reads best in one place; what is separable lives beside it (record.py,
-handles.py) and in serving/transport/watchdog.py.
+its bookkeeping — reads best in one place, and dispatch and retry are one loop over one
+`RequestRecord` whose invariants (every token streamed once, one live attempt) would otherwise
+span two modules; what is separable lives beside it (record.py, handles.py, cache_rule.py) and
+in serving/transport/watchdog.py.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ from prfaas_jax.serving.router.handles import (
     TtftPredictor,
     WorkerHandle,
     lookup_prefixes,
+    prefill_reply,
     reserve_kv,
 )
 from prfaas_jax.serving.router.metrics import Histogram
@@ -381,7 +383,7 @@ class RouterCore:
                     with self.lock:
                         self.ttft.observe(record.ttft_s)
                 if message.finished or record.owed == 0:
-                    reply = self._prefill_reply(prefill_call, timeout)
+                    reply = prefill_reply(prefill_call, timeout)
                     cached = self._reused(reply, decision)
                     exposed = 0.0
                     if reply is not None and replied and first_token_at is not None:
@@ -454,14 +456,6 @@ class RouterCore:
                             worker.name,
                             err.code().name,
                         )
-
-    @staticmethod
-    def _prefill_reply(prefill_call: grpc.Future, timeout: float) -> pb.PrefillReply | None:
-        """The prefill's reply (None if it is lost)."""
-        try:
-            return prefill_call.result(timeout=timeout)
-        except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
-            return None
 
     def _reused(self, reply: pb.PrefillReply | None, decision: Decision) -> int:
         """Prompt tokens the prefill worker actually reused (the decision's estimate if its

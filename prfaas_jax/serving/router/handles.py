@@ -1,7 +1,8 @@
 """The router's record of one instance (`WorkerHandle`) and what it predicts from those records:
 `kv_size_profile` (S_kv(l) from the model's byte formula) and `TtftPredictor` (a request's time
-to first token on chosen instances, for admission control: `policy.admission`); and
-`lookup_prefixes`, the router's probe of every prefill instance's prefix cache."""
+to first token on chosen instances, for admission control: `policy.admission`); and the calls
+an attempt makes besides its two streams: `lookup_prefixes` (every prefill instance's prefix
+cache), `reserve_kv` (the KV a decode worker holds, for an increment) and `prefill_reply`."""
 
 from __future__ import annotations
 
@@ -163,3 +164,11 @@ def reserve_kv(
     except grpc.RpcError as err:
         log.info("no KV reservation for %s: %s", request_id, err.code().name)
         return 0
+
+
+def prefill_reply(prefill_call: grpc.Future, timeout: float) -> pb.PrefillReply | None:
+    """A prefill call's reply (None if it is lost)."""
+    try:
+        return prefill_call.result(timeout=timeout)
+    except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+        return None
