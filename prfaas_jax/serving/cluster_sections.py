@@ -110,9 +110,11 @@ class LinkSection:
     burst_kib: float = 16.0
     schedule: tuple[tuple[float, float], ...] = ()  # (seconds after start, bandwidth factor)
     repeat_s: float = 0.0  # > 0: the schedule repeats with this period
+    streams: int = 1  # TCP connections a state crossing the link is striped over
 
     def __post_init__(self) -> None:
         _check(self.bandwidth_mbps > 0, "link.bandwidth_mbps", "must be positive")
+        _check(1 <= self.streams <= 16, "link.streams", "must be in [1, 16]")
         ok = self.latency_ms >= 0 and self.burst_kib > 0
         _check(ok, "link", "needs latency_ms ≥ 0 and burst_kib > 0")
         times = [at for at, _ in self.schedule]

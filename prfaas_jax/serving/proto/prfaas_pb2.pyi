@@ -319,14 +319,22 @@ class PrefillReply(_message.Message):
     def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("request_id", "frame", "queued")
+    __slots__ = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
+    STRIPE_FIELD_NUMBER: _ClassVar[int]
+    STRIPES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     frame: bytes
     queued: bool
-    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ..., queued: _Optional[bool] = ...) -> None: ...
+    stripe: int
+    stripes: int
+    last: bool
+    sender: str
+    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ..., queued: _Optional[bool] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ..., last: _Optional[bool] = ..., sender: _Optional[str] = ...) -> None: ...
 
 class KvReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids")

@@ -9,8 +9,8 @@ fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) —
 state longer than the node can decode, or one whose length differs from the prompt length the
 router announced. A state sent as an increment (its header's base: the KV rows this node said
 it holds, `ReserveKv`) is stitched onto the rows kept for it, and a PrfaaS state's KV is cached
-for the prompt's next turn (serving/worker/decode_cache.py). Malformed input is INVALID_ARGUMENT
-and keeps nothing (a `Generate` already
+for the prompt's next turn (serving/worker/decode_cache.py); a striped one is gathered from its
+streams first. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
 waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
 A stream its sender cancelled is a cut transfer, not malformed input — also where gRPC ends it
 like a complete one before reporting the cancel — so it fails nothing here: the sender's
@@ -35,8 +35,10 @@ states are held outside a slot (received or being received, waiting for their `G
 a slot), and at most `max_waiting` `Generate` calls wait for a state or a slot. Beyond that, a
 push is refused before any of its frames is read, a call at once; both RESOURCE_EXHAUSTED.
 
-The module is over 400 lines: `PushState`, `Generate` and the engine thread share one lock and
-one request table, and are read together.
+The module is over 500 lines: `PushState` (whole or striped: serving/worker/stripes.py),
+`ReserveKv`, `Generate` and the engine thread share one lock and one request table, and are
+read together; reading a push (push_reader.py) and the received-KV cache (decode_cache.py) live
+beside it.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.messages import check_prompt
 from prfaas_jax.serving.worker.decode_cache import DecodeKvCache
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
+from prfaas_jax.serving.worker.push_reader import PushReader, PushTooLongError
+from prfaas_jax.serving.worker.stripes import MAX_STRIPES, StripeError, StripeSet
 
 _DONE = object()
 # How long a stream that stopped short waits for gRPC to report its sender's cancel: the server
@@ -90,6 +94,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         (serving/worker/decode_cache.py; None: every state comes whole)."""
         self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
         self.kv_cache = kv_cache
+        self.stripes = StripeSet(state_timeout_s)  # striped pushes in progress
         self.state_timeout_s = state_timeout_s
         self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
         # Pushes accepted and still streaming, one token each until their state is kept.
@@ -103,10 +108,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         self._thread: threading.Thread | None = None
         self._stop = False
         self.completed = self.tokens_generated = self.state_bytes_received = 0
-        # Per sending connection, when its last frame arrived: the link's clock, shared by the
-        # transfers that overlap on it (policy/link_capacity.py).
-        self._arrivals_lock = threading.Lock()
-        self._last_arrival: dict[str, float] = {}
+        self._reader = PushReader(self.max_push_bytes)
 
     # --- stats ----------------------------------------------------------------------------
 
@@ -148,6 +150,12 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             context.abort(
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message must name the request"
             )
+        stripes = first.stripes or 1
+        if not (stripes <= MAX_STRIPES and first.stripe < stripes):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"stripe {first.stripe} of {stripes}: at most {MAX_STRIPES}, numbered from 0",
+            )
         stream = object()
         with self._cv:
             full = self._held_states() >= self.max_pending_states
@@ -160,6 +168,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 "for a Generate or a slot, this node's limit",
             )
         try:
+            if first.stripe > 0:
+                return self._receive_stripe(first, request_iterator, context)
             return self._receive(first, request_iterator, context, stream)
         finally:
             with self._cv:
@@ -176,24 +186,17 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         token in `_receiving`."""
         ended = threading.Event()
         context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
-        frames, total, arrivals, sender = [], 0, [], context.peer()
-        for chunk in request_iterator:
-            with self._arrivals_lock:
-                now = time.perf_counter()
-                previous, self._last_arrival[sender] = self._last_arrival.get(sender), now
-            arrivals.append(FrameArrival(now, len(chunk.frame), chunk.queued, previous))
-            total += len(chunk.frame)
-            if total > self.max_push_bytes:
-                self._reject(
-                    context,
-                    first.request_id,
-                    f"state stream exceeds {self.max_push_bytes} bytes, more than a "
-                    f"{self.max_len}-token state of this model",
-                )
-            frames.append(chunk.frame)
+        frames, arrivals, _ = self._read(first, request_iterator, context)
         if not (frames and is_handoff_frame(frames[-1])) and ended.wait(_CANCEL_SEEN_S):
             # A cut transfer, not a malformed one: its sender reports the failure.
             context.abort(grpc.StatusCode.CANCELLED, f"{first.request_id}: the sender cancelled")
+        if first.stripes > 1:  # the other stripes' data frames (serving/worker/stripes.py)
+            try:
+                frames, arrivals = self.stripes.gather(
+                    first.request_id, first.stripes, frames, arrivals
+                )
+            except StripeError as err:
+                context.abort(grpc.StatusCode.ABORTED, str(err))
         try:
             state_frames, handoff = split_handoff(frames)
             vocab = self.cfg.vocab_size
@@ -245,6 +248,34 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             backlog_bytes=backlog_bytes,
             backlog_s=backlog_s,
         )
+
+    def _read(
+        self, first: pb.StateChunk, chunks: Iterator[pb.StateChunk], context: grpc.ServicerContext
+    ) -> tuple[list[bytes], list[FrameArrival], bool]:
+        try:
+            return self._reader.read(first, chunks, context)
+        except PushTooLongError:
+            too_long = f"state stream exceeds {self.max_push_bytes} bytes, more than a "
+            self._reject(context, first.request_id, f"{too_long}{self.max_len}-token state of it")
+
+    def _receive_stripe(
+        self,
+        first: pb.StateChunk,
+        request_iterator: Iterator[pb.StateChunk],
+        context: grpc.ServicerContext,
+    ) -> pb.PushStateReply:
+        """A secondary stripe: its data frames wait for the request's primary stream."""
+        rid, stripe, stripes = first.request_id, first.stripe, first.stripes
+        frames, arrivals, last = self._read(first, request_iterator, context)
+        if not last:  # cut: the primary must not wait for it
+            self.stripes.fail(rid, stripes, f"stripe {stripe} of {stripes} was cut")
+            context.abort(grpc.StatusCode.CANCELLED, f"{rid}: stripe {stripe} was cut")
+        try:
+            self.stripes.deposit(rid, stripe, stripes, frames, arrivals)
+        except StripeError as err:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+        # The link is timed over all stripes together, in stripe 0's reply.
+        return pb.PushStateReply(frames=len(frames))
 
     def ReserveKv(  # noqa: N802
         self, request: pb.KvReserveRequest, context: grpc.ServicerContext

@@ -127,6 +127,8 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             security=config.security,
             faults=FaultInjector.build(config.chaos, name),
             max_queue=engine.max_prefill_queue,
+            streams=config.link.streams,
+            name=name,
         )
         self.decode = DecodeService(
             engine=self.factory.decode_engine,

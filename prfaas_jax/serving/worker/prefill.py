@@ -11,10 +11,12 @@ the last cache rows), so they travel while the later layers compute; whatever is
 after the last chunk, then the trailer and the handoff frame (first token and sampling,
 engine/codec/handoff.py).
 
-Two threads share the work through an `_Outbox`: the engine thread (this RPC's) makes frames,
-gRPC's request-stream thread sends them, so copying rows to the host is all a chunk waits for.
-A PrfaaS worker sends through its `LinkShaper` (the inter-cluster link; each frame takes its
-place on the link when it is made); a PD worker sends unshaped. Each frame says whether it was
+Two threads share the work through an `Outbox` (serving/worker/outbox.py): the engine thread
+(this RPC's) makes frames, gRPC's request-stream thread sends them, so copying rows to the host
+is all a chunk waits for. A PrfaaS worker sends through its `LinkShaper` (the inter-cluster
+link; each frame takes its place on the link when it is made), over `[link] streams` pushes on
+connections of their own when that is more than 1 (serving/worker/stripes.py); a PD worker
+sends unshaped, on one stream. Each frame says whether it was
 made before the previous one left (`StateChunk.queued`); the decode worker times those frames'
 arrivals and replies with the link's time for them, from which a PrfaaS worker learns its link's
 capacity (`link_meter`, policy/link_capacity.py). The engine is released after
@@ -46,10 +48,9 @@ decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled push). Wi
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -68,7 +69,8 @@ from prfaas_jax.serving.transport import security as transport
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import check_prompt, sampling_from_proto
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, abort_for
-from prfaas_jax.serving.worker.faults import FaultInjector, TransferFaults
+from prfaas_jax.serving.worker.faults import FaultInjector
+from prfaas_jax.serving.worker.outbox import Outbox, striped_sample
 from prfaas_jax.serving.worker.prefix import PrefixService
 
 
@@ -81,12 +83,21 @@ class DecodeChannels:
         self._stubs: dict[str, pb_grpc.DecodeWorkerStub] = {}
         self._lock = threading.Lock()
 
-    def stub(self, address: str) -> pb_grpc.DecodeWorkerStub:
+    def stub(self, address: str, lane: int = 0) -> pb_grpc.DecodeWorkerStub:
+        """The stub of ``address``; each ``lane`` > 0 (a stripe of a striped push) has a
+        channel, hence a TCP connection, of its own."""
+        key = f"{address}#{lane}"
         with self._lock:
-            if address not in self._stubs:
-                channel = transport.channel(address, self.security, CHANNEL_OPTIONS)
-                self._stubs[address] = pb_grpc.DecodeWorkerStub(channel)
-            return self._stubs[address]
+            if key not in self._stubs:
+                # Channels to one address share a connection unless their pools differ.
+                options = (
+                    (*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1))
+                    if lane
+                    else (CHANNEL_OPTIONS)
+                )
+                channel = transport.channel(address, self.security, options)
+                self._stubs[key] = pb_grpc.DecodeWorkerStub(channel)
+            return self._stubs[key]
 
 
 class PrefillService(pb_grpc.PrefillWorkerServicer):
@@ -104,18 +115,23 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         security: SecuritySection | None = None,
         faults: FaultInjector | None = None,
         max_queue: int = 64,
+        streams: int = 1,
+        name: str = "",
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
         every prefill goes through (none: every prompt is computed in full); `security` is how
         pushes reach decode workers (None: plaintext); `faults` injects transfer faults
         (`[chaos]`; None: none); `max_queue` bounds the requests waiting for or on the engine
-        (more are RESOURCE_EXHAUSTED at once)."""
+        (more are RESOURCE_EXHAUSTED at once); `streams`: the pushes a state crossing the
+        link is striped over (serving/worker/stripes.py); `name`: this worker's, which its
+        pushes carry (the decode worker times the link per sender)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
         self._channels = DecodeChannels(security)
-        self.faults, self.max_queue = faults, max_queue
+        self.faults, self.max_queue, self.streams = faults, max_queue, streams
+        self.name = name
         # A PrfaaS worker learns its link's rate from its own transfers (never from the shaper).
         self.link_meter = CapacityMeter() if shaper is not None else None
         self._engine_lock = threading.Lock()
@@ -175,10 +191,10 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             abort_for(context, err)
         arrived = time.perf_counter()
         self._enter_queue(context)
-        outbox = _Outbox(self.shaper, context)
+        outbox = Outbox(self.shaper, context, lanes=self.streams if self.shaper else 1)
         # The call ends early when the router cancels it (its client left, or it gave up on the
         # attempt): stop at once — no more frames on the link, the push cancelled.
-        context.add_callback(lambda: outbox.cancel(outbox.push))
+        context.add_callback(outbox.cancel)
         push: grpc.Future | None = None
         try:
             prefix = None
@@ -227,21 +243,21 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         except _AbandonedError:
             result = None
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang
-            outbox.cancel(push)
+            outbox.cancel()
             abort_for(context, err)
         finally:
             self._count("queued", -1)
         prefilled = time.perf_counter()
         if result is None:
             if push is None or not push.done() or not context.is_active():  # cancelled
-                outbox.cancel(push)
+                outbox.cancel()
                 context.abort(grpc.StatusCode.CANCELLED, "the request was cancelled")
         else:
             outbox.put_all(tail)
             outbox.put(pack_handoff(Handoff(result.first_token, sampling), encoder.header()))
             outbox.close()
         try:
-            pushed = push.result()
+            replies = [push.result(), *(other.result() for other in outbox.pushes[1:])]
         except grpc.FutureCancelledError:  # the link was cut under the stream
             context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -256,7 +272,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         self._count("completed", 1)
         if self.link_meter is not None:
             with self._count_lock:
-                self.link_meter.add(pushed.backlog_bytes, pushed.backlog_s, time.monotonic())
+                self.link_meter.add(*striped_sample(replies), time.monotonic())
         return pb.PrefillReply(
             first_token=result.first_token,
             state_bytes=encoder.state_header.payload_nbytes,
@@ -289,121 +305,40 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             return engine.prefill(tokens, **options)
         return self.prefixes.reuse.prefill(engine, tokens, prefix=prefix, **options)
 
-    def _start_push(self, request: pb.PrefillRequest, outbox: _Outbox) -> grpc.Future:
-        """Open the decode worker's `PushState`; it sends what `outbox` is given, as it comes."""
+    def _start_push(self, request: pb.PrefillRequest, outbox: Outbox) -> grpc.Future:
+        """Open the decode worker's `PushState` — one per lane of a striped transfer, each on a
+        connection of its own — sending what `outbox` is given, as it comes; returns stream 0's
+        call (the one that ends with the state's trailer and handoff)."""
+        lanes = outbox.lanes
 
-        def chunks() -> Iterator[pb.StateChunk]:
-            yield pb.StateChunk(request_id=request.request_id)
-            for frame, queued in outbox.frames_to_send():
+        def chunks(lane: int) -> Iterator[pb.StateChunk]:
+            yield pb.StateChunk(
+                request_id=request.request_id,
+                stripe=lane,
+                stripes=lanes if lanes > 1 else 0,
+                sender=self.name,
+            )
+            for frame, queued in outbox.frames_to_send(lane):
                 yield pb.StateChunk(frame=frame, queued=queued)
+            if lane and not outbox.stopped:
+                yield pb.StateChunk(last=True)  # a secondary stripe's clean end
 
-        stub = self._channels.stub(request.decode_address)
         self._count("transferring", 1)
-        push = stub.PushState.future(chunks(), timeout=self.push_timeout_s)
-        outbox.push = push  # before the first frame is put, so before the sender can need it
+        for lane in range(lanes):
+            stub = self._channels.stub(request.decode_address, lane)
+            # Registered before the first frame is put, so before a sender can need it.
+            outbox.pushes.append(stub.PushState.future(chunks(lane), timeout=self.push_timeout_s))
 
-        def done(_: grpc.Future) -> None:
-            outbox.stop()  # a failed push takes no more frames (nor link capacity)
-            self._count("transferring", -1)
+        def done(call: grpc.Future) -> None:
+            if call is outbox.pushes[0] or call.cancelled() or call.exception() is not None:
+                outbox.stop()  # a failed push takes no more frames (nor link capacity)
+            if call is outbox.pushes[0]:
+                self._count("transferring", -1)
 
-        push.add_done_callback(done)
-        return push
-
-
-_CLOSED = None
-_CANCEL_WAIT_S = 5.0  # bounds the wait for gRPC to act on a cancel (it takes milliseconds)
+        for push in outbox.pushes:
+            push.add_done_callback(done)
+        return outbox.pushes[0]
 
 
 class _AbandonedError(Exception):
     """The transfer ended before the state was complete: computing the rest would be waste."""
-
-
-class _Outbox:
-    """Frames between the engine thread (`put`) and gRPC's request-stream thread
-    (`frames_to_send`), shaped by the link when there is one."""
-
-    def __init__(self, shaper: LinkShaper | None, context: grpc.ServicerContext) -> None:
-        self._shaper, self._context = shaper, context
-        self._queue: queue.Queue[tuple[bytes, float] | None] = queue.Queue()
-        self._stopped = threading.Event()  # the sender gave up: drop what is still made
-        self.frames = self.wire_bytes = 0
-        self.push: grpc.Future | None = None
-        self.faults: TransferFaults | None = None  # `[chaos]`: this transfer's planned faults
-
-    def put(self, frame: bytes) -> None:
-        if self._stopped.is_set():
-            return
-        if self.faults is not None:
-            frame = self.faults.corrupt(frame)
-        # The frame joins the link's queue when it is made, not when the sender gets to it.
-        arrival = self._shaper.admit(len(frame)) if self._shaper is not None else 0.0
-        self.frames += 1
-        self.wire_bytes += len(frame)
-        self._queue.put((frame, arrival))
-
-    def put_all(self, frames: Iterable[bytes]) -> None:
-        for frame in frames:
-            self.put(frame)
-
-    def close(self) -> None:
-        self._queue.put(_CLOSED)
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped.is_set()
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def cancel(self, push: grpc.Future | None) -> None:
-        """Abandon the transfer: the decode worker sees a cancelled stream, not a short one."""
-        self.stop()
-        if push is not None:
-            push.cancel()
-        self.close()  # wakes the sending thread if it waits for a frame
-
-    def cut_reason(self) -> str:
-        faults = self.faults
-        if faults is not None and faults.dropped:
-            where = "inter-cluster link" if self._shaper is not None else "link"
-            return f"{where} dropped after {faults.cut_after} of {faults.num_frames} frames"
-        return "the transfer was cancelled"
-
-    def _abandon(self) -> None:
-        """End the push without a clean end: cancel it, and return from the request stream
-        only once gRPC has seen the cancel. Returning first would half-close the stream, which
-        the decode worker could read as a complete state that is short (INVALID_ARGUMENT and a
-        refused state in its log) instead of a cut transfer."""
-        self.stop()
-        push = self.push
-        if push is None:
-            return
-        cancelled = threading.Event()
-        push.add_done_callback(lambda _: cancelled.set())
-        push.cancel()
-        cancelled.wait(_CANCEL_WAIT_S)
-
-    def frames_to_send(self) -> Iterator[tuple[bytes, bool]]:
-        """``(frame, queued)`` as they may go: ``queued`` when the frame was made before the
-        previous one left, so it follows it onto the wire back to back (the receiver times
-        the link on such frames: policy/link_capacity.py)."""
-        sent = 0
-        while True:
-            try:
-                item, queued = self._queue.get_nowait(), sent > 0
-            except queue.Empty:
-                item, queued = self._queue.get(), False
-            if item is _CLOSED:
-                return
-            if self._stopped.is_set() or not self._context.is_active():
-                self._abandon()  # the router gave up on this request: stop using the link
-                return
-            if self.faults is not None and self.faults.cut(sent):
-                self._abandon()  # a dead link: the receiver sees no clean end
-                return
-            frame, arrival = item
-            yield (
-                (self._shaper.deliver(frame, arrival) if self._shaper is not None else frame),
-                queued,
-            )
-            sent += 1
