@@ -15,10 +15,9 @@ would route differently.
 from __future__ import annotations
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.routing import ClusterKind, InstanceLoad, LinkView, choose_abundant
 from prfaas_jax.serving.cluster_config import ClusterConfig
-from prfaas_jax.serving.router.handles import kv_size_profile
+from prfaas_jax.serving.router.handles import kv_size_profile, prefill_profiles
 
 
 class CacheRule:
@@ -28,10 +27,7 @@ class CacheRule:
         self.rule = config.router.cache_rule
         self.max_utilization = config.controller_config().high_utilization
         self.counts = {"scarce": 0, "abundant": 0}
-        self._prefill_s = {
-            ClusterKind.PRFAAS: Profile.polynomial(config.profile.prfaas_prefill_s),
-            ClusterKind.PD: Profile.polynomial(config.profile.pd_prefill_s),
-        }
+        self._prefill_s = prefill_profiles(config)
         self._kv_mib = kv_size_profile(cfg, config.engine.max_len)
 
     def abundant(

@@ -82,16 +82,21 @@ class WorkerHandle:
         return not (self.outstanding_prefills or self.assigned_decodes)
 
 
+def prefill_profiles(config: ClusterConfig) -> dict[ClusterKind, Profile]:
+    """T_prefill(l) of each cluster, from `[profile]`."""
+    return {
+        ClusterKind.PRFAAS: Profile.polynomial(config.profile.prfaas_prefill_s),
+        ClusterKind.PD: Profile.polynomial(config.profile.pd_prefill_s),
+    }
+
+
 class TtftPredictor:
     """`policy.admission.predict_ttft` fed from the router's counters and the cluster config's
     profiles (built once)."""
 
     def __init__(self, config: ClusterConfig, cfg: ModelConfig) -> None:
         self.config = config
-        self._prefill_profiles = {
-            ClusterKind.PRFAAS: Profile.polynomial(config.profile.prfaas_prefill_s),
-            ClusterKind.PD: Profile.polynomial(config.profile.pd_prefill_s),
-        }
+        self._prefill_profiles = prefill_profiles(config)
         self._kv_profile = kv_size_profile(cfg, config.engine.max_len)
 
     def predict(
