@@ -266,7 +266,11 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     ) -> pb.PushStateReply:
         """A secondary stripe: its data frames wait for the request's primary stream."""
         rid, stripe, stripes = first.request_id, first.stripe, first.stripes
-        frames, arrivals, last = self._read(first, request_iterator, context)
+        try:
+            frames, arrivals, last = self._read(first, request_iterator, context)
+        except Exception:  # refused (too long): the primary must not wait for it either
+            self.stripes.fail(rid, stripes, f"stripe {stripe} of {stripes} was refused")
+            raise
         if not last:  # cut: the primary must not wait for it
             self.stripes.fail(rid, stripes, f"stripe {stripe} of {stripes} was cut")
             context.abort(grpc.StatusCode.CANCELLED, f"{rid}: stripe {stripe} was cut")
