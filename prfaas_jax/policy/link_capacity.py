@@ -47,11 +47,12 @@ def backlog_sample(frames: Iterable[FrameArrival], *, skip: float = 0.5) -> tupl
 
     Links deliver in clumps (a `tbf` releases a 64 KiB GSO segment at a time; the receiver reads
     several frames per wake-up): a clump's time is the gap before its first frame. So counting
-    starts at a frame whose gap is at least the mean gap — the start of a clump — never inside
-    one, which would credit a clump's later frames with no time. A frame reaches the receiver
-    whole, but the link carries it in pieces: the first counted frame may have been partly
-    delivered with the clump before, so half of its bytes count (the error stays within half
-    a frame either way).
+    starts at a frame whose gap is at least half what its bytes take at the mean pace (gap per
+    byte over the timed frames) — the start of a clump, or any frame of a smooth stream, small
+    ones included — never inside a clump, which would credit its later frames with no time.
+    A frame reaches the receiver whole, but the link carries it in pieces: the first counted
+    frame may have been partly delivered with the clump before, so half of its bytes count
+    (the error stays within half a frame either way).
     """
     if not 0 <= skip < 1:
         raise ValueError(f"skip must be in [0, 1), got {skip}")
@@ -62,12 +63,13 @@ def backlog_sample(frames: Iterable[FrameArrival], *, skip: float = 0.5) -> tupl
     ]
     if not timed:
         return 0, 0.0
-    mean_gap = sum(gap for _, gap in timed) / len(timed)
-    start, before, counting = skip * sum(n for n, _ in timed), 0, False
+    total = sum(n for n, _ in timed)
+    pace = sum(gap for _, gap in timed) / total if total else 0.0  # seconds per byte
+    start, before, counting = skip * total, 0, False
     nbytes, seconds = 0, 0.0
     for size, gap in timed:
         counted = size
-        if not counting and before >= start and gap >= mean_gap:
+        if not counting and before >= start and gap >= 0.5 * pace * size:
             # The clump's first frame straddles the interval's start: the link may have
             # carried part of it before the previous clump arrived. Count half of it.
             counting, counted = True, size // 2

@@ -39,7 +39,15 @@ def _config(root):
         link={"bandwidth_mbps": CONFIGURED * 8 / 1e6, "latency_ms": 0.0},
         engine={"max_len": 4096, "max_slots": 8},
         router={"threshold": 64, "control_period_s": PERIOD_S, "max_in_flight": 64},
-        controller={"enabled": True, "min_samples": 4, "resolve_every_s": 1000.0},
+        # Only the capacity can trigger a solve here: the queues may surge under the cut, and
+        # that would raise t too, but this test is about the learned capacity.
+        controller={
+            "enabled": True,
+            "min_samples": 4,
+            "resolve_every_s": 1000.0,
+            "queue_surge": 1000,
+            "high_utilization": 0.99,
+        },
     )
 
 

@@ -35,11 +35,12 @@ REPLY = 4
 
 
 @contextlib.contextmanager
-def cluster(tmp_path, **router) -> Iterator[tuple[pb_grpc.RouterStub, dict]]:
+def cluster(tmp_path, link=None, **router) -> Iterator[tuple[pb_grpc.RouterStub, dict]]:
     config = fake_config(
         tmp_path / "cluster.toml",
         prefix_cache={"enabled": True, "capacity_mib": 4.0, "block_size": 8},
         router=router,
+        link=link or {},
     )
     with (
         ClusterProcesses(config, log_dir=tmp_path / "logs") as processes,
@@ -121,10 +122,11 @@ def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
 
 
 def test_the_auto_rule_moves_the_prefix_when_the_link_beats_recomputing_it(tmp_path):
-    """The default rule: the 100-token prefix's 25.6 KB cross a 2 MB/s link in 12.8 ms, less
-    than the 25 ms PD would prefill them (tests/serving/test_cache_rule.py), so turn 2 goes
-    local with the prefix moved, as under the abundant rule."""
-    with cluster(tmp_path) as (router, ready):
+    """The default rule: the 100-token prefix's 25.6 KB cross an 8 MB/s link in 3.2 ms (6.4 ms
+    should the learned capacity read half of it), less than the 25 ms PD would prefill them
+    (tests/serving/test_cache_rule.py), so turn 2 goes local with the prefix moved, as under
+    the abundant rule."""
+    with cluster(tmp_path, link={"bandwidth_mbps": 64.0, "latency_ms": 0.0}) as (router, ready):
         _, second = conversation(router)
         report, _ = turn(router, second)
         assert (report.route, report.cached_len, report.uncached_len) == ("pd", 100, 16)

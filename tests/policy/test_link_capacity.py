@@ -18,16 +18,31 @@ def test_a_sample_times_the_later_half_of_the_frames_that_queued_behind_another(
         FrameArrival(0.055, 6_000, True, 0.055),  # read in one batch with the previous one
         FrameArrival(0.070, 2_000, True, 0.062),  # another transfer's frame arrived at 62 ms
     ]
-    # Timed: 5,000 B in 10 ms, 4,000 B in 5 ms, 6,000 B in 0 ms, 2,000 B in 8 ms; the mean gap
-    # is 5.75 ms. From the first frame: half of its 5,000 B (it straddles the start), the rest.
+    # Timed: 5,000 B in 10 ms, 4,000 B in 5 ms, 6,000 B in 0 ms, 2,000 B in 8 ms: a mean pace
+    # of 23 ms / 17,000 B. From the first frame (10 ms ≥ half of 5,000 B at that pace): half of
+    # its 5,000 B (it straddles the start), then the rest.
     assert backlog_sample(frames, skip=0.0) == (14_500, pytest.approx(0.023))
-    # Past 8,500 of the 17,000 timed bytes, the first frame whose gap is at least the mean is
-    # the last one (the 6,000-B frame lies inside the clump before it): half of its bytes.
+    # Past 8,500 of the 17,000 timed bytes, the first frame whose gap is at least half its
+    # bytes' time at the mean pace is the last one (the 6,000-B frame lies inside the clump
+    # before it, 0 ms): half of its bytes.
     assert backlog_sample(frames) == (1_000, pytest.approx(0.008))
     assert backlog_sample(frames[:1]) == (0, 0.0)
     assert backlog_sample([FrameArrival(1.0, 9, True, None)]) == (0, 0.0)  # nothing to follow
     with pytest.raises(ValueError, match="skip"):
         backlog_sample(frames, skip=1.0)
+
+
+def test_small_frames_of_a_smooth_stream_are_timed():
+    """A state's tail of small fixed-size frames at 1 MB/s: short gaps, but each its bytes'
+    time. They must count, not be taken for the inside of a clump."""
+    sizes = [16_000, 16_000, 16_000, 3_000, 2_000, 1_000, 2_000, 1_000, 2_000, 1_000]
+    frames, at = [FrameArrival(0.0, 500, False, None)], 0.0
+    for size in sizes:
+        frames.append(FrameArrival(at + size / 1e6, size, True, at))
+        at += size / 1e6
+    # Past 30,000 of the 60,000 timed bytes: the third 16,000-B frame (counted half, as the
+    # first of the interval), then every small one — 20,000 B in 28 ms, half a frame low.
+    assert backlog_sample(frames) == (20_000, pytest.approx(0.028))
 
 
 def test_a_link_that_delivers_in_clumps_is_timed_from_a_clump_start():

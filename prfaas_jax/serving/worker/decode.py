@@ -242,6 +242,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             self.kv_cache.keep(reserved, state, saved)  # type: ignore[union-attr]
         # The sender learns its link's capacity from this (policy/link_capacity.py).
         backlog_bytes, backlog_s = backlog_sample(arrivals)
+
         return pb.PushStateReply(
             state_bytes=state_bytes,
             frames=len(frames),
