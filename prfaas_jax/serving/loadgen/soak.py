@@ -141,7 +141,10 @@ class _Killer(threading.Thread):
                 names = self._busiest_first(names)
             for name in names:
                 pid = self.cluster.worker_pid(name)
-                if pid is None:
+                # The pid of the instance's serving process; a replacement still booting (a
+                # slow machine) has another, and killing it would count a kill no restart answers.
+                assert self.cluster.ready is not None
+                if pid is None or pid != self.cluster.ready["workers"][name]["pid"]:
                     continue  # being replaced: try another instance of the role
                 try:
                     os.kill(pid, signal.SIGKILL)
