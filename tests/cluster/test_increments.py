@@ -31,6 +31,7 @@ ROW_BYTES = (CFG.mla.kv_lora_rank + CFG.mla.qk_rope_head_dim) * {"float32": 4, "
 
 
 def test_a_conversation_ships_only_the_increment_from_its_second_turn(tmp_path):
+    """…and a prefill refuses a base outside its prompt."""
     assert [kind for kind in CFG.layers].count(LayerKind.MLA) == 1
     config = fake_config(
         tmp_path / "cluster.toml",
@@ -57,6 +58,20 @@ def test_a_conversation_ships_only_the_increment_from_its_second_turn(tmp_path):
                 rows.append((len(prompt), reply.report, egress))
                 prompt = prompt + reply.tokens + [(3 * i) % 250 + 1 for i in range(NEW)]
             stats = router.GetStats(pb.GetStatsRequest())
+        # A base outside the prompt is refused: the last prompt position always travels.
+        with grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"]) as channel:
+            prefill = pb_grpc.PrefillWorkerStub(channel)
+            for held in (-1, 100):
+                request = pb.PrefillRequest(
+                    request_id=f"bad-{held}",
+                    prompt_token_ids=list(range(1, 101)),
+                    decode_address=ready["workers"]["pd-1"]["address"],
+                    decode_cached_len=held,
+                )
+                with pytest.raises(grpc.RpcError) as err:
+                    prefill.Prefill(request, timeout=30)
+                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert "decode_cached_len" in err.value.details()
     previous = 0
     for length, report, egress in rows:
         held = previous // BLOCK * BLOCK  # the previous prompt's full blocks
@@ -87,23 +102,3 @@ def test_without_a_cache_every_state_comes_whole(tmp_path):
     for reply, length in ((first, 100), (second, 100 + REPLY + NEW)):
         assert reply.report.decode_cached_len == 0 and reply.report.saved_bytes == 0
         assert reply.report.state_bytes == state_nbytes(CFG, length)
-
-
-def test_a_prefill_refuses_a_base_outside_the_prompt(tmp_path):
-    config = fake_config(tmp_path / "cluster.toml")
-    with ClusterProcesses(config, log_dir=tmp_path / "logs") as processes:
-        ready = processes.start()
-        address = ready["workers"]["prfaas-0"]["address"]
-        with grpc.insecure_channel(address) as channel:
-            stub = pb_grpc.PrefillWorkerStub(channel)
-            for held in (-1, 100):  # the last prompt position always travels
-                request = pb.PrefillRequest(
-                    request_id=f"r{held}",
-                    prompt_token_ids=list(range(1, 101)),
-                    decode_address=ready["workers"]["pd-1"]["address"],
-                    decode_cached_len=held,
-                )
-                with pytest.raises(grpc.RpcError) as err:
-                    stub.Prefill(request, timeout=30)
-                assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-                assert "decode_cached_len" in err.value.details()
