@@ -204,17 +204,11 @@ class PrefixCache:
         the last token (no checkpoint needed: a transfer brings the fixed-size state). Host
         arrays that stay valid after an eviction; length 0 when nothing is cached."""
         with self._lock:
-            node, path, bs = self._root, [], self.block_size
-            for depth, key in enumerate(block_hashes(tokens[: len(tokens) - 1], bs)):
-                child = node.children.get(key)
-                if child is None or child.tokens != tuple(tokens[depth * bs : (depth + 1) * bs]):
-                    break
-                path.append(child)
-                node = child
+            path = self._path(tokens[: len(tokens) - 1])
             now = next(self._clock)
             for block in path:
                 block.last_used = now
-        length = len(path) * bs
+        length = len(path) * self.block_size
         if not path:
             return KvPrefix(0, {})
         growing = [spec for spec in canonical_tensors(self.cfg, length) if _is_growing(spec)]
@@ -224,26 +218,29 @@ class PrefixCache:
         }
         return KvPrefix(length, rows)
 
+    def _path(self, tokens: Sequence[int]) -> list[_Block]:
+        """The cached full blocks that start ``tokens``, in order (caller holds the lock)."""
+        node, path, bs = self._root, [], self.block_size
+        for depth, key in enumerate(block_hashes(tokens, bs)):
+            child = node.children.get(key)
+            if child is None or child.tokens != tuple(tokens[depth * bs : (depth + 1) * bs]):
+                break
+            path.append(child)
+            node = child
+        return path
+
     def _find(self, tokens: Sequence[int]) -> PrefixHit | None:
         limit, bs = len(tokens) - 1, self.block_size
         best: PrefixHit | None = None
-        path: list[_Block] = []
-        node = self._root
-        hashes = block_hashes(tokens[:limit], bs)
-        for depth in range(len(hashes) + 1):
+        path = self._path(tokens[:limit])
+        # A checkpoint hangs off the root or off a block of the path, `depth` blocks deep.
+        for depth, node in enumerate([self._root, *path]):
             start = depth * bs
             for tail, checkpoint in node.checkpoints.items():
                 end = start + len(tail)
                 longer = best is None or end > best.length
                 if longer and end <= limit and tuple(tokens[start:end]) == tail:
-                    best = PrefixHit(end, tuple(path), checkpoint)
-            if depth == len(hashes):
-                break
-            child = node.children.get(hashes[depth])
-            if child is None or child.tokens != tuple(tokens[start : start + bs]):
-                break
-            path.append(child)
-            node = child
+                    best = PrefixHit(end, tuple(path[:depth]), checkpoint)
         return best
 
     def build_state(self, hit: PrefixHit, capacity: int) -> ModelState:

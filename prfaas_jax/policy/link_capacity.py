@@ -4,10 +4,10 @@ Also `FrameArrival` and `backlog_sample`, which turn one transfer into a sample.
 
 A state transfer is a run of frames. The sender marks each frame that was already made when the
 previous one of its transfer left (`queued`): the link had a backlog, so the time since the
-previous frame *from that sender* arrived (of this transfer or of another one sharing the
-connection) is the link's time for this frame — whatever the link is (a kernel `tbf`, a token
-bucket in the sender, a real WAN). Frames that waited for the model instead (the link idle
-before them) say nothing about the link and are left out. One transfer's sample is
+previous frame *from that sender* arrived (of this transfer, another stripe of it, or another
+transfer that overlaps it) is the link's time for this frame — whatever the link is (a kernel
+`tbf`, a token bucket in the sender, a real WAN). Frames that waited for the model instead (the
+link idle before them) say nothing about the link and are left out. One transfer's sample is
 
     bytes of its timed frames  /  the sum of their inter-arrival times
 

@@ -238,11 +238,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 req.move(Phase.PARKED)
         if reserved is not None and length == len(reserved.tokens):
             # This state's KV serves the prompt's next turn (serving/worker/decode_cache.py).
-            saved = state_nbytes(self.cfg, length) - state_bytes
-            self.kv_cache.keep(reserved, state, saved)  # type: ignore[union-attr]
+            self.kv_cache.keep(reserved, state)  # type: ignore[union-attr]
         # The sender learns its link's capacity from this (policy/link_capacity.py).
         backlog_bytes, backlog_s = backlog_sample(arrivals)
-
         return pb.PushStateReply(
             state_bytes=state_bytes,
             frames=len(frames),

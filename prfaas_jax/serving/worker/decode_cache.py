@@ -37,20 +37,11 @@ class Reservation:
     at: float
 
 
-@dataclasses.dataclass
-class DecodeKvStats:
-    reservations: int = 0
-    hits: int = 0  # reservations with a cached prefix
-    reused_tokens: int = 0  # positions stitched from the cache into received states
-    saved_bytes: int = 0  # state payload bytes those positions did not cost the link
-
-
 class DecodeKvCache:
     """Received KV by prompt, and the reservations for states on their way (module docstring)."""
 
     def __init__(self, cache: PrefixCache, *, hold_s: float = 120.0) -> None:
         self.cache, self.hold_s = cache, hold_s
-        self.stats = DecodeKvStats()
         self._lock = threading.Lock()
         self._reserved: dict[str, Reservation] = {}
 
@@ -62,8 +53,6 @@ class DecodeKvCache:
             for stale in [r for r, v in self._reserved.items() if now - v.at > self.hold_s]:
                 del self._reserved[stale]
             self._reserved[request_id] = Reservation(tuple(tokens), prefix, now)
-            self.stats.reservations += 1
-            self.stats.hits += prefix.length > 0
         return prefix.length
 
     def take(self, request_id: str) -> Reservation | None:
@@ -71,12 +60,10 @@ class DecodeKvCache:
         with self._lock:
             return self._reserved.pop(request_id, None)
 
-    def keep(self, reservation: Reservation, state: ModelState, saved_bytes: int) -> None:
-        """Cache the KV of a state received for ``reservation``'s prompt; count what it saved."""
+    def keep(self, reservation: Reservation, state: ModelState) -> None:
+        """Cache the KV of a state received for ``reservation``'s prompt (what it saved the
+        link is the router's count: `RequestReport.saved_bytes`)."""
         self.cache.insert(reservation.tokens, state, kv_only=True)
-        with self._lock:
-            self.stats.reused_tokens += reservation.prefix.length
-            self.stats.saved_bytes += saved_bytes
 
 
 def build_decode_kv_cache(cfg: ModelConfig, config: ClusterConfig) -> DecodeKvCache | None:
