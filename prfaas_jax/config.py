@@ -34,6 +34,14 @@ from prfaas_jax.toml_config import config_dir as config_dir  # part of this modu
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+class Impl(enum.StrEnum):
+    """Which implementation of each op a model runs (`prfaas_jax.ops.dispatch`)."""
+
+    REFERENCE = "reference"
+    CHUNK = "chunk"
+    PALLAS = "pallas"
+
+
 class LayerKind(enum.StrEnum):
     KDA = "kda"
     GDN = "gdn"

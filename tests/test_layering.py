@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -22,6 +24,8 @@ RANK = {
     "config": 0,
     "toml_config": 0,
     "tables": 0,
+    "mesh_spec": 0,
+    "state_bytes": 0,
     "ops": 1,
     "model": 2,
     "train": 3,
@@ -52,6 +56,8 @@ FORBIDDEN = {
     "config": {"jax", "grpc"},
     "toml_config": {"jax", "grpc"},
     "tables": {"jax", "grpc"},
+    "mesh_spec": {"jax", "grpc"},
+    "state_bytes": {"jax", "grpc"},
     "ops": {"grpc"},
     "model": {"grpc"},
     "train": {"grpc"},
@@ -150,3 +156,29 @@ def test_relative_imports_are_resolved():
     probe = PACKAGE / "serving" / "router" / "core.py"
     tree_names = _imports(probe)
     assert all(not n.startswith(".") for n in tree_names)
+
+
+# What `prfaas serve` runs besides the JAX workers, and what a fake-engine worker loads: the
+# packages each may not import.
+JAX_STACK = ("jax", "jaxlib", "flax", "optax", "orbax", "einops", "ml_dtypes")
+LEAN_ENTRY_POINTS = {
+    "prfaas_jax.serving.router.main": JAX_STACK,
+    "prfaas_jax.serving.cluster.launcher": JAX_STACK,
+    # A fake-engine worker needs JAX for its state pytrees, never the model's Flax modules.
+    "prfaas_jax.serving.worker.main": ("flax", "optax", "orbax"),
+    "prfaas_jax.engine.fake": ("flax", "optax", "orbax"),
+}
+
+
+@pytest.mark.parametrize("module", sorted(LEAN_ENTRY_POINTS))
+def test_the_control_processes_import_only_what_they_run(module):
+    """The router and the launcher import with JAX made unimportable, a fake-engine worker with
+    Flax made unimportable: a cluster's control processes start in a fraction of a second,
+    and the fake clusters of the tests pay for JAX's import only."""
+    probe = (
+        "import importlib, sys\n"
+        f"for name in {LEAN_ENTRY_POINTS[module]!r}: sys.modules[name] = None\n"
+        f"importlib.import_module({module!r})\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -15,7 +15,7 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.generate import generate, prompt_logits
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer, check_byte_vocab
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.sharding import make_mesh

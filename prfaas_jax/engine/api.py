@@ -1,7 +1,8 @@
 """The engine interface the serving plane drives: `PrefillEngineLike` and `DecodeEngineLike`.
 
 Also exposes `PrefillOutput` (what a prefill returns that its callers read), `OnChunk` (the
-per-chunk callback) and `OnLayers` (the per-layer-group one). Two engines satisfy each
+per-chunk callback), `OnLayers` (the per-layer-group one) and `split_layers` (the groups
+both engines stream a state in). Two engines satisfy each
 protocol: the JAX engines (engine/prefill.py: `PrefillEngine`, engine/decode.py:
 `DecodeEngine`) and the hand-computable fakes (engine/fake.py), so a worker, the prefix
 cache's `CachedPrefill` and the tests accept either. The protocols hold only what those
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.model.state import ModelState
 
 OnChunk = Callable[[ModelState, int], None]
@@ -110,3 +111,16 @@ class DecodeEngineLike(Protocol):
     def free(self, slot: int) -> None:
         """Release the slot, finished or not."""
         ...
+
+
+def split_layers(num_layers: int, groups: int) -> tuple[range, ...]:
+    """``num_layers`` layers cut into ``groups`` consecutive ranges of near-equal size (the
+    first ones one layer longer), at most one per layer."""
+    groups = max(1, min(groups, num_layers))
+    size, extra = divmod(num_layers, groups)
+    bounds, start = [], 0
+    for g in range(groups):
+        stop = start + size + (g < extra)
+        bounds.append(range(start, stop))
+        start = stop
+    return tuple(bounds)

@@ -39,7 +39,7 @@ import numpy as np
 
 from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.prefix_cache import PrefixCache
-from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import ModelState
 

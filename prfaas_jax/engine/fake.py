@@ -50,14 +50,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.api import split_layers
 from prfaas_jax.engine.codec.layout import (
     TensorSpec,
     canonical_arrays,
     canonical_tensors,
     state_from_arrays,
 )
-from prfaas_jax.engine.prefill import split_layers
-from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState
 

@@ -19,7 +19,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.prefill import PrefillEngine
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model import init_state, prefill
 from prfaas_jax.ops.dispatch import Impl

@@ -37,6 +37,7 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
+from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
 from prfaas_jax.engine.capacity import fresh_state, with_capacity
 from prfaas_jax.engine.sampling import (
     GREEDY,
@@ -129,19 +130,6 @@ _PREFILL_GROUP = jax.jit(
     _prefill_group, static_argnames=("cfg", "start", "impl"), donate_argnums=(2,)
 )
 _DRAW_TOKENS = jax.jit(draw_tokens)
-
-
-def split_layers(num_layers: int, groups: int) -> tuple[range, ...]:
-    """``num_layers`` layers cut into ``groups`` consecutive ranges of near-equal size (the
-    first ones one layer longer), at most one per layer."""
-    groups = max(1, min(groups, num_layers))
-    size, extra = divmod(num_layers, groups)
-    bounds, start = [], 0
-    for g in range(groups):
-        stop = start + size + (g < extra)
-        bounds.append(range(start, stop))
-        start = stop
-    return tuple(bounds)
 
 
 class PrefillEngine:

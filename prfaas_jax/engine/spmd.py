@@ -38,7 +38,7 @@ import numpy as np
 from jax._src import distributed  # the coordination service's client: no public handle yet
 
 from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
-from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, UserError
 from prfaas_jax.model.state import ModelState
 

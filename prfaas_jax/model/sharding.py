@@ -32,7 +32,6 @@ whole (docs/sharding.md).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 
@@ -42,7 +41,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from prfaas_jax.config import LayerKind, ModelConfig
-from prfaas_jax.errors import UserError
+from prfaas_jax.mesh_spec import MESH_AXES, MeshError, MeshSpec, parse_mesh_spec
 from prfaas_jax.model.hybrid import Params, param_specs
 from prfaas_jax.model.state import (
     DeltaState,
@@ -53,55 +52,8 @@ from prfaas_jax.model.state import (
     WindowKvState,
 )
 
-MESH_AXES = ("data", "expert", "tensor")
 _DELTA = (LayerKind.KDA, LayerKind.GDN)
 _SOFTMAX = (LayerKind.GQA, LayerKind.SWA)
-
-
-class MeshError(UserError, ValueError):
-    """A mesh spec that is malformed or does not fit the visible devices."""
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshSpec:
-    tensor: int = 1
-    expert: int = 1
-    data: int = 1
-
-    def __post_init__(self) -> None:
-        for axis in MESH_AXES:
-            if getattr(self, axis) < 1:
-                raise MeshError(f"mesh axis {axis} must be ≥ 1, got {getattr(self, axis)}")
-
-    @property
-    def num_devices(self) -> int:
-        return self.data * self.expert * self.tensor
-
-    def __str__(self) -> str:
-        return ",".join(f"{axis}={getattr(self, axis)}" for axis in ("tensor", "expert", "data"))
-
-
-def parse_mesh_spec(text: str) -> MeshSpec:
-    """``"tensor=4,expert=2"`` → ``MeshSpec(tensor=4, expert=2)``; unknown or repeated axes,
-    and sizes that are not positive integers, raise ``MeshError``."""
-    sizes: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or name not in MESH_AXES:
-            raise MeshError(
-                f"bad mesh entry {item!r} in {text!r}: expected AXIS=N with AXIS one of "
-                f"{', '.join(MESH_AXES)} (e.g. tensor=4,expert=2)"
-            )
-        if name in sizes:
-            raise MeshError(f"mesh axis {name} given twice in {text!r}")
-        try:
-            sizes[name] = int(value)
-        except ValueError:
-            raise MeshError(f"mesh axis {name} needs an integer size, got {value!r}") from None
-    if not sizes:
-        raise MeshError(f"empty mesh spec {text!r}: expected e.g. tensor=4")
-    return MeshSpec(**sizes)
 
 
 def initialize_distributed() -> bool:

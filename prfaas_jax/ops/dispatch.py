@@ -10,9 +10,9 @@ a flash kernel (prefill) and an absorbed-MLA decode kernel under ``pallas``.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 
+from prfaas_jax.config import Impl
 from prfaas_jax.ops.attention import (
     attention,
     flash_attention,
@@ -28,13 +28,6 @@ from prfaas_jax.ops.delta_rule import (
     kda_reference,
 )
 from prfaas_jax.ops.lightning import lightning_chunk, lightning_pallas, lightning_reference
-
-
-class Impl(enum.StrEnum):
-    REFERENCE = "reference"
-    CHUNK = "chunk"
-    PALLAS = "pallas"
-
 
 _TABLE: dict[tuple[str, Impl], Callable] = {
     ("kda", Impl.REFERENCE): kda_reference,

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from prfaas_jax.model.sharding import parse_mesh_spec
+from prfaas_jax.mesh_spec import parse_mesh_spec
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates

@@ -17,8 +17,8 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from prfaas_jax.config import Impl
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.threshold_controller import ControllerConfig
 

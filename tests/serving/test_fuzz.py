@@ -40,7 +40,8 @@ from prfaas_jax.engine.codec.format import (
 )
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
-from prfaas_jax.engine.sampling import INT32_MAX, SamplingParams, request_key, sampling_knobs
+from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_knobs
+from prfaas_jax.engine.sampling_params import INT32_MAX
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config

@@ -34,7 +34,7 @@ from prfaas_jax.engine.fake import (
     FakePrefillResult,
     fake_tokens,
 )
-from prfaas_jax.engine.sampling import INT32_MAX
+from prfaas_jax.engine.sampling_params import INT32_MAX
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.routing import Role

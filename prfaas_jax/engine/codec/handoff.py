@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from prfaas_jax.engine.codec.format import StateDecodeError
 from prfaas_jax.engine.codec.wire import inspect
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import UserError
 
 HANDOFF_MAGIC = b"PRFH"

@@ -55,7 +55,6 @@ import grpc
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
-from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.admission import (
     admit,
 )
@@ -91,6 +90,7 @@ from prfaas_jax.serving.transport.messages import (
     sampling_to_proto,
 )
 from prfaas_jax.serving.transport.watchdog import Watchdog
+from prfaas_jax.state_bytes import state_nbytes
 
 PROBE_TIMEOUT_S = 0.5
 log = logging.getLogger("prfaas.router")

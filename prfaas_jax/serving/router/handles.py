@@ -13,7 +13,6 @@ from collections.abc import Mapping, Sequence
 import grpc
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.admission import (
     DecodeBacklog,
     LinkCost,
@@ -30,6 +29,7 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport import security as transport
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS
+from prfaas_jax.state_bytes import state_nbytes
 
 log = logging.getLogger("prfaas.router")
 LOOKUP_TIMEOUT_S = 1.0

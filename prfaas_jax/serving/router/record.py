@@ -20,7 +20,7 @@ import threading
 
 import grpc
 
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0

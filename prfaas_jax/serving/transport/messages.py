@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.proto import prfaas_pb2 as pb

@@ -22,7 +22,7 @@ import dataclasses
 import enum
 import queue
 
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.model.state import ModelState
 
 

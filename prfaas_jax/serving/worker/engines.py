@@ -20,10 +20,9 @@ import logging
 import threading
 import time
 
-from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.config import Impl, ModelConfig, load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
-from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.serving.cluster_config import ClusterConfig
 
 log = logging.getLogger(__name__)

@@ -58,7 +58,7 @@ from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
-from prfaas_jax.engine.sampling import SamplingParams
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.policy.link_capacity import CapacityMeter
