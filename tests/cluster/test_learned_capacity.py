@@ -1,8 +1,8 @@
 """The link capacity the router learns from the transfers themselves, on a link the kernel
 shapes (`--netns`, fake engines, real processes): reshaping the veth to R (behind the workers'
 backs), the learned capacity comes within 15 % of R after a handful of transfers — the config
-says 5× R — and cutting R by 8× raises t within a few control periods of the first transfer
-that sees it, with every request answered. The kernel's TCP counters of the PrfaaS namespace
+says 5× R — and cutting R by 8× raises t within the first few transfers that see it, with
+every request answered. The kernel's TCP counters of the PrfaaS namespace
 reach the router."""
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def test_the_router_learns_the_shaped_rate_and_a_cut_raises_t(tmp_path):
             cut_at = time.monotonic()
             cluster.topology.set_rate(RATE / 8)
             while stats().threshold <= t_before:
-                assert time.monotonic() - cut_at < 10.0, "t did not rise"
+                assert time.monotonic() - cut_at < 30.0, "t did not rise"
                 time.sleep(0.05)
             raised_after = time.monotonic() - cut_at
             cut = stats()
@@ -115,11 +115,13 @@ def test_the_router_learns_the_shaped_rate_and_a_cut_raises_t(tmp_path):
         finally:
             load.finish()
             channel.close()
+    samples_after_cut = cut.link_capacity_samples - learned.link_capacity_samples
     print(
         f"learned {learned.link_capacity_bytes_per_s:,.0f} B/s from "
         f"{learned.link_capacity_samples} transfers, shaped to {RATE:,.0f} (configured "
         f"{CONFIGURED:,.0f}); cut to {RATE / 8:,.0f}: t {t_before:.0f} → {cut.threshold:.0f} "
-        f"after {raised_after:.2f} s, learned {cut.link_capacity_bytes_per_s:,.0f} B/s"
+        f"after {raised_after:.2f} s and {samples_after_cut} transfers, learned "
+        f"{cut.link_capacity_bytes_per_s:,.0f} B/s"
     )
     assert load.errors == [] and len(load.routes) == len(load.threads)  # no request lost
     assert learned.link_capacity_samples >= 5
@@ -127,9 +129,10 @@ def test_the_router_learns_the_shaped_rate_and_a_cut_raises_t(tmp_path):
     assert t_before < PROMPT_LEN <= cut.threshold  # offloaded before, kept local after
     assert cut.last_threshold_reason == "capacity"
     assert cut.link_capacity_bytes_per_s < 0.8 * learned.link_capacity_bytes_per_s
-    # Within a few control periods of the first transfer made after the cut: a 330 KB state
-    # takes 1.3 s at R / 8, behind at most one other in flight (2 requests/s).
-    assert raised_after < 2 * 1.3 + 6 * PERIOD_S
+    # On the first transfers that see the cut, counted in transfers rather than seconds (the
+    # machine's load sets the seconds): the one straddling the cut and at most four made at
+    # R / 8 (a 330 KB state takes 1.3 s there; quiet runs rise after two or three in all).
+    assert 1 <= samples_after_cut <= 5
     # The PrfaaS namespace's TCP counters reach the router: between the kernel's own counts
     # read before the load and after the cut.
     [worker] = [w for w in cut.workers if w.name == "prfaas-0"]
