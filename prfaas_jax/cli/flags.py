@@ -1,7 +1,9 @@
 """Flag groups several commands share, and what reads them back.
 
-`add_model_flags` (--model, --seed), `add_prompt_flags` (--prompt-ids | --prompt),
-`add_sampling_flags` (--temperature, --top-k, --top-p, --sample-seed), `add_impl_flag`,
+`add_model_flags` (--model, --seed), `add_prompt_flags` (--prompt-ids | --prompt |
+--prompt-ids-file | --prompt-file),
+`add_sampling_flags` (--temperature, --top-k, --top-p, --sample-seed), `add_max_len_flag`,
+`add_impl_flag`,
 `add_mesh_flag`, `add_compile_cache_flag` (read back by `use_compile_cache`) and `add_json_flag`
 declare them; `parse_int_list` is the type of comma-separated integer flags, `print_json` writes a
 ``--json`` payload to stdout. Declaring a group in one place
@@ -13,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+from prfaas_jax.config import Impl
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -40,9 +44,31 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_prompt_flags(p: argparse.ArgumentParser) -> None:
+    """One prompt, four ways; `cli.prompt_input.prompt_from_args` reads them back."""
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt-ids", type=parse_int_list, help="comma-separated token ids")
     prompt.add_argument("--prompt", help="text, encoded with the byte-level tokenizer")
+    prompt.add_argument(
+        "--prompt-ids-file",
+        metavar="FILE",
+        help="token ids from FILE ('-': stdin): integers separated by commas or whitespace, or "
+        "a 1-D integer .npy array (for prompts too long for a command line)",
+    )
+    prompt.add_argument(
+        "--prompt-file",
+        metavar="FILE",
+        help="text from FILE ('-': stdin), encoded like --prompt",
+    )
+
+
+def add_max_len_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--max-len",
+        type=int,
+        metavar="N",
+        help="tokens (prompt + new) this run may hold, in place of the model's max_len: "
+        "raise it for long prompts on a small preset (default: the model's)",
+    )
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -56,8 +82,7 @@ def add_impl_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--impl",
         default="chunk",
-        # ops.dispatch.Impl's values, spelled out: importing it would load JAX for --help.
-        choices=["reference", "chunk", "pallas"],
+        choices=[impl.value for impl in Impl],
         help="op implementation: token-by-token reference, chunked (default) or Pallas kernels "
         "(interpreted on CPU, compiled on GPU/TPU)",
     )

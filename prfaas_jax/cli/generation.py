@@ -2,9 +2,10 @@
 
 Weights come from a preset and a seed, or — ``--hf DIR`` / ``--checkpoint DIR`` — from a Hugging
 Face or orbax checkpoint (model/weights.py); the prompt from ``--prompt-ids``, ``--prompt`` (the
-byte-level tokenizer) or a default text. The tokens come from engine/generate.py's `generate`
-(prefill engine, then a one-slot decode engine); ``--dump-logits`` saves `prompt_logits`.
-`prompt_ids` and `sampling_params` also serve `prfaas prefill` (cli/state_files.py).
+byte-level tokenizer), a file of either (cli/prompt_input.py) or a default text. The tokens
+come from engine/generate.py's `generate` (prefill engine, then a one-slot decode engine);
+``--dump-logits`` saves `prompt_logits`. `prompt_ids` and `sampling_params` also serve
+`prfaas prefill` (cli/state_files.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 
 import numpy as np
 
+from prfaas_jax.cli.prompt_input import prompt_digest
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.generate import generate, prompt_logits
 from prfaas_jax.engine.sampling_params import SamplingParams
@@ -42,6 +44,7 @@ class GenerateRequest:
     checkpoint: str | None = None  # weights from an orbax checkpoint (prfaas convert-hf)
     dump_logits: str | None = None  # .npy file for the prompt's logits [T, vocab] float32
     mesh: str | None = None  # device mesh spec, e.g. "tensor=4,expert=2" (model/sharding.py)
+    max_len: int | None = None  # in place of the model's max_len (--max-len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +56,21 @@ class GenerateResult:
     prefill_seconds: float
     decode_seconds: float
 
-    def to_json(self) -> dict:
-        return dataclasses.asdict(self)
+    def to_json(self, *, include_prompt: bool = False) -> dict:
+        """The result as JSON: the prompt by its length and `prompt_digest` (a 128K-token
+        prompt would otherwise be most of the output), its ids too with ``include_prompt``."""
+        payload = dataclasses.asdict(self)
+        ids = payload.pop("prompt_ids")
+        prompt = {"prompt_len": len(ids), "prompt_sha256": prompt_digest(ids)}
+        if include_prompt:
+            prompt["prompt_ids"] = ids
+        return {"model": payload.pop("model"), **prompt, **payload}
 
     def to_table(self) -> str:
         rows = [
             ("model", self.model),
             ("prompt tokens", len(self.prompt_ids)),
+            ("prompt sha256", prompt_digest(self.prompt_ids)[:16]),
             ("new tokens", ",".join(map(str, self.tokens))),
             ("prefill (s, incl. compile)", f"{self.prefill_seconds:.3f}"),
             ("decode (s, incl. compile)", f"{self.decode_seconds:.3f}"),
@@ -86,6 +97,16 @@ def prompt_ids(request: GenerateRequest, cfg: ModelConfig) -> list[int]:
     return ids
 
 
+def with_max_len(cfg: ModelConfig, max_len: int | None) -> ModelConfig:
+    """``cfg`` holding up to ``max_len`` tokens (unchanged for None). The limit is not part of
+    the model (`ModelConfig.fingerprint` leaves it out): states stay exchangeable."""
+    if max_len is None:
+        return cfg
+    if max_len < 1:
+        raise UserError(f"--max-len must be at least 1, got {max_len}")
+    return dataclasses.replace(cfg, max_len=max_len)
+
+
 def sampling_params(request: GenerateRequest) -> SamplingParams:
     return SamplingParams(
         temperature=request.temperature,
@@ -107,6 +128,7 @@ def generate_from_preset(request: GenerateRequest) -> GenerateResult:
     cfg, params = load_model(
         request.model, seed=request.seed, hf_dir=request.hf_dir, checkpoint=request.checkpoint
     )
+    cfg = with_max_len(cfg, request.max_len)
     sampling = sampling_params(request)
     prompt = prompt_ids(request, cfg)
     mesh = make_mesh(request.mesh) if request.mesh else None

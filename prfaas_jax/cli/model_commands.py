@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from prfaas_jax.cli.flags import (
     add_impl_flag,
     add_json_flag,
+    add_max_len_flag,
     add_mesh_flag,
     add_model_flags,
     add_prompt_flags,
@@ -38,12 +39,14 @@ def _check_new_tokens(args: argparse.Namespace) -> None:
 
 def _request(args: argparse.Namespace, max_new_tokens: int = 1) -> GenerateRequest:
     from prfaas_jax.cli.generation import GenerateRequest
+    from prfaas_jax.cli.prompt_input import prompt_from_args
 
+    ids, text = prompt_from_args(args)
     return GenerateRequest(
         model=args.model,
         seed=args.seed,
-        prompt_ids=args.prompt_ids,
-        prompt_text=args.prompt,
+        prompt_ids=ids,
+        prompt_text=text,
         max_new_tokens=max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -51,6 +54,7 @@ def _request(args: argparse.Namespace, max_new_tokens: int = 1) -> GenerateReque
         sample_seed=args.sample_seed,
         impl=args.impl,
         mesh=args.mesh,
+        max_len=args.max_len,
     )
 
 
@@ -97,12 +101,18 @@ def add_generate(sub: argparse._SubParsersAction) -> None:
         "backend's own, docs/kernels.md)",
     )
     add_mesh_flag(p)
+    add_max_len_flag(p)
     p.add_argument(
         "--dump-logits",
         metavar="FILE.npy",
         help="also save the prompt's prefill logits [T, vocab] float32 to this .npy file",
     )
-    add_json_flag(p)
+    add_json_flag(p, help="print machine-readable JSON (the prompt as its length and SHA-256)")
+    p.add_argument(
+        "--include-prompt",
+        action="store_true",
+        help="with --json: list the prompt's token ids too",
+    )
     p.set_defaults(run=_run_generate)
 
 
@@ -110,6 +120,8 @@ def _run_generate(args: argparse.Namespace) -> int:
     from prfaas_jax.cli.generation import generate_from_preset
 
     _check_new_tokens(args)
+    if args.include_prompt and not args.json:
+        raise UserError("--include-prompt adds the prompt to the JSON output: it needs --json")
     if args.tiling != "auto" and args.impl != "pallas":
         raise UserError(f"--tiling {args.tiling} tiles Pallas kernels: it needs --impl pallas")
     request = dataclasses.replace(
@@ -122,7 +134,12 @@ def _run_generate(args: argparse.Namespace) -> int:
 
     tiling = contextlib.nullcontext() if args.tiling == "auto" else forced_tiling(args.tiling)
     with tiling:
-        return _print_result(args, generate_from_preset(request))
+        result = generate_from_preset(request)
+    if args.json:
+        print_json(result.to_json(include_prompt=args.include_prompt))
+    else:
+        print(result.to_table())
+    return 0
 
 
 def add_convert_hf(sub: argparse._SubParsersAction) -> None:
@@ -179,6 +196,7 @@ def add_prefill(sub: argparse._SubParsersAction) -> None:
     add_sampling_flags(p)
     add_impl_flag(p)
     add_mesh_flag(p)
+    add_max_len_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_run_prefill)
 
@@ -210,6 +228,7 @@ def add_decode(sub: argparse._SubParsersAction) -> None:
     )
     add_impl_flag(p)
     add_mesh_flag(p)
+    add_max_len_flag(p)
     add_json_flag(p)
     p.set_defaults(run=_run_decode)
 
@@ -225,6 +244,7 @@ def _run_decode(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         impl=args.impl,
         mesh=args.mesh,
+        max_len=args.max_len,
     )
     return _print_result(args, result)
 

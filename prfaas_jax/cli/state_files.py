@@ -15,7 +15,7 @@ import hashlib
 import os
 import time
 
-from prfaas_jax.cli.generation import GenerateRequest, prompt_ids, sampling_params
+from prfaas_jax.cli.generation import GenerateRequest, prompt_ids, sampling_params, with_max_len
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec.handoff import HANDOFF_MAGIC, Handoff, pack_handoff, split_handoff
@@ -68,6 +68,7 @@ def prefill_to_file(
     rather than random, and the same prefill writes the same bytes.
     """
     cfg, params = load_model(request.model, seed=request.seed)
+    cfg = with_max_len(cfg, request.max_len)
     prompt, sampling = prompt_ids(request, cfg), sampling_params(request)
     mesh = make_mesh(request.mesh) if request.mesh else None
     engine = PrefillEngine(cfg, params, impl=request.impl, chunk_len=chunk_len, mesh=mesh)
@@ -130,13 +131,14 @@ def decode_file(
     max_new_tokens: int = 16,
     impl: str = "chunk",
     mesh: str | None = None,
+    max_len: int | None = None,
 ) -> DecodeFileResult:
     """Continue the request in a `prefill_to_file` file for ``max_new_tokens`` more tokens.
 
     The file is layout-free: ``mesh`` (any spec, or none) need not match the prefill's.
     """
     start = time.perf_counter()
-    cfg = load_model_config(model)
+    cfg = with_max_len(load_model_config(model), max_len)
     state_frames, handoff = split_handoff(_read(path))
     length = codec.inspect(state_frames).length
     if length + max_new_tokens > cfg.max_len:
