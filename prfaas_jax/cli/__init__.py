@@ -3,9 +3,10 @@
 One module per command group declares its subcommands' flags and runs them:
 cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/training_commands.py
 (train), cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign,
-profile) and cli/serving_commands.py (demo, serve, bench, certs, soak); cli/flags.py holds the
-flag groups they share and cli/progress.py the progress display. Heavy imports (JAX, gRPC) happen
-only inside the run functions, so ``prfaas --help`` starts instantly.
+profile), cli/serving_commands.py (demo, serve, bench, certs, soak) and cli/chat_command.py
+(chat); cli/flags.py holds the flag groups they share, cli/prompt_input.py the prompts read
+from files and cli/progress.py the progress display. Heavy imports (JAX, gRPC) happen only
+inside the run functions, so ``prfaas --help`` starts instantly.
 
 `main` turns a `UserError` into one line on stderr and exit status 2, never a traceback.
 """
@@ -18,6 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from prfaas_jax.cli import (
+    chat_command,
     codesign_commands,
     model_commands,
     planning_commands,
@@ -44,6 +46,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     codesign_commands.add_profile,
     serving_commands.add_serve,
     serving_commands.add_bench,
+    chat_command.add_chat,
     serving_commands.add_certs,
     serving_commands.add_soak,
 )

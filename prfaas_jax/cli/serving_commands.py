@@ -31,6 +31,46 @@ def add_netns_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_router_flags(p: argparse.ArgumentParser, *, ready_file_help: str = "its router") -> None:
+    """--router ADDR | --ready-file F, one of them required (read back by `router_target`)."""
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--router", help="router address host:port")
+    target.add_argument(
+        "--ready-file", help=f"a `prfaas serve --ready-file` file: {ready_file_help}"
+    )
+
+
+def add_client_security_flags(p: argparse.ArgumentParser) -> None:
+    """How a client reaches a router behind `[security]` (read back by `client_security`)."""
+    p.add_argument(
+        "--ca-cert", default="", help="PEM CA that signed the router's certificate: use TLS"
+    )
+    p.add_argument(
+        "--token-file", default="", help="file holding the router's bearer token ([security])"
+    )
+    p.add_argument("--cert", default="", help="client certificate PEM, for a router without token")
+    p.add_argument("--key", default="", help="its private key PEM")
+
+
+def client_security(args: argparse.Namespace):
+    from prfaas_jax.serving.transport.security import client_section
+
+    return client_section(
+        ca_cert=args.ca_cert, cert=args.cert, key=args.key, token_file=args.token_file
+    )
+
+
+def read_ready_file(path: str) -> dict:
+    """A `prfaas serve --ready-file` file, with its router address checked."""
+    try:
+        ready = json.loads(Path(path).read_text())
+        if not isinstance(ready["router"], str):
+            raise TypeError("no router address in it")
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise UserError(f"cannot read the ready file {path}: {err}") from None
+    return ready
+
+
 def add_demo(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "demo",
@@ -76,9 +116,15 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         description="Start the router and one worker process per instance of the cluster "
         "config, wait until every server reports SERVING, write the ready file, and run until "
         "SIGINT or SIGTERM, then stop every process.",
-        epilog="example: prfaas serve --config configs/clusters/toy.toml --ready-file ready.json",
+        epilog="example: prfaas serve --ready-file ready.json, then in another shell: prfaas "
+        "chat --ready-file ready.json",
     )
-    p.add_argument("--config", required=True, help="cluster TOML (see configs/clusters/)")
+    p.add_argument(
+        "--config",
+        default="toy",
+        help="cluster config: a name under configs/clusters/ or a TOML path (default: toy, "
+        "the demo's cluster)",
+    )
     p.add_argument(
         "--ready-file",
         help="write JSON {router, metrics, model, seed, workers: {name: {address, pid, role}}} "
@@ -146,12 +192,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         "--request-rate 4 --burstiness 0.5 --goodput ttft:500 tpot:50; against "
         "`prfaas serve --netns --ready-file ready.json`: prfaas bench --ready-file ready.json",
     )
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--router", help="router address host:port")
-    target.add_argument(
-        "--ready-file",
-        help="a `prfaas serve --ready-file` file: its router, and under --netns its link device",
-    )
+    add_router_flags(p, ready_file_help="its router, and under --netns its link device")
     p.add_argument(
         "--link-device",
         type=_link_device,
@@ -206,14 +247,7 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:2000",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline in s")
-    p.add_argument(
-        "--ca-cert", default="", help="PEM CA that signed the router's certificate: use TLS"
-    )
-    p.add_argument(
-        "--token-file", default="", help="file holding the router's bearer token ([security])"
-    )
-    p.add_argument("--cert", default="", help="client certificate PEM, for a router without token")
-    p.add_argument("--key", default="", help="its private key PEM")
+    add_client_security_flags(p)
     add_json_flag(p)
     p.set_defaults(run=_run_bench)
 
@@ -233,11 +267,8 @@ def _bench_target(args: argparse.Namespace):
 
     if args.router:
         return args.router, args.link_device
-    try:
-        ready = json.loads(Path(args.ready_file).read_text())
-        router, netns = ready["router"], ready.get("netns")
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(f"cannot read the ready file {args.ready_file}: {err}") from None
+    ready = read_ready_file(args.ready_file)
+    router, netns = ready["router"], ready.get("netns")
     link = args.link_device
     if link is None and netns:
         link = LinkDevice(netns["link_device"], netns["prfaas_namespace"])
@@ -251,7 +282,6 @@ def _run_bench(args: argparse.Namespace) -> int:
         run_bench,
         summarize,
     )
-    from prfaas_jax.serving.transport.security import client_section
 
     router, link_device = _bench_target(args)
     opts = BenchOptions(
@@ -272,9 +302,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         percentiles=tuple(float(p) for p in args.metric_percentiles),
         goodput=_parse_goodput(args.goodput),
         timeout_s=args.timeout,
-        security=client_section(
-            ca_cert=args.ca_cert, cert=args.cert, key=args.key, token_file=args.token_file
-        ),
+        security=client_security(args),
     )
     total = opts.num_prompts
     with progress("bench", total=total, unit="requests", quiet=args.json) as shown:

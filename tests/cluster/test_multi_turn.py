@@ -1,14 +1,14 @@
-"""A multi-turn conversation through `prfaas serve` (real processes, the real `tiny`
-KDA + MLA model) reuses nearly all of each previous turn, and the prefill tokens the workers
-actually compute fall by ≥ 70 % against the same conversation with the cache disabled. From its
-second turn each PrfaaS state crosses the link as an increment: the decode worker holds the
-previous prompt's KV blocks, so the state's bytes are state_nbytes(L) less those positions'
-MLA rows (hand-computed from the config) — and the replies are still those of the uncached run.
+"""A multi-turn conversation through `prfaas serve` (real processes, the real `tiny` KDA + MLA
+model), held with `prfaas chat` as a user would: each turn reuses nearly all of the previous
+one, so the prefill tokens the workers actually compute fall by ≥ 70 % against the prompt
+tokens. From its second turn each PrfaaS state crosses the link as an increment: the decode
+worker holds the previous prompt's KV blocks, so the state's bytes are state_nbytes(L) less
+those positions' MLA rows (hand-computed from the config). Every reply is the model's greedy
+continuation of its turn's prompt (one teacher-forced reference pass here, in this process).
 
-Each turn's prompt is the previous prompt + the previous reply + new tokens. The conversation
-runs twice, `[prefix_cache] enabled = true` and `false`; the computed tokens are the prefill
-workers' own count (`WorkerStats.prefix_cache.computed_tokens`), and the replies of both runs
-must be identical (the cache changes no output). `python -m pytest -s` prints the table that
+Each turn's prompt is the previous prompt + the previous reply + new tokens (`chat --ids` keeps
+the context). The computed tokens are the prefill workers' own count
+(`WorkerStats.prefix_cache.computed_tokens`). `python -m pytest -s` prints the table that
 docs/serving.md quotes.
 """
 
@@ -23,45 +23,44 @@ import sys
 import time
 
 import grpc
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from serving_support import generate, toml
+from conftest import jit_prefill, preset
+from serving_support import toml
 
-from prfaas_jax.config import load_model_config
-from prfaas_jax.model.state import state_nbytes
+from prfaas_jax.model import init_state
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.state_bytes import state_nbytes
 
 FIRST, ADDED, REPLY, TURNS = 120, 24, 8, 6
+TIE_LOGIT = 1e-4  # the engines' chunked kernels and the oracle round differently
 
 
-def serve_config(path, enabled: bool):
+def serve_config(path):
     path.write_text(
         toml(
             {
                 "model": {"preset": "tiny"},
                 "engine": {"max_len": 512, "chunk_len": 128, "buckets": [32, 128]},
                 "instances": {"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": 1},
-                # A fixed t and cache rule: both runs route alike, every turn to PrfaaS.
+                # A fixed t and cache rule: every turn goes to PrfaaS.
                 "router": {"threshold": 64, "cache_rule": "scarce"},
                 "controller": {"enabled": False},
-                "prefix_cache": {"enabled": enabled, "block_size": 16, "checkpoint_every": 4},
+                "prefix_cache": {"enabled": True, "block_size": 16, "checkpoint_every": 4},
             }
         )
     )
     return path
 
 
-def converse(tmp_path, enabled: bool, cache_home) -> tuple[list[dict], int]:
-    """Run the conversation on a fresh `prfaas serve`; per-turn records and computed tokens.
-
-    The workers compile through the session's cache (tests/conftest.py): the second run loads
-    what the first one compiled."""
-    root = tmp_path / ("cached" if enabled else "uncached")
-    root.mkdir()
+def converse(root, cache_home) -> tuple[list[dict], int]:
+    """The conversation through `prfaas chat --ids --json` against a fresh `prfaas serve`: the
+    per-turn reports and the tokens the prefill workers computed."""
     ready_file = root / "ready.json"
     command = [sys.executable, "-m", "prfaas_jax.cli", "serve"]
-    command += ["--config", str(serve_config(root / "cluster.toml", enabled))]
+    command += ["--config", str(serve_config(root / "cluster.toml"))]
     command += ["--ready-file", str(ready_file), "--log-dir", str(root / "logs")]
     env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
@@ -71,28 +70,21 @@ def converse(tmp_path, enabled: bool, cache_home) -> tuple[list[dict], int]:
             assert server.poll() is None, server.stderr.read().decode()[-3000:]
             assert time.monotonic() < deadline, "no ready file after 600 s"
             time.sleep(0.2)
-        ready = json.loads(ready_file.read_text())
         rng = np.random.default_rng(8)
-        prompt, turns = rng.integers(0, 256, FIRST).tolist(), []
-        with grpc.insecure_channel(ready["router"]) as channel:
-            router = pb_grpc.RouterStub(channel)
-            for _ in range(TURNS):
-                reply = generate(router, prompt, REPLY)
-                r = reply.report
-                turns.append(
-                    {
-                        "prompt_len": r.prompt_len,
-                        "cached_len": r.cached_len,
-                        "route": r.route,
-                        "instance": r.prefill_instance,
-                        "ttft_s": r.ttft_s,
-                        "reply": reply.tokens,
-                        "state_bytes": r.state_bytes,
-                        "decode_cached_len": r.decode_cached_len,
-                        "saved_bytes": r.saved_bytes,
-                    }
-                )
-                prompt = prompt + reply.tokens + rng.integers(0, 256, ADDED).tolist()
+        messages = [rng.integers(0, 256, FIRST).tolist()]
+        messages += [rng.integers(0, 256, ADDED).tolist() for _ in range(TURNS - 1)]
+        chat_command = [sys.executable, "-m", "prfaas_jax.cli", "chat"]
+        chat_command += ["--ready-file", str(ready_file), "--ids", "--json"]
+        chat = subprocess.run(
+            [*chat_command, "--max-new-tokens", str(REPLY)],
+            input="".join(",".join(map(str, m)) + "\n" for m in messages),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert chat.returncode == 0, chat.stderr[-3000:]
+        turns = [json.loads(line) for line in chat.stdout.splitlines()]
+        ready = json.loads(ready_file.read_text())
         computed = 0
         for worker in ready["workers"].values():
             with grpc.insecure_channel(worker["address"]) as channel:
@@ -104,53 +96,67 @@ def converse(tmp_path, enabled: bool, cache_home) -> tuple[list[dict], int]:
         if server.poll() is None:
             server.kill()
             server.wait()
+    prompt = messages[0]
+    for turn, added in zip(turns, [*messages[1:], []], strict=True):
+        turn["prompt"] = prompt
+        prompt = prompt + turn["tokens"] + added
     return turns, computed
+
+
+def assert_greedy(turns: list[dict]) -> None:
+    """Each reply is the greedy continuation of its prompt: the last turn's context holds every
+    earlier prompt and reply, so one causal prefill of it is the oracle for all of them."""
+    cfg, params = preset("tiny")
+    context = turns[-1]["prompt"] + turns[-1]["tokens"]
+    state = init_state(cfg, 1, len(context))
+    logits, _ = jit_prefill(params, cfg, jnp.asarray([context], jnp.int32), state)
+    logits = np.asarray(logits[0])
+    for turn in turns:
+        for i, token in enumerate(turn["tokens"]):
+            step = logits[len(turn["prompt"]) - 1 + i]
+            assert step[token] >= step.max() - TIE_LOGIT, (turn["turn"], i, token)
 
 
 @pytest.mark.slow
 def test_multi_turn_conversation_reuses_each_previous_turn(tmp_path, child_cache_home):
-    cached_turns, cached_computed = converse(tmp_path, enabled=True, cache_home=child_cache_home)
-    plain_turns, plain_computed = converse(tmp_path, enabled=False, cache_home=child_cache_home)
+    turns, computed = converse(tmp_path, child_cache_home)
+    cfg, _ = preset("tiny")
 
     print(
-        f"\n{'turn':>4} {'prompt':>6} {'cached':>6} {'of prev':>7} {'route':>6} "
-        f"{'TTFT ms (cache on / off)':>25} {'state bytes shipped (on / off)':>31}"
+        f"\n{'turn':>4} {'prompt':>6} {'cached':>6} {'of prev':>7} {'route':>6} {'TTFT ms':>8} "
+        f"{'state bytes shipped':>20} {'full state':>11}"
     )
-    for i, (on, off) in enumerate(zip(cached_turns, plain_turns, strict=True)):
-        previous = cached_turns[i - 1]["prompt_len"] if i else 0
-        share = f"{on['cached_len'] / previous:.0%}" if previous else "-"
+    for i, turn in enumerate(turns):
+        previous = turns[i - 1]["prompt_len"] if i else 0
+        share = f"{turn['cached_len'] / previous:.0%}" if previous else "-"
         print(
-            f"{i + 1:>4} {on['prompt_len']:>6} {on['cached_len']:>6} {share:>7} "
-            f"{on['route']:>6} {on['ttft_s'] * 1e3:>12.0f} / {off['ttft_s'] * 1e3:<11.0f}"
-            f"{on['state_bytes']:>16} / {off['state_bytes']}"
+            f"{i + 1:>4} {turn['prompt_len']:>6} {turn['cached_len']:>6} {share:>7} "
+            f"{turn['route']:>6} {turn['ttft_s'] * 1e3:>8.0f} {turn['state_bytes']:>20} "
+            f"{state_nbytes(cfg, turn['prompt_len']):>11}"
         )
-    prompt_tokens = sum(t["prompt_len"] for t in cached_turns)
-    reduction = 1 - cached_computed / plain_computed
+    prompt_tokens = sum(t["prompt_len"] for t in turns)
+    reduction = 1 - computed / prompt_tokens
     print(
-        f"prefill tokens computed: cache on {cached_computed}, off {plain_computed} "
-        f"(of {prompt_tokens} prompt tokens): {reduction:.1%} fewer"
+        f"prefill tokens computed: {computed} of {prompt_tokens} prompt tokens: "
+        f"{reduction:.1%} fewer"
     )
 
-    assert [t["reply"] for t in cached_turns] == [t["reply"] for t in plain_turns]
-    assert plain_computed == prompt_tokens and all(t["cached_len"] == 0 for t in plain_turns)
-    for previous, turn in itertools.pairwise(cached_turns):
+    assert [t["turn"] for t in turns] == list(range(1, TURNS + 1))
+    assert [t["prompt_len"] for t in turns] == [len(t["prompt"]) for t in turns]
+    assert all(len(t["tokens"]) == REPLY for t in turns)
+    assert_greedy(turns)
+    for previous, turn in itertools.pairwise(turns):
         assert turn["cached_len"] >= 0.8 * previous["prompt_len"], turn
-    assert cached_computed == prompt_tokens - sum(t["cached_len"] for t in cached_turns)
+    assert computed == prompt_tokens - sum(t["cached_len"] for t in turns)
     assert reduction >= 0.70
     # Increments: from turn 2 the decode worker holds the previous prompt's 16-token blocks.
-    cfg = load_model_config("tiny")
     row = (cfg.mla.kv_lora_rank + cfg.mla.qk_rope_head_dim) * {"float32": 4, "bfloat16": 2}[
         cfg.dtype
     ]
     previous = 0
-    for on, off in zip(cached_turns, plain_turns, strict=True):
+    for turn in turns:
         held = previous // 16 * 16
-        assert on["route"] == off["route"] == "prfaas"
-        assert (on["decode_cached_len"], off["decode_cached_len"]) == (held, 0)
-        assert off["state_bytes"] == state_nbytes(cfg, on["prompt_len"])
-        assert (
-            on["state_bytes"]
-            == off["state_bytes"] - held * row
-            == off["state_bytes"] - (on["saved_bytes"])
-        )
-        previous = on["prompt_len"]
+        assert turn["route"] == "prfaas"
+        assert turn["state_bytes"] == state_nbytes(cfg, turn["prompt_len"]) - held * row
+        assert turn["saved_bytes"] == held * row
+        previous = turn["prompt_len"]

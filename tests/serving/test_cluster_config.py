@@ -14,7 +14,7 @@ from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_confi
 def test_toy_config():
     config = load_cluster_config("toy")
     assert config.model.preset == "recall-tiny" and config.model.engine == "jax"
-    assert config.router.threshold == 64 and config.engine.max_len == 512
+    assert config.router.threshold == 64 and config.engine.max_len == 4096
     assert config.link.bandwidth_bytes_per_s == 2e6
     assert instance_roles(config) == {
         "prfaas-0": Role.PRFAAS_PREFILL,
@@ -22,7 +22,7 @@ def test_toy_config():
         "pd-1": Role.PD_DECODE,
     }
     candidates = config.controller_config().candidates
-    assert candidates[0] == 16 and candidates[-1] == 512
+    assert candidates[0] == 16 and candidates[-1] == 4096
     cache = config.prefix_cache
     assert cache.enabled and cache.capacity_bytes == 64 * 2**20
     assert (cache.block_size, cache.checkpoint_every) == (16, 4)
