@@ -37,6 +37,8 @@ the cache stays ``c_kv ‖ k_rope`` and is never expanded per head. It equals th
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -108,6 +110,9 @@ def _blocks(x: jax.Array, block_len: int, fill: int | float = 0) -> jax.Array:
     return jnp.moveaxis(x.reshape(batch, num_blocks, block_len, *x.shape[2:]), 1, 0)
 
 
+# Jitted so that a model's many attention layers of one shape trace this once: the jaxpr is
+# cached per (shapes, scale, window, block_len), and a traced caller inlines it.
+@functools.partial(jax.jit, static_argnames=("scale", "window", "block_len"))
 def blocked_attention(
     q_BTHD: jax.Array,
     k_BSGD: jax.Array,
