@@ -74,6 +74,7 @@ def _limit_to_top_groups(select_NE: jax.Array, moe: MoeConfig) -> jax.Array:
 _MAX_TILE_LEN = 128  # rows per expert tile on CPU: large enough for an efficient matmul
 
 
+@jax.jit  # traced once per shape: a model's MoE layers of one shape share the jaxpr
 def _tiled_experts(
     experts: tuple[jax.Array, jax.Array, jax.Array], xs_PD: jax.Array, experts_P: jax.Array
 ) -> jax.Array:
