@@ -16,6 +16,9 @@ import dataclasses
 import math
 import os
 import pathlib
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -91,6 +94,33 @@ def real_cluster(
         }
         with grpc.insecure_channel(ready["router"]) as channel:
             yield cluster, ready, pb_grpc.RouterStub(channel), expected
+
+
+@contextlib.contextmanager
+def prfaas_serve(
+    root: pathlib.Path, *args: str, cache_home: pathlib.Path | None = None
+) -> Iterator[pathlib.Path]:
+    """`prfaas serve ARGS` as a user runs it, its logs in ``root/logs``: yields its ready file
+    once it exists; on the way out SIGTERM, which must stop it with status 0. ``cache_home``
+    is the session's compile cache (tests/conftest.py `child_cache_home`)."""
+    ready_file = root / "ready.json"
+    command = [sys.executable, "-m", "prfaas_jax.cli", "serve", *args]
+    command += ["--ready-file", str(ready_file), "--log-dir", str(root / "logs")]
+    env = dict(os.environ, **({"XDG_CACHE_HOME": str(cache_home)} if cache_home else {}))
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        deadline = time.monotonic() + 600
+        while not ready_file.exists():
+            assert server.poll() is None, server.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no ready file after 600 s"
+            time.sleep(0.2)
+        yield ready_file
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
 
 
 def fake_config(path: pathlib.Path, **overrides: dict) -> pathlib.Path:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from serving_support import prfaas_serve
 
 from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.model import init_state, prefill
@@ -33,7 +31,6 @@ MESSAGES = [
     "Thank you. Summarise the whole conversation so far in a single short sentence. " * 2,
 ]
 NEW_TOKENS = 32
-SERVE = [sys.executable, "-m", "prfaas_jax.cli", "serve"]  # no --config: the default cluster
 
 
 def chat(ready_file, lines: list[str], *extra: str) -> subprocess.CompletedProcess:
@@ -63,32 +60,13 @@ def assert_greedy(turns: list[dict], contexts: list[list[int]]) -> None:
 
 @pytest.mark.slow
 def test_a_five_turn_conversation_with_the_default_cluster(tmp_path, child_cache_home):
-    ready_file = tmp_path / "ready.json"
-    serve = subprocess.Popen(
-        [*SERVE, "--ready-file", str(ready_file), "--log-dir", str(tmp_path / "logs")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=dict(os.environ, XDG_CACHE_HOME=str(child_cache_home)),
-    )
-    try:
-        deadline = time.monotonic() + 600
-        while not ready_file.exists():
-            assert serve.poll() is None, serve.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no ready file after 600 s"
-            time.sleep(0.2)
+    with prfaas_serve(tmp_path, cache_home=child_cache_home) as ready_file:  # no --config
         result = chat(ready_file, MESSAGES, "--json")
         assert result.returncode == 0, result.stderr[-3000:]
         turns = [json.loads(line) for line in result.stdout.splitlines()]
         shown = chat(ready_file, MESSAGES[:1])  # the human-readable form
         max_len = load_cluster_config("toy").engine.max_len
         too_long = chat(ready_file, ["x" * max_len])
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            serve.kill()
-            serve.wait()
 
     tokenizer = ByteTokenizer()
     contexts, context = [], []

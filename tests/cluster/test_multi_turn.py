@@ -16,18 +16,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
 
 import grpc
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import jit_prefill, preset
-from serving_support import toml
+from serving_support import prfaas_serve, toml
 
 from prfaas_jax.model import init_state
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -58,18 +55,8 @@ def serve_config(path):
 def converse(root, cache_home) -> tuple[list[dict], int]:
     """The conversation through `prfaas chat --ids --json` against a fresh `prfaas serve`: the
     per-turn reports and the tokens the prefill workers computed."""
-    ready_file = root / "ready.json"
-    command = [sys.executable, "-m", "prfaas_jax.cli", "serve"]
-    command += ["--config", str(serve_config(root / "cluster.toml"))]
-    command += ["--ready-file", str(ready_file), "--log-dir", str(root / "logs")]
-    env = dict(os.environ, XDG_CACHE_HOME=str(cache_home))
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    try:
-        deadline = time.monotonic() + 600
-        while not ready_file.exists():
-            assert server.poll() is None, server.stderr.read().decode()[-3000:]
-            assert time.monotonic() < deadline, "no ready file after 600 s"
-            time.sleep(0.2)
+    config = serve_config(root / "cluster.toml")
+    with prfaas_serve(root, "--config", str(config), cache_home=cache_home) as ready_file:
         rng = np.random.default_rng(8)
         messages = [rng.integers(0, 256, FIRST).tolist()]
         messages += [rng.integers(0, 256, ADDED).tolist() for _ in range(TURNS - 1)]
@@ -90,12 +77,6 @@ def converse(root, cache_home) -> tuple[list[dict], int]:
             with grpc.insecure_channel(worker["address"]) as channel:
                 stats = pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest())
                 computed += stats.prefix_cache.computed_tokens
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=60) == 0
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
     prompt = messages[0]
     for turn, added in zip(turns, [*messages[1:], []], strict=True):
         turn["prompt"] = prompt
