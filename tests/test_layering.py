@@ -182,3 +182,15 @@ def test_the_control_processes_import_only_what_they_run(module):
     )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_model_package_loads_every_name_it_exports():
+    """`prfaas_jax.model` resolves its names on first use: each exported name has a home module
+    and resolves there, and nothing else does."""
+    import prfaas_jax.model as model
+
+    assert sorted(model.__all__) == sorted(model._HOME)
+    for name in model.__all__:
+        assert getattr(model, name) is not None  # its home module defines it
+    with pytest.raises(AttributeError):
+        model.no_such_name  # noqa: B018

@@ -32,7 +32,8 @@ def add_netns_flag(p: argparse.ArgumentParser) -> None:
 
 
 def add_router_flags(p: argparse.ArgumentParser, *, ready_file_help: str = "its router") -> None:
-    """--router ADDR | --ready-file F, one of them required (read back by `router_target`)."""
+    """--router ADDR | --ready-file F, one of them required (a ready file is read by
+    `read_ready_file`)."""
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--router", help="router address host:port")
     target.add_argument(
