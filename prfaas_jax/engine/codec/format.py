@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-import zlib
 from typing import Any, NoReturn
 
 from prfaas_jax.config import LayerKind
+from prfaas_jax.engine.codec.checksum import crc32, crc32_combine
 from prfaas_jax.engine.codec.layout import TensorSpec
 from prfaas_jax.errors import UserError
 
@@ -145,7 +145,7 @@ def pack_header(header: StateHeader) -> bytes:
         len(blob),
     )
     body = fixed + blob
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + _CRC.pack(crc32(body))
 
 
 def _fail(message: str) -> NoReturn:
@@ -221,7 +221,7 @@ def parse_header(frame: memoryview) -> StateHeader:
     if len(frame) > expected:
         _fail(f"header frame has {len(frame) - expected} trailing bytes after its checksum")
     (stored,) = _CRC.unpack_from(frame, expected - _CRC.size)
-    if zlib.crc32(frame[: expected - _CRC.size]) != stored:
+    if crc32(frame[: expected - _CRC.size]) != stored:
         _fail("header frame checksum mismatch: the header is corrupt")
     if reserved != 0:
         _fail(f"header reserved field is {reserved}, expected 0")
@@ -264,11 +264,22 @@ class DataFrame:
     tensor_id: int
     offset: int  # byte offset of the payload in the tensor's canonical buffer
     payload: memoryview
+    payload_crc: int  # crc32(payload): a tensor's CRC is its frames' combined
 
 
-def pack_data(stream_id: int, tensor_id: int, offset: int, payload: bytes | memoryview) -> bytes:
+def pack_data(
+    stream_id: int,
+    tensor_id: int,
+    offset: int,
+    payload: bytes | memoryview,
+    payload_crc: int | None = None,
+) -> bytes:
+    """A data frame; ``payload_crc`` is ``crc32(payload)`` when the caller has it already."""
     head = _DATA_HEAD.pack(DATA_MAGIC, stream_id, tensor_id, offset, len(payload))
-    return head + _CRC.pack(zlib.crc32(payload, zlib.crc32(head))) + payload
+    if payload_crc is None:
+        payload_crc = crc32(payload)
+    crc = crc32_combine(crc32(head), payload_crc, len(payload))
+    return b"".join((head, _CRC.pack(crc), payload))  # one copy of the payload
 
 
 def parse_data(frame: memoryview, index: int) -> DataFrame:
@@ -292,9 +303,10 @@ def parse_data(frame: memoryview, index: int) -> DataFrame:
     if got > size:
         _fail(f"data frame {index} has {got - size} trailing bytes after its {size}-byte payload")
     payload = frame[DATA_PREFIX_SIZE:]
-    if zlib.crc32(payload, zlib.crc32(frame[: _DATA_HEAD.size])) != stored:
+    payload_crc = crc32(payload)
+    if crc32_combine(crc32(frame[: _DATA_HEAD.size]), payload_crc, size) != stored:
         _fail(f"data frame {index} checksum mismatch: the frame is corrupt")
-    return DataFrame(stream_id, tensor_id, offset, payload)
+    return DataFrame(stream_id, tensor_id, offset, payload, payload_crc)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +330,7 @@ def pack_trailer(trailer: StateTrailer) -> bytes:
     count = len(trailer.crc32s)
     body = _TRAILER_HEAD.pack(TRAILER_MAGIC, trailer.stream_id, count)
     body += struct.pack(f"<{count}I", *trailer.crc32s)
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + _CRC.pack(crc32(body))
 
 
 def parse_trailer(frame: memoryview, index: int) -> StateTrailer:
@@ -335,7 +347,7 @@ def parse_trailer(frame: memoryview, index: int) -> StateTrailer:
     if len(frame) > expected:
         _fail(f"{where} has {len(frame) - expected} trailing bytes after its checksum")
     (stored,) = _CRC.unpack_from(frame, expected - _CRC.size)
-    if zlib.crc32(frame[: expected - _CRC.size]) != stored:
+    if crc32(frame[: expected - _CRC.size]) != stored:
         _fail(f"{where} checksum mismatch: the trailer is corrupt")
     crc32s = struct.unpack_from(f"<{count}I", frame, _TRAILER_HEAD.size)
     return StateTrailer(stream_id, crc32s)

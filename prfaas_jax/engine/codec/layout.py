@@ -2,11 +2,11 @@
 
 ``canonical_tensors(cfg, L)`` lists the tensors (model/state.py's canonical representation) in
 wire order; ``canonical_arrays`` reads them out of one row of a (batched) state as host arrays
-(``canonical_row``: as little-endian bytes, ``wire_bytes`` for one array), ``growing_rows`` reads
-some positions of one growing cache of a state still being prefilled, and ``state_from_arrays`` /
-``build_state`` lay them back out as a batch-1 state of a given capacity. The prefix cache
-stores the same arrays; ``KvPrefix`` holds the leading rows of the growing caches a receiver
-already has.
+(``wire_view`` / ``wire_bytes``: one array as little-endian bytes), ``growing_rows`` reads some
+positions of one growing cache of a state still being prefilled, and ``StateBuffers`` /
+``state_from_arrays`` lay them back out as a batch-1 state of a given capacity, each tensor
+written straight into the field that holds it. The prefix cache stores the same arrays;
+``KvPrefix`` holds the leading rows of the growing caches a receiver already has.
 SWA rings keep position ``p`` in slot ``p mod W'`` (``W'`` the ring size, the array's axis 1).
 """
 
@@ -118,19 +118,19 @@ def _ring_slots(length: int, count: int, ring: int) -> np.ndarray:
     return np.arange(length - count, length) % ring
 
 
-def wire_bytes(array: np.ndarray) -> bytes:
-    """``array``'s elements as raw little-endian bytes in C order (what the codec ships)."""
+def wire_view(array: np.ndarray) -> memoryview:
+    """``array``'s elements as raw little-endian bytes in C order (what the codec ships): a
+    view of the array itself where it is C-contiguous on a little-endian host, else a copy."""
     # Reinterpret as same-width unsigned ints so the byte order is explicit for every dtype,
     # bfloat16 included (ml_dtypes types carry no byte order of their own).
     width = array.dtype.itemsize
     raw = np.ascontiguousarray(array).view(f"u{width}")
-    return raw.astype(f"<u{width}", copy=False).tobytes()
+    return memoryview(raw.astype(f"<u{width}", copy=False)).cast("B")
 
 
-def _from_wire(buffer: bytearray, spec: TensorSpec) -> np.ndarray:
-    width = spec.itemsize
-    raw = np.frombuffer(buffer, f"<u{width}").astype(f"=u{width}", copy=False)
-    return raw.view(jnp.dtype(spec.dtype)).reshape(spec.shape)
+def wire_bytes(array: np.ndarray) -> bytes:
+    """``wire_view`` as a ``bytes`` copy."""
+    return bytes(wire_view(array))
 
 
 def row_length(state: ModelState, row: int) -> tuple[int, int]:
@@ -181,9 +181,11 @@ def canonical_arrays(
         if layers is not None and spec.layer not in layers:
             continue
         array = _field(state, cfg, spec, batch)
-        # Select the row on device (one compiled op per state shape) but the live positions on
-        # the host: slicing [:L] on device would compile a new XLA op for every distinct L.
-        data = np.asarray(array[row])
+        # The live positions are selected on the host: slicing [:L] on device would compile a
+        # new XLA op for every distinct L. A batch-1 state is its row: on a CPU the host array
+        # is a view of the device buffer, no copy. Of a batch, the row is taken on device (one
+        # compiled op per state shape), not the whole batch brought to the host.
+        data = np.asarray(array)[row] if batch == 1 else np.asarray(array[row])
         if spec.kind is LayerKind.SWA:
             data = data[_ring_slots(length, spec.shape[0], array.shape[1])]
         elif spec.token_axis:
@@ -211,28 +213,62 @@ def growing_rows(
     return np.array(np.asarray(array)[row, start:stop])
 
 
-def canonical_row(
-    state: ModelState, cfg: ModelConfig, row: int
-) -> tuple[int, list[tuple[TensorSpec, bytes]]]:
-    """``canonical_arrays`` as little-endian bytes (what the codec puts on the wire)."""
-    length, arrays = canonical_arrays(state, cfg, row)
-    return length, [(spec, wire_bytes(array)) for spec, array in arrays]
+_ALIGN = 64  # XLA:CPU adopts a host buffer aligned to this as an array's memory, no copy
 
 
-def _stored(
-    cfg: ModelConfig, spec: TensorSpec, array: np.ndarray, length: int, capacity: int
-) -> jax.Array:
-    """A canonical tensor laid out as a batch-1 state field of the given capacity."""
-    if spec.kind is LayerKind.SWA:
-        ring = window_capacity(cfg.swa.window, capacity)
-        out = np.zeros((1, ring, *spec.shape[1:]), array.dtype)
-        out[0, _ring_slots(length, spec.shape[0], ring)] = array
-    elif spec.token_axis:
-        out = np.zeros((1, capacity, *spec.shape[1:]), array.dtype)
-        out[0, :length] = array
-    else:
-        out = array[None]
-    return jnp.asarray(out)
+def _aligned(shape: tuple[int, ...], dtype: np.dtype, *, zeros: bool) -> np.ndarray:
+    """A new C-contiguous host array whose data starts on an ``_ALIGN``-byte boundary."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = (np.zeros if zeros else np.empty)(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+class StateBuffers:
+    """The host buffers of a batch-1 state being assembled from canonical tensors.
+
+    ``canonical(i)`` is tensor ``i`` of ``canonical_tensors(cfg, length)`` as a writable array
+    of its canonical shape, placed where the state keeps it: a growing cache's first ``length``
+    rows of a field of ``capacity`` positions (zeros beyond), a fixed-size tensor's whole field;
+    an SWA window is a buffer of its own, laid into its ring by ``state()``. Writing the
+    tensors (a decoder, frame by frame) therefore builds the state with no further copy:
+    ``state()`` hands the fields to JAX, which on a CPU adopts the aligned buffers as they are.
+    Nothing may write to the buffers after ``state()``.
+    """
+
+    def __init__(self, cfg: ModelConfig, length: int, capacity: int) -> None:
+        self.cfg, self.length = cfg, length
+        self.specs = canonical_tensors(cfg, length)
+        self._fields: list[np.ndarray] = []
+        self._canonical: list[np.ndarray] = []
+        for spec in self.specs:
+            dtype = np.dtype(jnp.dtype(spec.dtype))
+            if spec.kind is LayerKind.SWA:
+                ring = window_capacity(cfg.swa.window, capacity)
+                field = _aligned((1, ring, *spec.shape[1:]), dtype, zeros=True)
+                canonical = np.empty(spec.shape, dtype)
+            elif spec.token_axis:
+                field = _aligned((1, capacity, *spec.shape[1:]), dtype, zeros=True)
+                canonical = field[0, :length]
+            else:
+                field = _aligned((1, *spec.shape), dtype, zeros=False)
+                canonical = field[0]
+            self._fields.append(field)
+            self._canonical.append(canonical)
+
+    def canonical(self, index: int) -> np.ndarray:
+        return self._canonical[index]
+
+    def state(self) -> ModelState:
+        fields: list[dict[str, jax.Array]] = [{} for _ in self.cfg.layers]
+        for spec, field, canonical in zip(self.specs, self._fields, self._canonical, strict=True):
+            if spec.kind is LayerKind.SWA:
+                field[0, _ring_slots(self.length, spec.shape[0], field.shape[1])] = canonical
+            fields[spec.layer][spec.name] = jax.device_put(field)
+        layers = tuple(
+            _LAYER_CLASSES[kind](**f) for kind, f in zip(self.cfg.layers, fields, strict=True)
+        )
+        return ModelState(lengths=jnp.array([self.length], jnp.int32), layers=layers)
 
 
 def state_from_arrays(
@@ -242,16 +278,8 @@ def state_from_arrays(
     capacity: int,
 ) -> ModelState:
     """A batch-1 state from ``canonical_tensors(cfg, length)``'s arrays, caches of ``capacity``."""
-    fields: list[dict[str, jax.Array]] = [{} for _ in cfg.layers]
+    buffers = StateBuffers(cfg, length, capacity)
+    index = {(spec.layer, spec.name): i for i, spec in enumerate(buffers.specs)}
     for spec, array in tensors:
-        fields[spec.layer][spec.name] = _stored(cfg, spec, array, length, capacity)
-    layers = tuple(_LAYER_CLASSES[kind](**f) for kind, f in zip(cfg.layers, fields, strict=True))
-    return ModelState(lengths=jnp.array([length], jnp.int32), layers=layers)
-
-
-def build_state(
-    cfg: ModelConfig, length: int, tensors: Sequence[tuple[TensorSpec, bytearray]], capacity: int
-) -> ModelState:
-    """A batch-1 state from ``canonical_tensors(cfg, length)``'s bytes, caches of ``capacity``."""
-    arrays = [(spec, _from_wire(buffer, spec)) for spec, buffer in tensors]
-    return state_from_arrays(cfg, length, arrays, capacity)
+        buffers.canonical(index[(spec.layer, spec.name)])[...] = array
+    return buffers.state()

@@ -17,19 +17,21 @@ frames are cut on the same grid from row K on, and the trailer's CRCs cover the 
 Everything else — recurrent states, conv tails, SWA windows — is sent whole as always.
 
 Within a tensor, frames are emitted by increasing offset, so the whole-tensor CRC32 that the
-trailer carries is computed incrementally (``zlib.crc32(chunk, crc_so_far)``) and no tensor is
-held after its frames are built.
+trailer carries is combined frame by frame from the payloads' CRCs (engine/codec/checksum.py),
+which also give the frames' own: each payload byte is read once for its checksums and copied
+once, into its frame. ``finish`` cuts its frames from views of the state's host arrays (on a
+CPU, the device buffers themselves), so a whole state is never copied before it is framed.
 """
 
 from __future__ import annotations
 
 import secrets
-import zlib
 from collections.abc import Iterator
 
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec.checksum import crc32, crc32_combine
 from prfaas_jax.engine.codec.format import (
     DATA_PREFIX_SIZE,
     FORMAT_VERSION,
@@ -49,7 +51,7 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     growing_rows,
     row_length,
-    wire_bytes,
+    wire_view,
 )
 from prfaas_jax.model.state import ModelState
 
@@ -115,19 +117,20 @@ class StreamEncoder:
         """Frame 0; it depends on nothing but the model, L and the stream id."""
         return self._header
 
-    def _emit(self, tid: int, data: bytes) -> list[bytes]:
+    def _frames(self, tid: int, data: memoryview) -> Iterator[bytes]:
         """Data frames of tensor ``tid`` carrying ``data``, which starts at its next unsent
-        frame; ``data`` must end on the frame grid or at the tensor's end."""
-        entry, first = self.entries[tid], self._sent[tid]
-        chunk, view = entry.chunk_bytes, memoryview(data)
+        frame and ends on the frame grid or at the tensor's end. Each payload is read once for
+        its CRC (the frame's and the tensor's are combined from it) and copied once into its
+        frame; the tensor's CRC is updated as the frames are made."""
+        entry = self.entries[tid]
+        chunk, first = entry.chunk_bytes, self._sent[tid]
         start = entry.skip_bytes + first * chunk
-        frames = [
-            pack_data(self.stream_id, tid, start + at, view[at : at + chunk])
-            for at in range(0, len(data), chunk)
-        ]
-        self._sent[tid] += len(frames)
-        self._crcs[tid] = zlib.crc32(data, self._crcs[tid])
-        return frames
+        for at in range(0, len(data), chunk):
+            payload = data[at : at + chunk]
+            payload_crc = crc32(payload)
+            self._crcs[tid] = crc32_combine(self._crcs[tid], payload_crc, len(payload))
+            self._sent[tid] += 1
+            yield pack_data(self.stream_id, tid, start + at, payload, payload_crc)
 
     def ready_frames(self, state: ModelState, tokens_done: int, *, row: int = 0) -> Iterator[bytes]:
         """Not-yet-sent data frames of the growing caches whose positions are all < ``tokens_done``.
@@ -158,7 +161,7 @@ class StreamEncoder:
                 continue
             start, stop = first + self._sent[tid] * rows, min(first + ready * rows, self.length)
             host = growing_rows(state, self.cfg, entry.spec, row, start, stop)
-            frames += self._emit(tid, wire_bytes(host))
+            frames += self._frames(tid, wire_view(host))
         return iter(frames)
 
     def layer_frames(self, state: ModelState, layers: range, *, row: int = 0) -> Iterator[bytes]:
@@ -176,14 +179,15 @@ class StreamEncoder:
             entry, sent = self.entries[tid], self._sent[tid]
             if sent == entry.num_frames:
                 continue
-            frames += self._emit(tid, wire_bytes(_unsent(entry, sent, array)))
+            frames += self._frames(tid, wire_view(_unsent(entry, sent, array)))
         return iter(frames)
 
     def finish(self, state: ModelState, *, row: int = 0) -> Iterator[bytes]:
         """Every data frame not yet sent, then the trailer, from the final ``state``.
 
-        The state is checked (ValueError if it does not fit the model or holds another L) and
-        read before this returns; frames are built as iterated.
+        The state is checked (ValueError if it does not fit the model or holds another L)
+        before this returns; frames are built as iterated, from host views of its arrays (JAX
+        arrays are immutable, and one with a host view is not donated, so the views stay valid).
         """
         if self._finished:
             raise ValueError("finish() already ran: the stream is complete")
@@ -194,26 +198,18 @@ class StreamEncoder:
         length, arrays = canonical_arrays(state, self.cfg, row, layers=pending)
         if length != self.length:
             raise ValueError(f"the state holds L={length} tokens, the header says {self.length}")
-        rest: list[tuple[int, bytes]] = []
+        rest: list[tuple[int, memoryview]] = []
         for spec, array in arrays:
             tid = self._tids[(spec.layer, spec.name)]
-            entry, sent = self.entries[tid], self._sent[tid]
-            if sent == entry.num_frames:
-                continue
-            data = wire_bytes(_unsent(entry, sent, array))
-            self._crcs[tid] = zlib.crc32(data, self._crcs[tid])
-            rest.append((tid, data))
+            if self._sent[tid] < self.entries[tid].num_frames:
+                rest.append((tid, wire_view(_unsent(self.entries[tid], self._sent[tid], array))))
         self._finished = True
-        trailer = pack_trailer(StateTrailer(self.stream_id, tuple(self._crcs)))
-        return self._rest_frames(rest, trailer)
+        return self._rest_frames(rest)
 
-    def _rest_frames(self, rest: list[tuple[int, bytes]], trailer: bytes) -> Iterator[bytes]:
+    def _rest_frames(self, rest: list[tuple[int, memoryview]]) -> Iterator[bytes]:
         for tid, data in rest:
-            entry, view = self.entries[tid], memoryview(data)
-            first = entry.skip_bytes + self._sent[tid] * entry.chunk_bytes
-            for at in range(0, len(data), entry.chunk_bytes):
-                yield pack_data(self.stream_id, tid, first + at, view[at : at + entry.chunk_bytes])
-        yield trailer
+            yield from self._frames(tid, data)
+        yield pack_trailer(StateTrailer(self.stream_id, tuple(self._crcs)))
 
 
 def _unsent(entry: TensorEntry, sent: int, array: np.ndarray) -> np.ndarray:

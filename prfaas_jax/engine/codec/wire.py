@@ -20,10 +20,13 @@ trailer last, completeness. Any failure raises ``StateDecodeError`` naming the p
 from __future__ import annotations
 
 import itertools
-import zlib
+import sys
 from collections.abc import Iterable, Iterator, Sequence
 
+import numpy as np
+
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec.checksum import crc32_combine
 from prfaas_jax.engine.codec.file import read_frames, write_file
 from prfaas_jax.engine.codec.format import (
     StateDecodeError,
@@ -37,11 +40,11 @@ from prfaas_jax.engine.codec.format import (
 )
 from prfaas_jax.engine.codec.layout import (
     KvPrefix,
+    StateBuffers,
     TensorSpec,
-    build_state,
     canonical_tensors,
     row_length,
-    wire_bytes,
+    wire_view,
 )
 from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, StreamEncoder
 from prfaas_jax.model.state import ModelState
@@ -151,8 +154,12 @@ def decode(
             f"the receiver holds {held} of them"
         )
     entries = header.tensors
-    buffers = [bytearray(entry.spec.nbytes) for entry in entries]
-    seen: list[set[int]] = [set() for _ in entries]
+    capacity = max(header.length, 1) if max_len is None else max_len
+    # Each frame's payload is copied once, straight into the state field that keeps it.
+    buffers = StateBuffers(cfg, header.length, capacity)
+    targets = [_bytes_of(buffers.canonical(tid)) for tid in range(len(entries))]
+    # Per tensor, the CRC32 of each data frame's payload, by frame number.
+    crcs: list[list[int | None]] = [[None] * entry.num_frames for entry in entries]
     trailer, trailer_index = None, 0
     for index, frame in enumerate(stream, start=1):
         view = _view(frame, index)
@@ -181,30 +188,46 @@ def decode(
         size = min(entry.chunk_bytes, entry.spec.nbytes - offset)
         if len(data.payload) != size:
             raise StateDecodeError(f"{where} carries {len(data.payload)} bytes, expected {size}")
-        if offset in seen[data.tensor_id]:
+        slot = (offset - skip) // entry.chunk_bytes
+        if crcs[data.tensor_id][slot] is not None:
             raise StateDecodeError(f"{where} is a duplicate: that chunk already arrived")
-        seen[data.tensor_id].add(offset)
-        buffers[data.tensor_id][offset : offset + size] = data.payload
+        crcs[data.tensor_id][slot] = data.payload_crc
+        targets[data.tensor_id][offset : offset + size] = data.payload
     for tid, entry in enumerate(entries):
-        spec = entry.spec
-        if len(seen[tid]) != entry.num_frames:
+        spec, arrived = entry.spec, sum(crc is not None for crc in crcs[tid])
+        if arrived != entry.num_frames:
             raise StateDecodeError(
                 f"stream ended early: tensor {tid} (layer {spec.layer} {spec.name}) has "
-                f"{len(seen[tid])} of its {entry.num_frames} data frames"
+                f"{arrived} of its {entry.num_frames} data frames"
             )
     if trailer is None:
         raise StateDecodeError(
             "stream ended early: no trailer frame (it follows the last data frame)"
         )
     for tid, entry in enumerate(entries):
-        if zlib.crc32(memoryview(buffers[tid])[entry.skip_bytes :]) != trailer.crc32s[tid]:
+        if _tensor_crc(entry, crcs[tid]) != trailer.crc32s[tid]:
             spec = entry.spec
             raise StateDecodeError(f"tensor {tid} (layer {spec.layer} {spec.name}) fails its CRC32")
         if entry.skip_bytes:
-            buffers[tid][: entry.skip_bytes] = _base_rows(entry.spec, base)
-    capacity = max(header.length, 1) if max_len is None else max_len
-    tensors = [(entry.spec, buffer) for entry, buffer in zip(entries, buffers, strict=True)]
-    return build_state(cfg, header.length, tensors, capacity)
+            targets[tid][: entry.skip_bytes] = _base_rows(entry.spec, base)
+        if sys.byteorder == "big":  # the wire is little-endian
+            raw = buffers.canonical(tid).view(f"u{entry.spec.itemsize}")
+            raw.byteswap(inplace=True)
+    return buffers.state()
+
+
+def _bytes_of(array: np.ndarray) -> memoryview:
+    """A writable byte view of a C-contiguous array."""
+    return memoryview(array.view(np.uint8).reshape(-1))
+
+
+def _tensor_crc(entry: TensorEntry, frame_crcs: list[int | None]) -> int:
+    """CRC32 of the bytes a tensor's frames carry, combined from their payloads' CRCs."""
+    crc, remaining = 0, entry.spec.nbytes - entry.skip_bytes
+    for frame_crc in frame_crcs:
+        size = min(entry.chunk_bytes, remaining)
+        crc, remaining = crc32_combine(crc, frame_crc, size), remaining - size
+    return crc
 
 
 def _base_rows(spec: TensorSpec, base: KvPrefix | None) -> bytes:
@@ -218,7 +241,7 @@ def _base_rows(spec: TensorSpec, base: KvPrefix | None) -> bytes:
             f"the receiver's rows of layer {spec.layer} {spec.name} are {got}, the stream "
             f"needs {spec.dtype}{list(expected)}"
         )
-    return wire_bytes(rows)
+    return wire_view(rows)
 
 
 def _first_header(stream: Iterator[object]) -> StateHeader:
