@@ -1,0 +1,280 @@
+"""The state codec and the state transfer against a memory copy and a raw TCP socket, in one run.
+
+For each preset and length it builds a full-size state of that model (random bytes in every
+tensor; the codec does not look at values) and times, best of ``--repeat``:
+
+- ``memcpy``: a copy of the state's bytes into a fresh array (what producing new bytes costs at
+  the least: the destination's pages are touched for the first time) and into a warm one;
+- ``encode``: ``codec.encode`` with the frames consumed one at a time, as a push sends them;
+- ``decode``: ``codec.decode`` of those frames into a state (checked equal to the source);
+- ``socket``: the same wire bytes, frame by frame, over one loopback TCP connection to another
+  process that reads them into a buffer;
+- ``grpc``: the round trip a PrfaaS state makes: encode, ``DecodeWorker.PushState`` over a
+  loopback channel of the prefill worker's (``DecodeChannels``) to another process serving the
+  decode worker's servicer (``DecodeService``: reads the push, decodes it, parks the state),
+  timed to its reply.
+
+Rates are state payload bytes per second (the wire bytes are 0.01 % more); each row shows the
+ratios the codec is held to: encode and decode against the fresh and the warm copy, grpc against
+the socket. Prints a table, then the same as JSON.
+
+    python bench/codec.py [--presets kimi-linear-48b,qwen3-next-80b]
+                          [--lengths 1024,8192,32768,131072] [--frame-bytes 4194304]
+                          [--repeat 3] [--json]
+
+Memory: the state, its frames and the decoded copy are held at once (3× the state; 3.4 GiB
+for ``kimi-linear-48b`` at 128K tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import jax
+import numpy as np
+
+from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.engine import codec
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
+from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, state_from_arrays
+from prfaas_jax.engine.sampling_params import GREEDY
+from prfaas_jax.model.state import ModelState
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.server import ServingServer
+from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.prefill import DecodeChannels
+
+GB = 1e9
+
+
+def random_state(cfg: ModelConfig, length: int, seed: int = 0) -> ModelState:
+    """A full-size state of ``cfg`` at ``length`` tokens, every tensor random bytes."""
+    block = np.random.default_rng(seed).integers(0, 256, 2**20, np.uint8)
+    arrays = []
+    for spec in canonical_tensors(cfg, length):
+        raw = np.resize(block, spec.nbytes)  # the 1 MiB block, repeated
+        arrays.append((spec, raw.view(jax.numpy.dtype(spec.dtype)).reshape(spec.shape)))
+    return state_from_arrays(cfg, length, arrays, length)
+
+
+def best_of(repeat: int, run: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def copy_times(nbytes: int, repeat: int) -> dict[str, float]:
+    """Best times of a copy of ``nbytes`` into a fresh array and into a warm (touched) one."""
+    source = np.full(nbytes, 7, np.uint8)
+    warm = np.zeros_like(source)
+    return {
+        "memcpy_fresh": best_of(repeat, lambda: np.copyto(np.empty_like(source), source)),
+        "memcpy_warm": best_of(repeat, lambda: np.copyto(warm, source)),
+    }
+
+
+def _consume(frames: Iterator[bytes]) -> int:
+    return sum(len(frame) for frame in frames)
+
+
+class _Parked:
+    """The decode engine of the receiver: states are parked and never decoded further."""
+
+    max_slots = 1
+
+
+def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
+    """Another process: a TCP sink and the decode worker's servicer, until terminated."""
+    cfg = load_model_config(preset)
+    service = DecodeService(
+        engine=_Parked,
+        cfg=cfg,
+        max_len=max_len,
+        admit=lambda context: None,
+        state_timeout_s=1.0,  # parked states are dropped a second after their push
+    )
+    server = ServingServer(
+        [(pb_grpc.add_DecodeWorkerServicer_to_server, service, "prfaas.v1.DecodeWorker")]
+    )
+    listener = socket.create_server(("127.0.0.1", 0))
+    ports.put((server.port, listener.getsockname()[1]))
+    conn, _ = listener.accept()
+    sink = np.empty(2**26, np.uint8)
+    sink[:] = 0  # warm: the socket peer moves bytes, it does not allocate
+    view = memoryview(sink)
+    while True:  # each round: an 8-byte length, that many bytes, a 1-byte reply
+        head = conn.recv(8, socket.MSG_WAITALL)
+        if len(head) < 8:  # the socket rounds are over; the servicer serves on
+            threading.Event().wait()
+        left = int.from_bytes(head, "little")
+        while left:
+            left -= conn.recv_into(view, min(left, len(view)))
+        conn.sendall(b"k")
+
+
+def _socket_round(conn: socket.socket, frames: list[bytes]) -> None:
+    conn.sendall(sum(len(frame) for frame in frames).to_bytes(8, "little"))
+    for frame in frames:
+        conn.sendall(frame)
+    if conn.recv(1) != b"k":
+        raise RuntimeError("the socket peer closed the connection")
+
+
+def _push(
+    stub: pb_grpc.DecodeWorkerStub, state: ModelState, cfg: ModelConfig, frame_bytes: int, rid: str
+) -> pb.PushStateReply:
+    """One state as a prefill worker pushes it: frames made as the stream asks for them."""
+
+    def chunks() -> Iterator[pb.StateChunk]:
+        yield pb.StateChunk(request_id=rid, sender="bench")
+        header = b""
+        for frame in codec.encode(state, cfg, max_frame_bytes=frame_bytes):
+            header = header or frame
+            yield pb.StateChunk(frame=frame)
+        yield pb.StateChunk(frame=pack_handoff(Handoff(1, GREEDY), header))
+
+    return stub.PushState(chunks(), timeout=600)
+
+
+def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
+    cfg = load_model_config(preset)
+    state = random_state(cfg, length)
+    nbytes = sum(spec.nbytes for spec in canonical_tensors(cfg, length))
+    row: dict = {"preset": preset, "length": length, "state_bytes": nbytes}
+    times = copy_times(nbytes, args.repeat)
+    encode = lambda: codec.encode(state, cfg, max_frame_bytes=args.frame_bytes)  # noqa: E731
+    _consume(encode())  # first call: warm-up
+    times["encode"] = best_of(args.repeat, lambda: _consume(encode()))
+    frames = list(encode())
+    row["wire_bytes"] = sum(len(frame) for frame in frames)
+    row["frames"] = len(frames)
+    decoded = codec.decode(frames, cfg)
+    if not _same(state, decoded, cfg):
+        raise AssertionError(f"{preset} L={length}: the decoded state differs from the source")
+    del decoded
+    times["decode"] = best_of(args.repeat, lambda: jax.block_until_ready(codec.decode(frames, cfg)))
+
+    context = multiprocessing.get_context("spawn")
+    ports = context.Queue()
+    peer = context.Process(target=_receiver, args=(preset, length, ports), daemon=True)
+    peer.start()
+    try:
+        grpc_port, socket_port = ports.get(timeout=120)
+        with socket.create_connection(("127.0.0.1", socket_port)) as conn:
+            _socket_round(conn, frames)
+            times["socket"] = best_of(args.repeat, lambda: _socket_round(conn, frames))
+        stub = DecodeChannels().stub(f"127.0.0.1:{grpc_port}")
+        pushes = iter(range(10**6))
+        push = lambda: _push(stub, state, cfg, args.frame_bytes, f"r{next(pushes)}")  # noqa: E731
+        reply = push()
+        if reply.state_bytes != nbytes:
+            raise AssertionError(f"the decode worker took {reply.state_bytes} B of {nbytes}")
+        times["grpc"] = best_of(args.repeat, lambda: (push(), time.sleep(0)))
+    finally:
+        peer.terminate()
+        peer.join()
+    row |= {f"{name}_s": seconds for name, seconds in times.items()}
+    rates = {name: nbytes / seconds for name, seconds in times.items()}
+    row |= {f"{name}_gb_s": rate / GB for name, rate in rates.items()}
+    row["encode_vs_fresh"] = rates["encode"] / rates["memcpy_fresh"]
+    row["decode_vs_fresh"] = rates["decode"] / rates["memcpy_fresh"]
+    row["encode_vs_warm"] = rates["encode"] / rates["memcpy_warm"]
+    row["decode_vs_warm"] = rates["decode"] / rates["memcpy_warm"]
+    row["grpc_vs_socket"] = rates["grpc"] / rates["socket"]
+    return row
+
+
+def _same(a: ModelState, b: ModelState, cfg: ModelConfig) -> bool:
+    (la, xs), (lb, ys) = canonical_arrays(a, cfg, 0), canonical_arrays(b, cfg, 0)
+    return la == lb and all(
+        x.tobytes() == y.tobytes() for (_, x), (_, y) in zip(xs, ys, strict=True)
+    )
+
+
+COLUMNS = (
+    ("preset", "preset", "{}"),
+    ("L", "length", "{:,}"),
+    ("MiB", "state_bytes", None),
+    ("memcpy fresh/warm GB/s", None, None),
+    ("encode GB/s", "encode_gb_s", "{:.2f}"),
+    ("decode GB/s", "decode_gb_s", "{:.2f}"),
+    ("enc/dec ÷ fresh", None, None),
+    ("enc/dec ÷ warm", None, None),
+    ("socket GB/s", "socket_gb_s", "{:.2f}"),
+    ("grpc GB/s", "grpc_gb_s", "{:.2f}"),
+    ("grpc ÷ socket", "grpc_vs_socket", "{:.0%}"),
+)
+
+
+def cells(row: dict) -> list[str]:
+    out = []
+    for title, key, fmt in COLUMNS:
+        if title == "MiB":
+            out.append(f"{row['state_bytes'] / 2**20:,.0f}")
+        elif title.startswith("memcpy"):
+            out.append(f"{row['memcpy_fresh_gb_s']:.1f} / {row['memcpy_warm_gb_s']:.1f}")
+        elif title.startswith("enc/dec ÷ fresh"):
+            out.append(f"{row['encode_vs_fresh']:.0%} / {row['decode_vs_fresh']:.0%}")
+        elif title.startswith("enc/dec ÷ warm"):
+            out.append(f"{row['encode_vs_warm']:.0%} / {row['decode_vs_warm']:.0%}")
+        else:
+            out.append(fmt.format(row[key]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="The state codec and transfer against memcpy and a raw TCP socket.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n")[-2],
+    )
+    parser.add_argument("--presets", default="kimi-linear-48b,qwen3-next-80b")
+    parser.add_argument("--lengths", default="1024,8192,32768,131072")
+    parser.add_argument("--frame-bytes", type=int, default=codec.DEFAULT_MAX_FRAME_BYTES)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    args = parser.parse_args(argv)
+    try:
+        presets = [name for name in args.presets.split(",") if name]
+        lengths = [int(n) for n in args.lengths.split(",") if n]
+        for name in presets:
+            load_model_config(name)
+    except (ValueError, OSError) as err:
+        parser.error(str(err))
+    if args.repeat < 1 or any(n < 1 for n in lengths):
+        parser.error("--repeat and every length must be ≥ 1")
+    rows = []
+    for name in presets:
+        for length in lengths:
+            rows.append(measure(name, length, args))
+            if not args.json:
+                print(" | ".join(cells(rows[-1])), file=sys.stderr, flush=True)
+    result = {
+        "machine": {"cpus": multiprocessing.cpu_count(), "platform": platform.platform()},
+        "frame_bytes": args.frame_bytes,
+        "repeat": args.repeat,
+        "rows": rows,
+    }
+    if not args.json:
+        print("| " + " | ".join(title for title, _, _ in COLUMNS) + " |")
+        print("|" + "---|" * len(COLUMNS))
+        for row in rows:
+            print("| " + " | ".join(cells(row)) + " |")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
