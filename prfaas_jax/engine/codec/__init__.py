@@ -2,7 +2,8 @@
 
 ``wire`` holds ``encode`` / ``decode`` / ``inspect``; ``format`` the byte layout of each frame;
 ``layout`` the state ↔ canonical-tensor mapping; ``stream`` the encoder that ships cache rows
-while a chunked prefill runs; ``file`` the file container; ``handoff`` the frame that hands a
+while a chunked prefill runs; ``decoder`` the decoder that places frames as they arrive;
+``checksum`` the CRC32; ``file`` the file container; ``handoff`` the frame that hands a
 prefilled request (first token, sampling) to a decode engine. The format is specified in
 docs/wire-format.md.
 """
@@ -13,6 +14,7 @@ from prfaas_jax.engine.codec.wire import (
     StateDecodeError,
     StateHeader,
     StateTrailer,
+    StreamDecoder,
     StreamEncoder,
     TensorEntry,
     TensorSpec,
@@ -31,6 +33,7 @@ __all__ = [
     "StateDecodeError",
     "StateHeader",
     "StateTrailer",
+    "StreamDecoder",
     "StreamEncoder",
     "TensorEntry",
     "TensorSpec",

@@ -48,7 +48,8 @@ def is_handoff_frame(frame: bytes) -> bool:
     return bytes(frame[:4]) == HANDOFF_MAGIC
 
 
-def _parse_handoff(frame: bytes, stream_id: int) -> Handoff:
+def parse_handoff(frame: bytes, stream_id: int) -> Handoff:
+    """The handoff frame of stream ``stream_id``, checked (StateDecodeError if malformed)."""
     size = _HANDOFF_HEAD.size + _CRC.size
     if len(frame) < size or frame[:4] != HANDOFF_MAGIC:
         raise StateDecodeError("the stream does not end with a handoff frame (first token)")
@@ -81,4 +82,4 @@ def split_handoff(frames: Sequence[bytes]) -> tuple[list[bytes], Handoff]:
     header = inspect(frames)
     if len(frames) < 2:
         raise StateDecodeError("the stream has no handoff frame (first token) after its header")
-    return list(frames[:-1]), _parse_handoff(bytes(frames[-1]), header.stream_id)
+    return list(frames[:-1]), parse_handoff(bytes(frames[-1]), header.stream_id)

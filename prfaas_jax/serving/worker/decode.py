@@ -2,9 +2,10 @@
 
 A request meets the decode worker twice, in either order: the prefill worker's `PushState`
 (the codec frames — header, data frames as prefill makes them, trailer — and the handoff frame)
-and the router's `Generate` (request id, prompt length, token budget). `PushState` collects the
-stream and validates everything before a request can use it — the handoff (`split_handoff`; its
-first token must be in the vocabulary) and every frame (`codec.decode`: magic, version, model
+and the router's `Generate` (request id, prompt length, token budget). `PushState` decodes the
+stream as it arrives (push_decoder.py: each frame placed into the state being built, so no push
+is held whole) and validates everything before a request can use it — the handoff (its first
+token must be in the vocabulary) and every frame (`codec.StreamDecoder`: magic, version, model
 fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) — and refuses a
 state longer than the node can decode, or one whose length differs from the prompt length the
 router announced. A state sent as an increment (its header's base: the KV rows this node said
@@ -37,8 +38,8 @@ push is refused before any of its frames is read, a call at once; both RESOURCE_
 
 The module is over 500 lines: `PushState` (whole or striped: serving/worker/stripes.py),
 `ReserveKv`, `Generate` and the engine thread share one lock and one request table, and are
-read together; reading a push (push_reader.py) and the received-KV cache (decode_cache.py) live
-beside it.
+read together; reading a push (push_reader.py), decoding it (push_decoder.py) and the
+received-KV cache (decode_cache.py) live beside it.
 """
 
 from __future__ import annotations
@@ -56,9 +57,7 @@ import grpc
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine import codec
 from prfaas_jax.engine.api import DecodeEngineLike
-from prfaas_jax.engine.codec.handoff import is_handoff_frame, split_handoff
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.link_capacity import FrameArrival, backlog_sample
@@ -67,6 +66,7 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.messages import check_prompt
 from prfaas_jax.serving.worker.decode_cache import DecodeKvCache
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
+from prfaas_jax.serving.worker.push_decoder import PushDecoder
 from prfaas_jax.serving.worker.push_reader import PushReader, PushTooLongError
 from prfaas_jax.serving.worker.stripes import MAX_STRIPES, StripeError, StripeSet
 
@@ -186,19 +186,21 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         token in `_receiving`."""
         ended = threading.Event()
         context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
-        frames, arrivals, _ = self._read(first, request_iterator, context)
-        if not (frames and is_handoff_frame(frames[-1])) and ended.wait(_CANCEL_SEEN_S):
+        push = PushDecoder(self.cfg, self.max_len)
+        arrivals, _ = self._read(first, request_iterator, context, push.take)
+        if not push.ends_with_handoff and ended.wait(_CANCEL_SEEN_S):
             # A cut transfer, not a malformed one: its sender reports the failure.
             context.abort(grpc.StatusCode.CANCELLED, f"{first.request_id}: the sender cancelled")
+        others: list[bytes] = []
         if first.stripes > 1:  # the other stripes' data frames (serving/worker/stripes.py)
             try:
-                frames, arrivals = self.stripes.gather(
-                    first.request_id, first.stripes, frames, arrivals
+                others, arrivals = self.stripes.others(
+                    first.request_id, first.stripes, push.frames, arrivals
                 )
             except StripeError as err:
                 context.abort(grpc.StatusCode.ABORTED, str(err))
         try:
-            state_frames, handoff = split_handoff(frames)
+            handoff = push.handoff(others)
             vocab = self.cfg.vocab_size
             if not 0 <= handoff.first_token < vocab:
                 raise UserError(
@@ -206,8 +208,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 )
             reserved = self.kv_cache.take(first.request_id) if self.kv_cache else None
             base = reserved.prefix if reserved is not None and reserved.prefix.length else None
-            state = codec.decode(state_frames, self.cfg, max_len=self.max_len, base=base)
-            state_bytes = codec.inspect(state_frames).payload_nbytes
+            state = push.state(base)
+            state_bytes = push.payload_nbytes
         except UserError as err:
             self._reject(context, first.request_id, str(err))
         self._start_engine_thread()
@@ -243,19 +245,27 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         backlog_bytes, backlog_s = backlog_sample(arrivals)
         return pb.PushStateReply(
             state_bytes=state_bytes,
-            frames=len(frames),
+            frames=push.frames + len(others),
             backlog_bytes=backlog_bytes,
             backlog_s=backlog_s,
         )
 
     def _read(
-        self, first: pb.StateChunk, chunks: Iterator[pb.StateChunk], context: grpc.ServicerContext
-    ) -> tuple[list[bytes], list[FrameArrival], bool]:
+        self,
+        first: pb.StateChunk,
+        chunks: Iterator[pb.StateChunk],
+        context: grpc.ServicerContext,
+        take: Callable[[bytes], None],
+    ) -> tuple[list[FrameArrival], bool]:
+        """Read a push, handing its frames to ``take``; malformed frames or a push past the
+        byte limit are refused as they come."""
         try:
-            return self._reader.read(first, chunks, context)
+            return self._reader.read(first, chunks, context, take)
         except PushTooLongError:
             too_long = f"state stream exceeds {self.max_push_bytes} bytes, more than a "
             self._reject(context, first.request_id, f"{too_long}{self.max_len}-token state of it")
+        except UserError as err:
+            self._reject(context, first.request_id, str(err))
 
     def _receive_stripe(
         self,
@@ -266,7 +276,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         """A secondary stripe: its data frames wait for the request's primary stream."""
         rid, stripe, stripes = first.request_id, first.stripe, first.stripes
         try:
-            frames, arrivals, last = self._read(first, request_iterator, context)
+            frames: list[bytes] = []
+            arrivals, last = self._read(first, request_iterator, context, frames.append)
         except Exception:  # refused (too long): the primary must not wait for it either
             self.stripes.fail(rid, stripes, f"stripe {stripe} of {stripes} was refused")
             raise

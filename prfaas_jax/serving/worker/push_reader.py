@@ -1,4 +1,4 @@
-"""`PushReader`: a `PushState` stream's frames as they arrive, timed on the link's clock.
+"""`PushReader`: a `PushState` stream's frames handed on as they arrive, timed on the link's clock.
 
 Every frame's arrival is stamped, with the arrival of the frame before it from the same sender
 (its first message's `sender`, else its connection) — of this transfer, of another stripe of it,
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 
@@ -32,17 +32,21 @@ class PushReader:
         self._last_arrival: dict[str, float] = {}  # per sender
 
     def read(
-        self, first: pb.StateChunk, chunks: Iterator[pb.StateChunk], context: grpc.ServicerContext
-    ) -> tuple[list[bytes], list[FrameArrival], bool]:
-        """The stream's frames (after its first message), their arrivals, and whether it ended
-        with a `last` message (a striped stream's clean end); `PushTooLongError` as soon as
-        the frames pass ``max_bytes``."""
-        frames: list[bytes] = []
+        self,
+        first: pb.StateChunk,
+        chunks: Iterator[pb.StateChunk],
+        context: grpc.ServicerContext,
+        take: Callable[[bytes], None],
+    ) -> tuple[list[FrameArrival], bool]:
+        """Hands the stream's frames (after its first message) to ``take`` as they arrive;
+        returns their arrivals and whether the stream ended with a `last` message (a striped
+        stream's clean end). `PushTooLongError` as soon as the frames pass ``max_bytes``; what
+        ``take`` raises ends the read."""
         arrivals: list[FrameArrival] = []
         total, sender = 0, first.sender or context.peer()
         for chunk in chunks:
             if chunk.last:
-                return frames, arrivals, True
+                return arrivals, True
             with self._lock:
                 now = time.perf_counter()
                 previous, self._last_arrival[sender] = self._last_arrival.get(sender), now
@@ -50,5 +54,5 @@ class PushReader:
             total += len(chunk.frame)
             if total > self.max_bytes:
                 raise PushTooLongError
-            frames.append(chunk.frame)
-        return frames, arrivals, False
+            take(chunk.frame)
+        return arrivals, False

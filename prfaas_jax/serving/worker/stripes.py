@@ -9,8 +9,9 @@ message names the request and its stripe (`StateChunk.stripe`, `stripes`).
 
 A secondary stream deposits its frames here when it ends on purpose (`deposit`), or marks the
 transfer failed when it is cut (`fail`). The primary, once its own frames are in, waits for the
-others (`gather`, at most `timeout_s`) and gets the state's frames in decodable order — header,
-every data frame, trailer, handoff — or a `StripeError` saying which stripe is missing or failed.
+others (at most `timeout_s`) and gets their data frames (`others`, which go before its trailer),
+or the state's frames in decodable order — header, every data frame, trailer, handoff
+(`gather`) — or a `StripeError` saying which stripe is missing or failed.
 Parts that no primary claims are dropped after `timeout_s`.
 """
 
@@ -97,6 +98,19 @@ class StripeSet:
         """The primary's ``own`` frames (header, data frames, trailer, handoff) with every other
         stripe's data frames, in decodable order, once all are in; and every stripe's arrivals
         in time order (the link is timed over them together)."""
+        others, arrivals = self.others(request_id, stripes, len(own), own_arrivals)
+        return [*own[:-2], *others, *own[-2:]], arrivals
+
+    def others(
+        self,
+        request_id: str,
+        stripes: int,
+        own_count: int,
+        own_arrivals: list[FrameArrival] | None = None,
+    ) -> tuple[list[bytes], list[FrameArrival]]:
+        """Every other stripe's data frames, once all are in (they go before the primary's
+        trailer), for a primary that carried ``own_count`` frames; and every stripe's arrivals
+        in time order."""
         deadline = time.monotonic() + self.timeout_s
         with self._cv:
             parts = self._entry(request_id, stripes)
@@ -110,8 +124,8 @@ class StripeSet:
             del self._parts[request_id]
         if parts.failed is not None:
             raise StripeError(f"{request_id}: {parts.failed}")
-        if len(own) < 3:
-            raise StripeError(f"{request_id}: stripe 0 carries {len(own)} frames, fewer than 3")
+        if own_count < 3:
+            raise StripeError(f"{request_id}: stripe 0 carries {own_count} frames, fewer than 3")
         others = [frame for k in sorted(parts.frames) for frame in parts.frames[k]]
         arrivals = sorted([*(own_arrivals or []), *parts.arrivals], key=lambda a: a.at)
-        return [*own[:-2], *others, *own[-2:]], arrivals
+        return others, arrivals
