@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import socket
 import sys
@@ -95,8 +96,18 @@ class _Parked:
     max_slots = 1
 
 
+def _exit_with(parent: int) -> None:
+    """End this process once ``parent`` has (a bench stopped with Ctrl-C or killed)."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
 def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
-    """Another process: a TCP sink and the decode worker's servicer, until terminated."""
+    """Another process: a TCP sink and the decode worker's servicer, until terminated or its
+    parent is gone."""
+    parent = os.getppid()
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     cfg = load_model_config(preset)
     service = DecodeService(
         engine=_Parked,

@@ -5,7 +5,7 @@ Configured by the cluster's `[chaos]` section (`ChaosSection`). Per state transf
 
 - with probability `corrupt_frame_prob`, one byte of one data frame is flipped (XOR with a
   non-zero value) after the frame is made and before it is sent. Never the header, so the
-  stream opens normally; the receiver's `codec.decode` finds the frame's CRC32 wrong and
+  stream opens normally; the receiver's decoder finds the frame's CRC32 wrong and
   rejects the whole stream (INVALID_ARGUMENT), and the prefill RPC fails with that status.
 - with probability `drop_transfer_prob`, the link dies midway: after k of the stream's n frames
   (k uniform in [1, n − 1], so the header always leaves and the handoff never does) the sender
