@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -107,11 +108,13 @@ def test_demo_on_the_real_model(tmp_path, child_cache_home, netns):
     assert preset == "recall-tiny"
     cfg = load_model_config(preset)
     assert [r["prompt_len"] for r in requests] == list(RECALL_LENGTHS)
+    # The configured t, or one the controller moved to and logged: a queue that piles up on
+    # PrfaaS (a loaded machine) may re-solve t mid-run ("threshold 64 → 48 (queue_surge)").
+    solved = re.findall(r"threshold \S+ → (\S+) \(\w+\)", (log_dir / "router.log").read_text())
+    thresholds = {cluster_config.router.threshold, *map(float, solved)}
     routes = set()
     for r in requests:
-        assert (
-            r["threshold"] == cluster_config.router.threshold
-        )  # the workload is too short to re-solve t
+        assert r["threshold"] in thresholds, (r["threshold"], thresholds)
         assert r["route"] == ("prfaas" if r["uncached_len"] > r["threshold"] else "pd"), r
         assert r["uncached_len"] == r["prompt_len"] and r["cached_len"] == 0
         assert r["output_matches"] and len(r["tokens"]) == DEMO_NEW_TOKENS
