@@ -107,3 +107,12 @@ def test_decoded_tensors_land_in_the_state_without_a_copy(name: str) -> None:
             assert (field[0, :30] == index + 1).all() and not field[0, 30:].any()
         else:
             assert (field == index + 1).sum() == buffers.canonical(index).size
+
+
+def test_state_from_arrays_refuses_missing_or_misshaped_tensors() -> None:
+    cfg, arrays, _ = _random_state("tiny", 12, seed=2)
+    with pytest.raises(ValueError, match="no array for layer 0"):
+        state_from_arrays(cfg, 12, arrays[1:], 12)
+    spec, array = arrays[-1]  # a growing cache: a single row must not broadcast over 12
+    with pytest.raises(ValueError, match="given an array of shape"):
+        state_from_arrays(cfg, 12, [*arrays[:-1], (spec, array[:1])], 12)

@@ -280,6 +280,14 @@ def state_from_arrays(
     """A batch-1 state from ``canonical_tensors(cfg, length)``'s arrays, caches of ``capacity``."""
     buffers = StateBuffers(cfg, length, capacity)
     index = {(spec.layer, spec.name): i for i, spec in enumerate(buffers.specs)}
+    filled = set()
     for spec, array in tensors:
-        buffers.canonical(index[(spec.layer, spec.name)])[...] = array
+        i = index[(spec.layer, spec.name)]
+        if array.shape != buffers.specs[i].shape:
+            raise ValueError(f"{buffers.specs[i]} given an array of shape {array.shape}")
+        buffers.canonical(i)[...] = array
+        filled.add(i)
+    if len(filled) != len(buffers.specs):
+        missing = [str(buffers.specs[i]) for i in range(len(buffers.specs)) if i not in filled]
+        raise ValueError(f"no array for {', '.join(missing)}")
     return buffers.state()
