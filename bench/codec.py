@@ -5,6 +5,7 @@ tensor; the codec does not look at values) and times, best of ``--repeat``:
 
 - ``memcpy``: a copy of the state's bytes into a fresh array (what producing new bytes costs at
   the least: the destination's pages are touched for the first time) and into a warm one;
+- ``crc32``: the CRC32 of the same bytes by the codec (zlib-ng) and by CPython's ``zlib``;
 - ``encode``: ``codec.encode`` with the frames consumed one at a time, as a push sends them;
 - ``decode``: ``codec.decode`` of those frames into a state (checked equal to the source);
 - ``socket``: the same wire bytes, frame by frame, over one loopback TCP connection to another
@@ -37,6 +38,7 @@ import socket
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 
 import jax
@@ -44,6 +46,7 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine import codec
+from prfaas_jax.engine.codec import checksum
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, state_from_arrays
 from prfaas_jax.engine.sampling_params import GREEDY
@@ -77,12 +80,15 @@ def best_of(repeat: int, run: Callable[[], object]) -> float:
 
 
 def copy_times(nbytes: int, repeat: int) -> dict[str, float]:
-    """Best times of a copy of ``nbytes`` into a fresh array and into a warm (touched) one."""
+    """Best times of a copy of ``nbytes`` into a fresh array and into a warm (touched) one, and
+    of the CRC32 of those bytes by the codec (zlib-ng) and by CPython's zlib."""
     source = np.full(nbytes, 7, np.uint8)
     warm = np.zeros_like(source)
     return {
         "memcpy_fresh": best_of(repeat, lambda: np.copyto(np.empty_like(source), source)),
         "memcpy_warm": best_of(repeat, lambda: np.copyto(warm, source)),
+        "crc32": best_of(repeat, lambda: checksum.crc32(source)),
+        "crc32_zlib": best_of(repeat, lambda: zlib.crc32(source)),
     }
 
 
@@ -238,6 +244,7 @@ COLUMNS = (
     ("grpc GB/s", "grpc_gb_s", "{:.2f}"),
     ("grpc ÷ socket", "grpc_vs_socket", "{:.0%}"),
     ("CPU-s per push: receiver / sender", None, None),
+    ("CRC32 GB/s: zlib-ng / zlib", None, None),
 )
 
 
@@ -250,6 +257,8 @@ def cells(row: dict) -> list[str]:
             out.append(f"{row['memcpy_fresh_gb_s']:.1f} / {row['memcpy_warm_gb_s']:.1f}")
         elif title.startswith("enc/dec ÷ fresh"):
             out.append(f"{row['encode_vs_fresh']:.0%} / {row['decode_vs_fresh']:.0%}")
+        elif title.startswith("CRC32"):
+            out.append(f"{row['crc32_gb_s']:.1f} / {row['crc32_zlib_gb_s']:.1f}")
         elif title.startswith("CPU-s"):
             out.append(f"{row['grpc_receiver_cpu_s']:.2f} / {row['grpc_sender_cpu_s']:.2f}")
         elif title.startswith("enc/dec ÷ warm"):
