@@ -1,9 +1,9 @@
 """Worker faults on the real model (`tiny` KDA + MLA, JAX engines, real processes, states
 streamed layer by layer: `layer_groups = 4`): the PrfaaS prefill worker SIGKILLed while its
-states are on the inter-cluster link, then the decode worker SIGKILLed while it
-streams. Every request completes with exactly the tokens of single-process greedy generation
-(the model's `prefill` + `decode_step`, computed here): the router re-prefills the lost
-prefills locally and resumes the lost streams from prompt + the tokens already sent."""
+states are on the inter-cluster link, then the decode worker SIGKILLed while it streams. Every
+request completes with exactly the tokens of single-process greedy generation (the model's
+`prefill` + `decode_step`, computed here): the router re-prefills the lost prefills locally and
+resumes the lost streams from prompt + the tokens already sent."""
 
 from __future__ import annotations
 
