@@ -37,7 +37,8 @@ RANK = {
     "cli": 8,
 }
 # Inside serving: what every process reads (the cluster config, the generated stubs), then the
-# wire, then the two process kinds side by side, then the launcher, then load generators.
+# wire, then the three process kinds side by side (worker, router, HTTP front door), then the
+# launcher, then load generators.
 SERVING_RANK = {
     "cluster_config": 0,
     "cluster_sections": 0,
@@ -45,11 +46,12 @@ SERVING_RANK = {
     "transport": 1,
     "worker": 2,
     "router": 2,
+    "frontdoor": 2,
     "cluster": 3,
     "loadgen": 4,
 }
-# Processes that talk only over the wire: neither imports the other.
-SEPARATE_PROCESSES = {"worker", "router"}
+# Processes that talk only over the wire: none imports another.
+SEPARATE_PROCESSES = {"worker", "router", "frontdoor"}
 # Third-party packages some layers must never import.
 FORBIDDEN = {
     "errors": {"jax", "grpc"},
@@ -141,7 +143,7 @@ def test_imports_go_down_the_layers(path):
             if there not in SERVING_RANK:
                 continue  # a name imported from the serving package itself
             assert SERVING_RANK[there] <= SERVING_RANK[sub], f"serving.{sub} imports {name}"
-            if {there, sub} == SEPARATE_PROCESSES:
+            if there != sub and {there, sub} <= SEPARATE_PROCESSES:
                 pytest.fail(f"serving.{sub} imports its peer {name}")
 
 
@@ -164,6 +166,7 @@ JAX_STACK = ("jax", "jaxlib", "flax", "optax", "orbax", "einops", "ml_dtypes")
 LEAN_ENTRY_POINTS = {
     "prfaas_jax.serving.router.main": JAX_STACK,
     "prfaas_jax.serving.cluster.launcher": JAX_STACK,
+    "prfaas_jax.serving.frontdoor.app": JAX_STACK,
     # A fake-engine worker needs JAX for its state pytrees, never the model's Flax modules.
     "prfaas_jax.serving.worker.main": ("flax", "optax", "orbax"),
     "prfaas_jax.engine.fake": ("flax", "optax", "orbax"),
@@ -172,9 +175,9 @@ LEAN_ENTRY_POINTS = {
 
 @pytest.mark.parametrize("module", sorted(LEAN_ENTRY_POINTS))
 def test_the_control_processes_import_only_what_they_run(module):
-    """The router and the launcher import with JAX made unimportable, a fake-engine worker with
-    Flax made unimportable: a cluster's control processes start in a fraction of a second,
-    and the fake clusters of the tests pay for JAX's import only."""
+    """The router, the launcher and the HTTP front door import with JAX made unimportable, a
+    fake-engine worker with Flax made unimportable: a cluster's control processes start in a
+    fraction of a second, and the fake clusters of the tests pay for JAX's import only."""
     probe = (
         "import importlib, sys\n"
         f"for name in {LEAN_ENTRY_POINTS[module]!r}: sys.modules[name] = None\n"

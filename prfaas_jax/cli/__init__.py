@@ -3,10 +3,11 @@
 One module per command group declares its subcommands' flags and runs them:
 cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/training_commands.py
 (train), cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign,
-profile), cli/serving_commands.py (demo, serve, bench, certs, soak) and cli/chat_command.py
-(chat); cli/flags.py holds the flag groups they share, cli/prompt_input.py the prompts read
-from files and cli/progress.py the progress display. Heavy imports (JAX, gRPC) happen only
-inside the run functions, so ``prfaas --help`` starts instantly.
+profile), cli/serving_commands.py (demo, serve, bench, certs, soak), cli/chat_command.py
+(chat) and cli/openai_command.py (openai); cli/flags.py holds the flag groups they share,
+cli/prompt_input.py the prompts read from files and cli/progress.py the progress display.
+Heavy imports (JAX, gRPC) happen only inside the run functions, so ``prfaas --help`` starts
+instantly.
 
 `main` turns a `UserError` into one line on stderr and exit status 2, never a traceback.
 """
@@ -22,6 +23,7 @@ from prfaas_jax.cli import (
     chat_command,
     codesign_commands,
     model_commands,
+    openai_command,
     planning_commands,
     serving_commands,
     training_commands,
@@ -47,6 +49,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     serving_commands.add_serve,
     serving_commands.add_bench,
     chat_command.add_chat,
+    openai_command.add_openai,
     serving_commands.add_certs,
     serving_commands.add_soak,
 )

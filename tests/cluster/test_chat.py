@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import signal
 import subprocess
 import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from serving_support import prfaas_serve
+from serving_support import prfaas_serve, wait_for
 
 from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.model import init_state, prefill
@@ -58,15 +59,22 @@ def assert_greedy(turns: list[dict], contexts: list[list[int]]) -> None:
             assert step[token] >= step.max() - TIE_LOGIT, (turn["turn"], i)
 
 
+@pytest.fixture(scope="module")
+def ready_file(tmp_path_factory, child_cache_home):
+    """`prfaas serve` with no --config (the toy cluster), shared by this module's tests."""
+    root = tmp_path_factory.mktemp("serve")
+    with prfaas_serve(root, cache_home=child_cache_home) as ready:
+        yield ready
+
+
 @pytest.mark.slow
-def test_a_five_turn_conversation_with_the_default_cluster(tmp_path, child_cache_home):
-    with prfaas_serve(tmp_path, cache_home=child_cache_home) as ready_file:  # no --config
-        result = chat(ready_file, MESSAGES, "--json")
-        assert result.returncode == 0, result.stderr[-3000:]
-        turns = [json.loads(line) for line in result.stdout.splitlines()]
-        shown = chat(ready_file, MESSAGES[:1])  # the human-readable form
-        max_len = load_cluster_config("toy").engine.max_len
-        too_long = chat(ready_file, ["x" * max_len])
+def test_a_five_turn_conversation_with_the_default_cluster(ready_file):
+    result = chat(ready_file, MESSAGES, "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    turns = [json.loads(line) for line in result.stdout.splitlines()]
+    shown = chat(ready_file, MESSAGES[:1])  # the human-readable form
+    max_len = load_cluster_config("toy").engine.max_len
+    too_long = chat(ready_file, ["x" * max_len])
 
     tokenizer = ByteTokenizer()
     contexts, context = [], []
@@ -100,3 +108,51 @@ def test_chat_without_a_router_is_one_line(tmp_path):
     assert result.returncode == 2 and "error: no router at 127.0.0.1:1: UNAVAILABLE" in line
     missing = chat(tmp_path / "missing.json", ["hello"])
     assert missing.returncode == 2 and "cannot read the ready file" in missing.stderr
+
+
+@pytest.mark.slow
+def test_the_openai_sdk_streams_the_models_greedy_text(ready_file, tmp_path):
+    """`prfaas openai` in front of the toy cluster: the `openai` SDK's streamed completion is
+    single-process greedy generation decoded by the byte tokenizer, with the right usage; a
+    bad request is a 400 and the door keeps serving; SIGTERM stops it with status 0."""
+    import openai
+
+    from prfaas_jax.engine.generate import generate
+    from prfaas_jax.engine.sampling import SamplingParams
+
+    address_file = tmp_path / "door.json"
+    command = [sys.executable, "-m", "prfaas_jax.cli", "openai", "--ready-file", str(ready_file)]
+    door = subprocess.Popen(
+        [*command, "--port", "0", "--address-file", str(address_file)], stderr=subprocess.PIPE
+    )
+    try:
+        assert wait_for(address_file.exists, timeout_s=60), door.stderr.read1().decode()
+        base_url = json.loads(address_file.read_text())["base_url"]
+        client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+        [model] = [m.id for m in client.models.list()]
+        prompt = MESSAGES[0]
+        stream = client.completions.create(
+            model=model,
+            prompt=prompt,
+            max_tokens=NEW_TOKENS,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model=model, prompt=prompt, max_tokens=10**6)
+        again = client.completions.create(model=model, prompt="a", max_tokens=2, temperature=0)
+    finally:
+        door.send_signal(signal.SIGTERM)
+        status = door.wait(timeout=30)
+    cfg, params = load_model(model, seed=load_cluster_config("toy").model.seed)
+    tokenizer = ByteTokenizer()
+    ids = tokenizer.encode(prompt)
+    expected = generate(params, cfg, ids, NEW_TOKENS, SamplingParams())[0]
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == tokenizer.decode(expected)
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+    assert chunks[-1].usage.completion_tokens == NEW_TOKENS
+    expected_again = generate(params, cfg, tokenizer.encode("a"), 2, SamplingParams())[0]
+    assert again.choices[0].text == tokenizer.decode(expected_again)
+    assert status == 0

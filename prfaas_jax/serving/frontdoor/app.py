@@ -1,0 +1,324 @@
+"""The front door's HTTP service: a Starlette app whose requests become `Router.Generate` calls.
+
+`build_app` serves
+- ``GET /v1/models``: the one served model;
+- ``POST /v1/completions`` and ``POST /v1/chat/completions``: parsed by `openai_api`, sent to
+  the router over grpc.aio, answered whole or streamed as server-sent events (``data: {json}``
+  per chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``);
+- ``GET /health``: 200 once the app runs.
+
+The text streams through `text.TextStream`; a stop string ends the reply (``finish_reason``
+"stop") and cancels the router call, which frees the decode slot; otherwise the reply runs to
+the budget ("length"). A client that disconnects mid-stream cancels the call as well.
+
+Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without
+the bearer token of ``token`` (compared in constant time), 404 for another path. Refusals of the
+router map by gRPC status: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (admission), UNAVAILABLE
+503 (no live instance), DEADLINE_EXCEEDED 504, anything else 500. Before the first token the
+client gets that status; after it (the SSE response already sent 200) an ``error`` event and
+the end of the stream.
+
+`FrontDoorServer` runs the app on uvicorn in a thread, on a socket it binds first (so port 0
+works and the address is known before it starts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from prfaas_jax.errors import UserError
+from prfaas_jax.serving.frontdoor.openai_api import (
+    ApiError,
+    Completion,
+    chunk,
+    models,
+    parse_completion,
+    response,
+)
+from prfaas_jax.serving.frontdoor.text import TextStream
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.messages import check_request_id, router_max_request_bytes
+from prfaas_jax.serving.transport.security import client_metadata
+
+log = logging.getLogger("prfaas.frontdoor")
+
+HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
+    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
+}
+
+
+def router_error(err: grpc.aio.AioRpcError) -> ApiError:
+    status, kind = HTTP_STATUS.get(err.code(), (500, "server_error"))
+    return ApiError(status, err.details() or err.code().name, kind=kind, code=err.code().name)
+
+
+def _error(err: ApiError) -> JSONResponse:
+    return JSONResponse(err.body, status_code=err.status)
+
+
+def _sse(body: dict | str) -> bytes:
+    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n".encode()
+
+
+class FrontDoor:
+    """The app's state: the router channel (made on the server's event loop) and the model."""
+
+    def __init__(
+        self,
+        router: str,
+        *,
+        model: str,
+        vocab_size: int,
+        max_len: int,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout_s: float = 600.0,
+    ) -> None:
+        self.router, self.model, self.vocab_size, self.max_len = router, model, vocab_size, max_len
+        self.token, self.credentials, self.timeout_s = token, credentials, timeout_s
+        self.created = int(time.time())
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.RouterStub | None = None
+
+    @property
+    def stub(self) -> pb_grpc.RouterStub:
+        if self._stub is None:  # grpc.aio binds a channel to the running loop
+            options = [("grpc.max_send_message_length", router_max_request_bytes(self.max_len))]
+            self._channel = (
+                grpc.aio.insecure_channel(self.router, options=options)
+                if self.credentials is None
+                else grpc.aio.secure_channel(self.router, self.credentials, options=options)
+            )
+            self._stub = pb_grpc.RouterStub(self._channel)
+        return self._stub
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            await self._channel.close()
+
+    def authorized(self, request: Request) -> bool:
+        if self.token is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+
+    # --- endpoints ----------------------------------------------------------------------------
+
+    async def list_models(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return _error(UNAUTHORIZED)
+        return JSONResponse(models(self.model, self.created))
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def _complete(self, request: Request, *, chat: bool) -> Response:
+        if not self.authorized(request):
+            return _error(UNAUTHORIZED)
+        try:
+            try:
+                body = json.loads(await request.body())
+            except (ValueError, UnicodeDecodeError):
+                raise ApiError(400, "the request body is not valid JSON") from None
+            completion = parse_completion(
+                body, chat=chat, model=self.model, vocab_size=self.vocab_size, max_len=self.max_len
+            )
+            request_id = request.headers.get("x-request-id", "")
+            try:
+                check_request_id(request_id)
+            except UserError as err:
+                raise ApiError(400, f"x-request-id: {err}", param="x-request-id") from None
+            call = self.stub.Generate(
+                pb.GenerateRequest(
+                    request_id=request_id,
+                    prompt_token_ids=completion.prompt_ids,
+                    max_new_tokens=completion.max_tokens,
+                    temperature=completion.sampling.temperature,
+                    top_p=completion.sampling.top_p,
+                    top_k=completion.sampling.top_k,
+                    seed=completion.sampling.seed,
+                ),
+                timeout=self.timeout_s,
+                metadata=client_metadata(self.token),
+            )
+            rid = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
+            messages = aiter(call)
+            try:  # the status of a refusal reaches the client before any 200
+                first = await anext(messages)
+            except grpc.aio.AioRpcError as err:
+                raise router_error(err) from None
+        except ApiError as err:
+            return _error(err)
+        reply = Reply(completion, rid, self.model, call, first, messages)
+        if completion.stream:
+            headers = {"x-request-id": rid}
+            return StreamingResponse(
+                reply.events(), media_type="text/event-stream", headers=headers
+            )
+        try:
+            return JSONResponse(await reply.whole())
+        except ApiError as err:
+            return _error(err)
+
+
+UNAUTHORIZED = ApiError(
+    401, "missing or invalid bearer token", kind="authentication_error", code="invalid_api_key"
+)
+
+
+class Reply:
+    """One request's token stream from the router, as text pieces with their finish reason."""
+
+    def __init__(
+        self,
+        completion: Completion,
+        rid: str,
+        model: str,
+        call: grpc.aio.UnaryStreamCall,
+        first: pb.GenerateResponse,
+        messages: AsyncIterator[pb.GenerateResponse],
+    ) -> None:
+        self.completion, self.rid, self.model, self.call = completion, rid, model, call
+        self.first, self.messages = first, messages
+        self.text = TextStream(completion.stop)
+        self.tokens = 0
+
+    async def pieces(self) -> AsyncIterator[tuple[str, str | None]]:
+        """(text, None) as tokens arrive, then ("", finish reason) — or, after a stop string,
+        (text before it, "stop"); the router call is cancelled then, and on any early exit."""
+        try:
+            message = self.first
+            while True:
+                self.tokens += len(message.token_ids)
+                text = self.text.push(message.token_ids)
+                if self.text.stopped:
+                    yield text, "stop"
+                    return
+                if text:
+                    yield text, None
+                if message.finished:
+                    break
+                try:
+                    message = await anext(self.messages)
+                except StopAsyncIteration:
+                    break
+                except grpc.aio.AioRpcError as err:
+                    raise router_error(err) from None
+            rest = self.text.finish()
+            yield rest, "stop" if self.text.stopped else "length"
+        finally:
+            self.call.cancel()
+
+    def counts(self) -> tuple[int, int]:
+        return len(self.completion.prompt_ids), self.tokens
+
+    async def whole(self) -> dict:
+        texts, finish = [], "length"
+        async for text, reason in self.pieces():
+            texts.append(text)
+            finish = reason or finish
+        return response(
+            self.completion, self.rid, self.model, "".join(texts), finish, self.counts()
+        )
+
+    async def events(self) -> AsyncIterator[bytes]:
+        first = True
+        try:
+            async for text, reason in self.pieces():
+                yield _sse(chunk(self.completion, self.rid, self.model, text, reason, first=first))
+                first = False
+        except ApiError as err:  # the 200 is gone: an error event ends the stream
+            log.warning("%s: %s", self.rid, err)
+            yield _sse(err.body)
+            return
+        if self.completion.include_usage:
+            yield _sse(chunk(self.completion, self.rid, self.model, None, counts=self.counts()))
+        yield _sse("[DONE]")
+
+
+def build_app(door: FrontDoor) -> Starlette:
+    routes = [
+        Route("/v1/models", door.list_models, methods=["GET"]),
+        Route("/v1/completions", door.completions, methods=["POST"]),
+        Route("/v1/chat/completions", door.chat_completions, methods=["POST"]),
+        Route("/health", door.health, methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 404)
+        message = f"{request.method} {request.url.path}: " + (
+            "no such endpoint" if status == 404 else "method not allowed"
+        )
+        return _error(ApiError(status, message))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await door.close()
+
+    return Starlette(
+        routes=routes, exception_handlers={404: not_found, 405: not_found}, lifespan=lifespan
+    )
+
+
+class FrontDoorServer:
+    """`build_app(door)` on uvicorn in a daemon thread, listening on ``host:port`` (0: any free
+    port) from construction; `address` is ``host:port``; `stop` shuts it down."""
+
+    def __init__(self, door: FrontDoor, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._socket = socket.create_server((host, port), reuse_port=False)
+        self.address = "{}:{}".format(*self._socket.getsockname()[:2])
+        config = uvicorn.Config(build_app(door), log_level="warning", lifespan="on")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
+        )
+
+    def start(self, timeout_s: float = 30.0) -> FrontDoorServer:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the HTTP front door did not start")
+            time.sleep(0.01)
+        return self
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._socket.close()
+
+    def __enter__(self) -> FrontDoorServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

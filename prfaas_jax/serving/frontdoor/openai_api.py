@@ -1,0 +1,298 @@
+"""OpenAI request bodies in, OpenAI response objects out (no I/O).
+
+`parse_completion` reads a `/v1/completions` or `/v1/chat/completions` body into a
+`Completion`: the prompt as token ids, the budget, the sampling settings and the stream options.
+Every refusal is an `ApiError` carrying the HTTP status and the OpenAI error object
+(``{"error": {"message", "type", "param", "code"}}``) the client gets.
+
+Accepted fields: ``model`` (must name the served model), ``prompt`` (a string or a list of token
+ids; one prompt per request) or ``messages`` (roles ``system`` / ``user`` / ``assistant``, text
+content), ``max_tokens`` / ``max_completion_tokens`` (default: what still fits in the cluster's
+``max_len``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (a string or up to 4),
+``stream``, ``stream_options.include_usage``, ``ignore_eos`` (the byte tokenizer has no
+end-of-sequence token, so generation always runs to the budget or a stop string), ``n`` = 1,
+``echo`` false, no ``logprobs``, ``repetition_penalty`` 1 (what ``vllm bench serve`` sends).
+Other fields are ignored.
+
+The chat template of the byte tokenizer (`chat_prompt`): each message as ``<|role|>\\n`` then its
+content and ``\\n``, and ``<|assistant|>\\n`` to open the reply.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+
+from prfaas_jax.engine.sampling_params import SamplingParams
+from prfaas_jax.engine.tokenizer import ByteTokenizer
+from prfaas_jax.errors import UserError
+
+MAX_STOP = 4
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+class ApiError(Exception):
+    """A refused request: `status` and the OpenAI error object `body`."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    chat: bool
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+
+
+def chat_prompt(messages: object) -> str:
+    """The prompt text of a chat (the template of the module docstring)."""
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    parts = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"{param} must be an object", param)
+        role, content = message.get("role"), message.get("content")
+        if role not in CHAT_ROLES:
+            raise bad_request(f"{param}.role must be one of {', '.join(CHAT_ROLES)}", param)
+        if isinstance(content, list):  # content parts: text only
+            texts = [p.get("text") for p in content if isinstance(p, dict)]
+            if len(texts) != len(content) or not all(
+                p.get("type") == "text" and isinstance(t, str)
+                for p, t in zip(content, texts, strict=True)
+            ):
+                raise bad_request(f"{param}.content: only text parts are supported", param)
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise bad_request(f"{param}.content must be a string", param)
+        parts.append(f"<|{role}|>\n{content}\n")
+    return "".join(parts) + "<|assistant|>\n"
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"{name} must be a number", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"{name} must be an integer", name)
+    return value
+
+
+def _flag(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false", name)
+    return value
+
+
+def _prompt_ids(body: dict, chat: bool, vocab_size: int) -> list[int]:
+    if chat:
+        return ByteTokenizer().encode(chat_prompt(body.get("messages")))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        ids = ByteTokenizer().encode(prompt)
+    elif (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    ):
+        ids = prompt
+    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise bad_request("one prompt per request: send a string or a list of token ids", "prompt")
+    else:
+        raise bad_request("prompt must be a string or a list of token ids", "prompt")
+    if not ids:
+        raise bad_request("prompt is empty", "prompt")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise bad_request(
+            f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})", "prompt"
+        )
+    return ids
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise bad_request(f"stop must be a non-empty string or a list of up to {MAX_STOP}", "stop")
+    return tuple(stops)
+
+
+def _unsupported(body: dict) -> None:
+    """Fields with values this server cannot honour (rather than silently ignoring them)."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("n must be 1: one choice per request", "n")
+    if body.get("echo"):
+        raise bad_request("echo is not supported", "echo")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs"):
+        raise bad_request("logprobs are not supported", "logprobs")
+    if _number(body, "repetition_penalty", 1.0) != 1.0:
+        raise bad_request("repetition_penalty must be 1", "repetition_penalty")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0) != 0.0:
+            raise bad_request(f"{name} must be 0", name)
+
+
+def parse_completion(
+    body: object, *, chat: bool, model: str, vocab_size: int, max_len: int
+) -> Completion:
+    """The request of a completions body (`chat`: a chat-completions body) for the served
+    `model`; ApiError (400) for anything malformed, unknown or out of range."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    if body.get("model") != model:
+        raise ApiError(
+            400, f"the model {body.get('model')!r} is not served here; this server serves "
+            f"{model!r}", param="model", code="model_not_found",
+        )  # fmt: skip
+    _unsupported(body)
+    prompt_ids = _prompt_ids(body, chat, vocab_size)
+    names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
+    given = [(n, v) for n, v in ((n, _integer(body, n)) for n in names) if v is not None]
+    name, budget = given[0] if given else (names[-1], None)
+    room = max_len + 1 - len(prompt_ids)  # n tokens absorb n − 1 into the state
+    if budget is None:
+        budget = room
+    if budget < 1:
+        raise bad_request(f"{name} must be ≥ 1, got {budget}", name)
+    if budget > room:
+        raise bad_request(
+            f"the prompt ({len(prompt_ids)} tokens) and {name} ({budget}) do not fit in "
+            f"the context of {max_len} tokens",
+            name,
+            "context_length_exceeded",
+        )
+    top_k = _integer(body, "top_k")
+    seed = _integer(body, "seed")
+    try:
+        sampling = SamplingParams(
+            temperature=_number(body, "temperature", 1.0),
+            top_p=_number(body, "top_p", 1.0),
+            top_k=0 if top_k is None or top_k < 0 else top_k,  # vLLM: -1 is off
+            seed=0 if seed is None else seed,
+        )
+    except UserError as err:
+        raise bad_request(str(err), str(err).split()[0]) from None
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, dict):
+        raise bad_request("stream_options must be an object", "stream_options")
+    _flag(body, "ignore_eos")
+    return Completion(
+        chat=chat,
+        prompt_ids=list(prompt_ids),
+        max_tokens=budget,
+        sampling=sampling,
+        stop=_stop(body),
+        stream=_flag(body, "stream"),
+        include_usage=_flag(stream_options, "include_usage"),
+    )
+
+
+# --- response objects -------------------------------------------------------------------------
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _choice(chat: bool, text: str, finish: str | None, *, delta: bool, first: bool) -> dict:
+    if not chat:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    if not delta:
+        message = {"role": "assistant", "content": text}
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    piece = {"role": "assistant", "content": text} if first else {"content": text}
+    return {"index": 0, "delta": piece, "logprobs": None, "finish_reason": finish}
+
+
+def response(
+    completion: Completion, rid: str, model: str, text: str, finish: str, counts: tuple[int, int]
+) -> dict:
+    """The whole (non-streaming) reply."""
+    return {
+        "id": rid,
+        "object": "chat.completion" if completion.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [_choice(completion.chat, text, finish, delta=False, first=True)],
+        "usage": usage(*counts),
+    }
+
+
+def chunk(
+    completion: Completion,
+    rid: str,
+    model: str,
+    text: str | None,
+    finish: str | None = None,
+    *,
+    first: bool = False,
+    counts: Sequence[int] | None = None,
+) -> dict:
+    """One streamed chunk: a piece of text (and/or the finish reason), or with ``text`` None
+    the usage chunk (no choices) that ``stream_options.include_usage`` asks for."""
+    choices = (
+        [] if text is None else [_choice(completion.chat, text, finish, delta=True, first=first)]
+    )
+    body = {
+        "id": rid,
+        "object": "chat.completion.chunk" if completion.chat else "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+    }
+    if counts is not None:
+        body["usage"] = usage(*counts)
+    return body
+
+
+def models(model: str, created: int) -> dict:
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "prfaas"}],
+    }

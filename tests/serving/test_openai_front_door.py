@@ -1,0 +1,240 @@
+"""The OpenAI-compatible front door (serving/frontdoor) over an in-process fake cluster.
+
+The router and its fake-engine workers run in this process (`serve_in_process`, t = 64), the
+front door on uvicorn on loopback in front of them, and real clients drive it: the `openai`
+SDK (streaming and not, completions and chat) and raw HTTP for the SSE framing benchmark clients
+parse. The fake engines' tokens are computable by hand (`fake_tokens`), so every reply is held
+against the byte tokenizer's decoding of exactly those tokens, and its usage against the
+prompt's length and the budget.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+
+import openai
+import pytest
+from serving_support import fake_config, serve_in_process
+
+from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.tokenizer import ByteTokenizer
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.frontdoor.app import FrontDoor, FrontDoorServer
+from prfaas_jax.serving.frontdoor.openai_api import chat_prompt
+
+CFG = load_model_config("tiny")
+MODEL = "tiny"
+MAX_LEN = 512
+TOKEN = "s3cret-token"
+TOKENIZER = ByteTokenizer()
+
+
+def expected_text(prompt_ids: list[int], n: int) -> str:
+    return TOKENIZER.decode(fake_tokens(prompt_ids, n, CFG.vocab_size))
+
+
+@pytest.fixture(scope="module")
+def door(tmp_path_factory):
+    """The front door's address, over a cluster of fake engines (no token)."""
+    config = load_cluster_config(fake_config(tmp_path_factory.mktemp("oai") / "cluster.toml"))
+    instances = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
+    }
+    with serve_in_process(config, instances) as cluster:
+        router = cluster.servers["router"].address
+        front = FrontDoor(router, model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN)
+        with FrontDoorServer(front) as server:
+            yield server.address
+
+
+@pytest.fixture(scope="module")
+def client(door):
+    return openai.OpenAI(base_url=f"http://{door}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("prompt", ["Hello, PrfaaS!", "x" * 100])  # PD and PrfaaS routes
+def test_sdk_completion_equals_the_models_tokens_decoded(client, prompt):
+    ids = TOKENIZER.encode(prompt)
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert reply.choices[0].text == expected_text(ids, 12)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.object == "text_completion" and reply.model == MODEL
+    usage = reply.usage
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 12)
+    assert usage.total_tokens == len(ids) + 12
+
+
+def test_sdk_stream_pieces_join_to_the_same_text_with_usage_last(client):
+    prompt = "stream me " * 9
+    ids = TOKENIZER.encode(prompt)
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=prompt,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert "".join(texts) == expected_text(ids, 20)
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == len(ids)
+
+
+def test_sdk_chat_uses_the_documented_template(client):
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "hi"},
+    ]
+    ids = TOKENIZER.encode("<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n")
+    assert TOKENIZER.encode(chat_prompt(messages)) == ids
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=9, temperature=0
+    )
+    assert reply.choices[0].message.content == expected_text(ids, 9)
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.usage.prompt_tokens == len(ids)
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=9, temperature=0, stream=True
+    )
+    deltas = [c.choices[0].delta for c in stream]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas) == expected_text(ids, 9)
+
+
+def test_a_stop_string_ends_the_text_before_it(client):
+    ids = TOKENIZER.encode("find the stop")
+    full = expected_text(ids, 40)
+    stop = full[17:19]  # two characters from the middle of the reply
+    cut = full.index(stop)
+    for stream in (False, True):
+        kwargs = {"model": MODEL, "prompt": "find the stop", "max_tokens": 40, "temperature": 0}
+        if stream:
+            chunks = list(client.completions.create(stop=[stop], stream=True, **kwargs))
+            text = "".join(c.choices[0].text for c in chunks)
+            finish = chunks[-1].choices[0].finish_reason
+        else:
+            reply = client.completions.create(stop=stop, **kwargs)
+            text, finish = reply.choices[0].text, reply.choices[0].finish_reason
+        assert (text, finish) == (full[:cut], "stop")
+
+
+def test_models_lists_the_served_model(client):
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+
+def _post(door: str, path: str, body: object, headers: dict | None = None):
+    host, port = door.split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    connection.request("POST", path, raw, {"content-type": "application/json", **(headers or {})})
+    reply = connection.getresponse()
+    return reply.status, reply.getheader("content-type"), reply.read().decode()
+
+
+def test_sse_framing_is_what_benchmark_clients_parse(door):
+    """`data: <json>` events split by blank lines, the usage chunk, then `data: [DONE]`."""
+    body = {
+        "model": MODEL,
+        "prompt": [5, 6, 7],
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    status, kind, text = _post(door, "/v1/completions", body, {"x-request-id": "bench-1"})
+    assert status == 200 and kind.startswith("text/event-stream")
+    assert text.endswith("\n\n")
+    events = text[:-2].split("\n\n")
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+    chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
+    assert {c["id"] for c in chunks} == {"cmpl-bench-1"}
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == expected_text([5, 6, 7], 6)
+
+
+BAD_BODIES = [
+    (b"{not json", None),
+    ([1, 2], None),
+    ({"prompt": "hi", "max_tokens": 2}, "model"),
+    ({"model": "other", "prompt": "hi", "max_tokens": 2}, "model"),
+    ({"model": MODEL, "max_tokens": 2}, "prompt"),
+    ({"model": MODEL, "prompt": "", "max_tokens": 2}, "prompt"),
+    ({"model": MODEL, "prompt": ["a", "b"], "max_tokens": 2}, "prompt"),
+    ({"model": MODEL, "prompt": [1, 999], "max_tokens": 2}, "prompt"),
+    ({"model": MODEL, "prompt": "x" * 600, "max_tokens": 2}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": "5"}, "max_tokens"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "temperature": -1}, "temperature"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_p": 1.5}, "top_p"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "seed": -3}, "seed"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "stop": ["a"] * 5}, "stop"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": 3}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": "yes"}, "stream"),
+]
+
+
+@pytest.mark.parametrize(("body", "param"), BAD_BODIES)
+def test_malformed_requests_are_400_in_openai_shape(door, body, param):
+    status, kind, text = _post(door, "/v1/completions", body)
+    assert status == 400 and kind == "application/json"
+    error = json.loads(text)["error"]
+    assert error["type"] == "invalid_request_error" and error["message"]
+    assert error["param"] == param
+
+
+def test_a_bad_chat_and_a_bad_request_id_are_400(door):
+    status, _, text = _post(door, "/v1/chat/completions", {"model": MODEL, "messages": []})
+    assert status == 400 and json.loads(text)["error"]["param"] == "messages"
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    for name in ("max_tokens", "max_completion_tokens"):
+        status, _, text = _post(door, "/v1/chat/completions", {**chat, name: 10**6})
+        error = json.loads(text)["error"]
+        assert (status, error["param"], error["code"]) == (400, name, "context_length_exceeded")
+    status, _, text = _post(door, "/v1/chat/completions", {**chat, "messages": [{"role": "x"}]})
+    assert status == 400 and json.loads(text)["error"]["param"] == "messages[0]"
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    status, _, text = _post(door, "/v1/completions", body, {"x-request-id": "a" * 300})
+    assert status == 400 and json.loads(text)["error"]["param"] == "x-request-id"
+
+
+def test_an_unknown_path_is_404_in_openai_shape(door):
+    status, kind, text = _post(door, "/v1/embeddings", {"model": MODEL, "input": "hi"})
+    assert status == 404 and kind == "application/json"
+    assert "no such endpoint" in json.loads(text)["error"]["message"]
+
+
+def test_the_cluster_keeps_serving_after_refusals(client):
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, temperature=-5)
+    reply = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0)
+    assert reply.choices[0].text == expected_text(TOKENIZER.encode("hi"), 3)
+
+
+def test_a_token_is_required_when_set(door):
+    router_door = FrontDoor(
+        "127.0.0.1:1", model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN, token=TOKEN
+    )
+    with FrontDoorServer(router_door) as server:
+        url = f"http://{server.address}/v1"
+        for key in ("wrong", ""):
+            bad = openai.OpenAI(base_url=url, api_key=key or "x", max_retries=0)
+            with pytest.raises(openai.AuthenticationError) as err:
+                bad.models.list()
+            assert err.value.status_code == 401
+        good = openai.OpenAI(base_url=url, api_key=TOKEN, max_retries=0)
+        assert [m.id for m in good.models.list()] == [MODEL]
+        # The token passes; the router there is not: 503 in OpenAI's shape.
+        with pytest.raises(openai.APIStatusError) as err:
+            good.completions.create(model=MODEL, prompt="hi", max_tokens=2)
+        assert err.value.status_code == 503
