@@ -160,6 +160,10 @@ def test_sse_framing_is_what_benchmark_clients_parse(door):
     assert {c["id"] for c in chunks} == {"cmpl-bench-1"}
     assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == expected_text([5, 6, 7], 6)
+    # Every chunk with choices carries text (each is a client's inter-token sample); the last
+    # also carries the finish reason, as the router's last message carries the last tokens.
+    assert all(c["choices"][0]["text"] for c in chunks[:-1])
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] == "length"
 
 
 BAD_BODIES = [

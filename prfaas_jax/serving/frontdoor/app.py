@@ -173,6 +173,8 @@ class FrontDoor:
                 first = await anext(messages)
             except grpc.aio.AioRpcError as err:
                 raise router_error(err) from None
+            except StopAsyncIteration:
+                raise ENDED_EARLY from None
         except ApiError as err:
             return _error(err)
         reply = Reply(completion, rid, self.model, call, first, messages)
@@ -190,6 +192,9 @@ class FrontDoor:
 UNAUTHORIZED = ApiError(
     401, "missing or invalid bearer token", kind="authentication_error", code="invalid_api_key"
 )
+
+
+ENDED_EARLY = ApiError(502, "the router's stream ended unfinished", kind="server_error")
 
 
 class Reply:
@@ -210,8 +215,9 @@ class Reply:
         self.tokens = 0
 
     async def pieces(self) -> AsyncIterator[tuple[str, str | None]]:
-        """(text, None) as tokens arrive, then ("", finish reason) — or, after a stop string,
-        (text before it, "stop"); the router call is cancelled then, and on any early exit."""
+        """(text, None) as tokens arrive; the last piece carries the finish reason: "length"
+        with the router's final message (which holds the last tokens), "stop" with the text
+        before a stop string. The router call is cancelled on a stop and on any early exit."""
         try:
             message = self.first
             while True:
@@ -220,18 +226,18 @@ class Reply:
                 if self.text.stopped:
                     yield text, "stop"
                     return
+                if message.finished:
+                    text += self.text.finish()
+                    yield text, "stop" if self.text.stopped else "length"
+                    return
                 if text:
                     yield text, None
-                if message.finished:
-                    break
                 try:
                     message = await anext(self.messages)
-                except StopAsyncIteration:
-                    break
+                except StopAsyncIteration:  # a router always sends a finished message
+                    raise ENDED_EARLY from None
                 except grpc.aio.AioRpcError as err:
                     raise router_error(err) from None
-            rest = self.text.finish()
-            yield rest, "stop" if self.text.stopped else "length"
         finally:
             self.call.cancel()
 
