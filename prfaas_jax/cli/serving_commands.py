@@ -248,6 +248,13 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="SLOs for goodput, e.g. ttft:500 tpot:50 e2el:2000",
     )
     p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline in s")
+    p.add_argument(
+        "--openai",
+        metavar="URL",
+        help="send the requests through an OpenAI front door at this base URL (`prfaas "
+        "openai`, e.g. http://127.0.0.1:8000/v1), timing TTFT and ITL from its SSE stream as "
+        "vllm bench serve does; the router still gives the stats and egress",
+    )
     add_client_security_flags(p)
     add_json_flag(p)
     p.set_defaults(run=_run_bench)
@@ -304,6 +311,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         goodput=_parse_goodput(args.goodput),
         timeout_s=args.timeout,
         security=client_security(args),
+        openai_url=args.openai,
     )
     total = opts.num_prompts
     with progress("bench", total=total, unit="requests", quiet=args.json) as shown:

@@ -36,6 +36,9 @@ def expected_text(prompt_ids: list[int], n: int) -> str:
     return TOKENIZER.decode(fake_tokens(prompt_ids, n, CFG.vocab_size))
 
 
+ROUTER: dict[str, str] = {}  # the front door's address → its router's
+
+
 @pytest.fixture(scope="module")
 def door(tmp_path_factory):
     """The front door's address, over a cluster of fake engines (no token)."""
@@ -49,6 +52,7 @@ def door(tmp_path_factory):
         router = cluster.servers["router"].address
         front = FrontDoor(router, model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN)
         with FrontDoorServer(front) as server:
+            ROUTER[server.address] = router
             yield server.address
 
 
@@ -242,3 +246,29 @@ def test_a_token_is_required_when_set(door):
         with pytest.raises(openai.APIStatusError) as err:
             good.completions.create(model=MODEL, prompt="hi", max_tokens=2)
         assert err.value.status_code == 503
+
+
+def test_bench_through_the_front_door_counts_what_the_grpc_bench_counts(door):
+    """`prfaas bench --openai URL`: the same seeded workload through the front door and
+    straight to the router completes alike — every request, every output token (from the usage
+    chunks), the same share offloaded (prompts past t = 64 go to PrfaaS) — with TTFT and ITL
+    timed from the SSE stream."""
+    from prfaas_jax.serving.loadgen.bench import BenchOptions, run_bench, summarize
+
+    router = ROUTER[door]
+    common = {"num_prompts": 12, "input_dist": "uniform", "input_len": 64, "output_len": 5}
+    grpc_opts = BenchOptions(router=router, **common)
+    http_opts = BenchOptions(router=router, openai_url=f"http://{door}/v1", **common)
+    grpc_records, grpc_context = run_bench(grpc_opts)
+    http_records, http_context = run_bench(http_opts)
+    grpc_run = summarize(grpc_records, grpc_context, grpc_opts)
+    http_run = summarize(http_records, http_context, http_opts)
+    assert http_run["completed"] == grpc_run["completed"] == 12 and http_run["failed"] == 0
+    assert [r.output_tokens for r in http_records] == [5] * 12
+    assert [r.prompt_len for r in http_records] == [r.prompt_len for r in grpc_records]
+    past_t = sum(r.prompt_len > 64 for r in http_records) / 12
+    assert 0 < past_t < 1
+    assert http_run["offload_fraction"] == grpc_run["offload_fraction"] == past_t
+    for r in http_records:  # the chunks' arrival times: TTFT, then the gaps, within E2EL
+        assert 0 < r.ttft <= r.e2el and min(r.itl, default=0) >= 0
+        assert r.ttft + sum(r.itl) <= r.e2el

@@ -217,7 +217,9 @@ class Reply:
     async def pieces(self) -> AsyncIterator[tuple[str, str | None]]:
         """(text, None) as tokens arrive; the last piece carries the finish reason: "length"
         with the router's final message (which holds the last tokens), "stop" with the text
-        before a stop string. The router call is cancelled on a stop and on any early exit."""
+        before a stop string. The router call is cancelled on a stop and on any early exit;
+        a finished one is read to its end, so the router has counted the request by then."""
+        finished = False
         try:
             message = self.first
             while True:
@@ -227,6 +229,9 @@ class Reply:
                     yield text, "stop"
                     return
                 if message.finished:
+                    finished = True
+                    async for _ in self.messages:  # nothing follows the final message
+                        pass
                     text += self.text.finish()
                     yield text, "stop" if self.text.stopped else "length"
                     return
@@ -239,7 +244,8 @@ class Reply:
                 except grpc.aio.AioRpcError as err:
                     raise router_error(err) from None
         finally:
-            self.call.cancel()
+            if not finished:
+                self.call.cancel()
 
     def counts(self) -> tuple[int, int]:
         return len(self.completion.prompt_ids), self.tokens

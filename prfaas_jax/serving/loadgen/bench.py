@@ -16,13 +16,15 @@ random token ids.
 
 Metrics, per vLLM's definitions: TTFT (send → first token), TPOT = (E2EL − TTFT)/(n − 1),
 ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chosen percentiles;
-goodput = requests/s that meet every SLO given (DistServe). PrfaaS-specific: the fraction of
-requests offloaded (from each RequestReport), the exposed transfer per route (prefill end →
-first token, the report's `exposed_transfer_s`, of requests served in one attempt), and the
-inter-cluster egress during the run (the router's counter before and after); given the link's
-network device (`LinkDevice`: under `prfaas serve --netns`, the ready file names it), also the
-bytes the kernel sent through it, headers and retransmissions included, next to the router's
-count of state bytes.
+goodput = requests/s that meet every SLO given (DistServe). With `openai_url` the requests go
+through an OpenAI front door instead (`prfaas openai`), timed from its SSE stream as `vllm bench
+serve` times it (serving/loadgen/openai_client.py). PrfaaS-specific: the fraction of requests
+offloaded (from each RequestReport, or the router's counters through the front door), the exposed
+transfer per route (prefill end → first token, the report's `exposed_transfer_s`, of requests
+served in one attempt), and the inter-cluster egress during the run (the router's counter before
+and after); given the link's network device (`LinkDevice`: under `prfaas serve --netns`, the ready
+file names it), also the bytes the kernel sent through it, headers and retransmissions included,
+next to the router's count of state bytes.
 
 A router behind TLS or a bearer token (the `[security]` section, serving/transport/security.py) is
 reached with `security`: its CA certificate, and the token file or a client certificate.
@@ -33,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import enum
+import functools
 import itertools
 import math
 import threading
@@ -44,10 +47,11 @@ import numpy as np
 
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.loadgen.openai_client import HTTPError, parse_base_url, stream_completion
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.kernel_link import KernelLinkError, device_bytes
-from prfaas_jax.serving.transport.security import router_channel
+from prfaas_jax.serving.transport.security import read_token, router_channel
 
 PAPER_MU, PAPER_SIGMA, PAPER_MIN, PAPER_MAX = 9.90, 1.00, 128, 131072
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -108,6 +112,7 @@ class BenchOptions:
     timeout_s: float = 300.0
     security: SecuritySection | None = None  # the router's CA, client cert, token (None: plain)
     link_device: LinkDevice | None = None  # count the kernel's bytes on the link (None: don't)
+    openai_url: str | None = None  # send through an OpenAI front door at this base URL
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
@@ -124,6 +129,8 @@ class BenchOptions:
         for name in self.goodput:
             if name not in ("ttft", "tpot", "e2el"):
                 raise UserError(f"--goodput takes ttft, tpot or e2el SLOs, got {name!r}")
+        if self.openai_url is not None:
+            parse_base_url(self.openai_url)
 
 
 def arrival_times(n: int, rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
@@ -206,6 +213,34 @@ def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: B
         rec.error = f"{err.code().name}: {err.details()}"
 
 
+def _one_openai(
+    url: str, model: str, token: str | None, prompt: list[int], opts: BenchOptions, rec: BenchResult
+) -> None:
+    """`_one` through an OpenAI front door, timed as `vllm bench serve` times it: TTFT at the
+    first chunk with choices, an ITL sample at each later one, the output tokens from the usage
+    chunk. The route and the transfer are not in OpenAI's reply (the run's offload fraction
+    comes from the router's counters instead)."""
+    rec.sent = last = time.perf_counter()
+    try:
+        for now, chunk in stream_completion(
+            url, model, prompt, opts.output_len, token=token, timeout_s=opts.timeout_s
+        ):
+            if "error" in chunk:
+                raise HTTPError(chunk["error"].get("message", "error event"))
+            if chunk.get("choices"):
+                if rec.ttft is None:
+                    rec.ttft = now - rec.sent
+                else:
+                    rec.itl.append(now - last)
+                last = now
+            if chunk.get("usage"):
+                rec.output_tokens = int(chunk["usage"]["completion_tokens"])
+        rec.e2el = time.perf_counter() - rec.sent
+    except (HTTPError, OSError, ValueError) as err:
+        rec.ttft = None
+        rec.error = f"{type(err).__name__}: {err}"
+
+
 def run_bench(
     opts: BenchOptions, *, on_done: Callable[[int, int], None] | None = None
 ) -> tuple[list[BenchResult], dict]:
@@ -241,6 +276,10 @@ def run_bench(
                 with lock:
                     on_done(next(done), opts.num_prompts)
 
+        send = functools.partial(_one, stub)
+        if opts.openai_url is not None:
+            token = read_token(opts.security)
+            send = functools.partial(_one_openai, opts.openai_url, before.model, token)
         workers = min(opts.num_prompts, opts.max_concurrency or 256)
         start = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
@@ -249,7 +288,7 @@ def run_bench(
                 delay = start + offset - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
-                future = pool.submit(_one, stub, prompt, opts, rec)
+                future = pool.submit(send, prompt, opts, rec)
                 future.add_done_callback(ended)
                 futures.append(future)
             for future in futures:
@@ -265,6 +304,11 @@ def run_bench(
         "threshold_start": before.threshold,
         "threshold_end": after.threshold,
         "model": before.model,
+        # Requests per route by the router's counters (an OpenAI reply does not name its route).
+        "routed": (
+            after.requests_prfaas - before.requests_prfaas,
+            after.requests_pd - before.requests_pd,
+        ),
     }
     return records, context
 
@@ -294,7 +338,11 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
             per["tpot"] = (r.e2el - r.ttft) / (r.output_tokens - 1)
         return all(per.get(k, 0.0) * 1e3 <= slo for k, slo in opts.goodput.items())
 
-    offloaded = sum(r.route == "prfaas" for r in done)
+    if all(r.route for r in done):
+        offload_fraction = sum(r.route == "prfaas" for r in done) / len(done) if done else 0.0
+    else:  # through the OpenAI front door: the router's counters
+        prfaas, pd = context["routed"]
+        offload_fraction = prfaas / (prfaas + pd) if prfaas + pd else 0.0
     output_tokens = sum(r.output_tokens for r in done)
     input_tokens = sum(r.prompt_len for r in done)
     summary = {
@@ -308,7 +356,7 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
         "output_throughput": output_tokens / duration,
         "total_token_throughput": (input_tokens + output_tokens) / duration,
         "mean_input_len": input_tokens / len(done) if done else 0.0,
-        "offload_fraction": offloaded / len(done) if done else 0.0,
+        "offload_fraction": offload_fraction,
         "egress_bytes": context["egress_bytes"],
         "egress_bytes_per_s": context["egress_bytes"] / duration,
         "egress_gbps": context["egress_bytes"] * 8 / 1e9 / duration,

@@ -1,0 +1,86 @@
+"""A minimal streaming client of an OpenAI completions endpoint, read as benchmark clients read
+it (`prfaas bench --openai URL`).
+
+`stream_completion` posts one streamed completion (token ids as the prompt, greedy,
+``ignore_eos``, ``stream_options.include_usage``) and yields ``(arrival time, chunk)`` for every
+server-sent event: the body is split on blank lines, ``data: `` stripped, comment lines (``:``)
+skipped, and the stream ends at ``data: [DONE]`` — the parsing of `vllm bench serve`. A reply
+other than 200 raises `HTTPError` with the server's error message.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+import urllib.parse
+from collections.abc import Iterator
+
+from prfaas_jax.errors import UserError
+
+
+class HTTPError(Exception):
+    pass
+
+
+def parse_base_url(url: str) -> tuple[str, int, str]:
+    """``http://host:port/v1`` → (host, port, path prefix); UserError for anything else."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise UserError(f"an OpenAI base URL is http://HOST:PORT/v1, got {url!r}")
+    try:
+        port = parts.port or 80
+    except ValueError:
+        raise UserError(f"bad port in {url!r}") from None
+    return parts.hostname, port, parts.path.rstrip("/")
+
+
+def stream_completion(
+    url: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    *,
+    token: str | None = None,
+    timeout_s: float = 300.0,
+) -> Iterator[tuple[float, dict]]:
+    host, port, prefix = parse_base_url(url)
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"content-type": "application/json"}
+    if token is not None:
+        headers["authorization"] = f"Bearer {token}"
+    connection = http.client.HTTPConnection(host, port, timeout=timeout_s)
+    try:
+        connection.request("POST", f"{prefix}/completions", json.dumps(body), headers)
+        reply = connection.getresponse()
+        if reply.status != 200:
+            text = reply.read().decode("utf-8", errors="replace")
+            try:
+                message = json.loads(text)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = text[:200]
+            raise HTTPError(f"HTTP {reply.status}: {message}")
+        event: list[str] = []
+        while line := reply.readline():
+            now = time.perf_counter()
+            text = line.decode("utf-8").rstrip("\r\n")
+            if text:
+                if not text.startswith(":"):
+                    event.append(text.removeprefix("data: "))
+                continue
+            data, event = "\n".join(event), []
+            if data == "[DONE]":
+                return
+            if data:
+                yield now, json.loads(data)
+        raise HTTPError("the stream ended without data: [DONE]")
+    finally:
+        connection.close()
