@@ -82,12 +82,8 @@ def _run_openai(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
     )
     stop = install_stop_handlers()
-    try:
-        server = FrontDoorServer(door, args.host, args.port)
-    except OSError as err:
-        raise UserError(f"cannot listen on {args.host}:{args.port}: {err.strerror}") from None
-    with server:
-        base_url = f"http://{server.address}/v1"
+    with FrontDoorServer(door, args.host, args.port) as server:
+        base_url = server.base_url
         if args.address_file:
             write_json(args.address_file, {"address": server.address, "base_url": base_url})
         print(

@@ -142,6 +142,13 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         "and pd (default: all); another machine runs the rest at the config's [hosts] "
         "addresses (docs/serving.md, Several machines)",
     )
+    p.add_argument(
+        "--openai-port",
+        type=int,
+        metavar="PORT",
+        help="also serve the OpenAI-compatible HTTP API in front of the router on "
+        "127.0.0.1:PORT (0: any free port; the ready file names it as openai); see prfaas openai",
+    )
     add_netns_flag(p)
     p.set_defaults(run=_run_serve)
 
@@ -154,8 +161,15 @@ def _parts(text: str) -> frozenset[str]:
 def _run_serve(args: argparse.Namespace) -> int:
     from prfaas_jax.serving.cluster.serve import serve
 
+    if args.openai_port is not None and not 0 <= args.openai_port < 65536:
+        raise UserError(f"--openai-port must be in [0, 65536), got {args.openai_port}")
     return serve(
-        args.config, args.ready_file, log_dir=args.log_dir, netns=args.netns, only=args.only
+        args.config,
+        args.ready_file,
+        log_dir=args.log_dir,
+        netns=args.netns,
+        only=args.only,
+        openai_port=args.openai_port,
     )
 
 

@@ -61,9 +61,10 @@ def assert_greedy(turns: list[dict], contexts: list[list[int]]) -> None:
 
 @pytest.fixture(scope="module")
 def ready_file(tmp_path_factory, child_cache_home):
-    """`prfaas serve` with no --config (the toy cluster), shared by this module's tests."""
+    """`prfaas serve` with no --config (the toy cluster) and its OpenAI front door, shared by
+    this module's tests."""
     root = tmp_path_factory.mktemp("serve")
-    with prfaas_serve(root, cache_home=child_cache_home) as ready:
+    with prfaas_serve(root, "--openai-port", "0", cache_home=child_cache_home) as ready:
         yield ready
 
 
@@ -114,7 +115,8 @@ def test_chat_without_a_router_is_one_line(tmp_path):
 def test_the_openai_sdk_streams_the_models_greedy_text(ready_file, tmp_path):
     """`prfaas openai` in front of the toy cluster: the `openai` SDK's streamed completion is
     single-process greedy generation decoded by the byte tokenizer, with the right usage; a
-    bad request is a 400 and the door keeps serving; SIGTERM stops it with status 0."""
+    bad request is a 400 and the door keeps serving; SIGTERM stops it with status 0. The door
+    `prfaas serve --openai-port` runs answers a chat the same way."""
     import openai
 
     from prfaas_jax.engine.generate import generate
@@ -143,6 +145,10 @@ def test_the_openai_sdk_streams_the_models_greedy_text(ready_file, tmp_path):
         with pytest.raises(openai.BadRequestError):
             client.completions.create(model=model, prompt=prompt, max_tokens=10**6)
         again = client.completions.create(model=model, prompt="a", max_tokens=2, temperature=0)
+        served = openai.OpenAI(base_url=json.loads(ready_file.read_text())["openai"], api_key="-")
+        chat = served.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "a"}], max_tokens=3, temperature=0
+        )
     finally:
         door.send_signal(signal.SIGTERM)
         status = door.wait(timeout=30)
@@ -155,4 +161,7 @@ def test_the_openai_sdk_streams_the_models_greedy_text(ready_file, tmp_path):
     assert chunks[-1].usage.completion_tokens == NEW_TOKENS
     expected_again = generate(params, cfg, tokenizer.encode("a"), 2, SamplingParams())[0]
     assert again.choices[0].text == tokenizer.decode(expected_again)
+    chat_ids = tokenizer.encode("<|user|>\na\n<|assistant|>\n")  # the documented template
+    expected_chat = generate(params, cfg, chat_ids, 3, SamplingParams())[0]
+    assert chat.choices[0].message.content == tokenizer.decode(expected_chat)
     assert status == 0

@@ -41,7 +41,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from prfaas_jax.config import load_model_config
 from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.frontdoor.openai_api import (
     ApiError,
     Completion,
@@ -54,7 +56,11 @@ from prfaas_jax.serving.frontdoor.text import TextStream
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.messages import check_request_id, router_max_request_bytes
-from prfaas_jax.serving.transport.security import client_metadata
+from prfaas_jax.serving.transport.security import (
+    channel_credentials,
+    client_metadata,
+    read_token,
+)
 
 log = logging.getLogger("prfaas.frontdoor")
 
@@ -304,8 +310,12 @@ class FrontDoorServer:
     port) from construction; `address` is ``host:port``; `stop` shuts it down."""
 
     def __init__(self, door: FrontDoor, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._socket = socket.create_server((host, port), reuse_port=False)
+        try:
+            self._socket = socket.create_server((host, port))
+        except OSError as err:
+            raise UserError(f"the HTTP front door cannot listen on {host}:{port}: {err}") from None
         self.address = "{}:{}".format(*self._socket.getsockname()[:2])
+        self.base_url = f"http://{self.address}/v1"
         config = uvicorn.Config(build_app(door), log_level="warning", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -334,3 +344,21 @@ class FrontDoorServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def cluster_front_door(
+    config: ClusterConfig, router: str, host: str = "127.0.0.1", port: int = 0
+) -> FrontDoorServer:
+    """The front door of a cluster whose router is at `router`, as `prfaas serve --openai-port`
+    runs it: the config's model and max_len, and its `[security]` (TLS to the router with the
+    node certificate; the bearer token required of clients and passed on)."""
+    cfg = load_model_config(config.model.preset)
+    door = FrontDoor(
+        router,
+        model=config.model.preset,
+        vocab_size=cfg.vocab_size,
+        max_len=config.engine.max_len,
+        token=read_token(config.security),
+        credentials=channel_credentials(config.security),
+    )
+    return FrontDoorServer(door, host, port)
