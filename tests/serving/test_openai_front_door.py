@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
@@ -272,3 +274,50 @@ def test_bench_through_the_front_door_counts_what_the_grpc_bench_counts(door):
     for r in http_records:  # the chunks' arrival times: TTFT, then the gaps, within E2EL
         assert 0 < r.ttft <= r.e2el and min(r.itl, default=0) >= 0
         assert r.ttft + sum(r.itl) <= r.e2el
+
+
+class GatedPrefill(FakePrefillEngine):
+    """The fake prefill engine, holding each prompt until the test opens the gate."""
+
+    def __init__(self) -> None:
+        super().__init__(CFG)
+        self.entered, self.gate = threading.Event(), threading.Event()
+
+    def prefill(self, tokens, **options):
+        self.entered.set()
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().prefill(tokens, **options)
+
+
+def test_admission_refusal_is_429_and_a_busy_request_id_409(tmp_path):
+    """With `[router] max_in_flight = 1` and one request held in prefill, a second is refused
+    at once: 429 in OpenAI's shape (the SDK's RateLimitError); the same x-request-id as the
+    held one is 409. The held request then completes with its tokens."""
+    path = fake_config(tmp_path / "cluster.toml", router={"max_in_flight": 1})
+    gated = GatedPrefill()
+    instances = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
+        "pd-0": (Role.PD_PREFILL, gated),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
+    }
+    with serve_in_process(load_cluster_config(path), instances) as cluster:
+        router = cluster.servers["router"].address
+        front = FrontDoor(router, model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN)
+        with FrontDoorServer(front) as server, ThreadPoolExecutor(1) as pool:
+            url = f"http://{server.address}/v1"
+            client = openai.OpenAI(base_url=url, api_key="-", max_retries=0)
+            ask = {"model": MODEL, "prompt": "held", "max_tokens": 4, "temperature": 0}
+            held = pool.submit(
+                client.completions.create, **ask, extra_headers={"x-request-id": "r1"}
+            )
+            assert gated.entered.wait(30)
+            with pytest.raises(openai.RateLimitError) as refused:
+                client.completions.create(**ask)
+            assert refused.value.body["type"] == "rate_limit_error"
+            status, _, text = _post(server.address, "/v1/completions", ask, {"x-request-id": "r1"})
+            error = json.loads(text)["error"]
+            assert (status, error["code"]) == (409, "ALREADY_EXISTS") and "r1" in error["message"]
+            gated.gate.set()
+            assert held.result(timeout=30).choices[0].text == expected_text(
+                TOKENIZER.encode("held"), 4
+            )

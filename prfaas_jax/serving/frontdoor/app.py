@@ -11,12 +11,12 @@ The text streams through `text.TextStream`; a stop string ends the reply (``fini
 "stop") and cancels the router call, which frees the decode slot; otherwise the reply runs to
 the budget ("length"). A client that disconnects mid-stream cancels the call as well.
 
-Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without
-the bearer token of ``token`` (compared in constant time), 404 for another path. Refusals of the
-router map by gRPC status: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (admission), UNAVAILABLE
-503 (no live instance), DEADLINE_EXCEEDED 504, anything else 500. Before the first token the
-client gets that status; after it (the SSE response already sent 200) an ``error`` event and
-the end of the stream.
+Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
+bearer token of ``token`` (compared in constant time), 404 for another path. Refusals of the router
+map by gRPC status: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (admission), ALREADY_EXISTS 409
+(an ``x-request-id`` already in flight), UNAVAILABLE 503 (no live instance), DEADLINE_EXCEEDED 504,
+anything else 500. Before the first token the client gets that status; after it (the SSE response
+already sent 200) an ``error`` event and the end of the stream.
 
 `FrontDoorServer` runs the app on uvicorn in a thread, on a socket it binds first (so port 0
 works and the address is known before it starts).
@@ -68,6 +68,7 @@ HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
     grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.ALREADY_EXISTS: (409, "invalid_request_error"),  # x-request-id in flight
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
     grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
 }
