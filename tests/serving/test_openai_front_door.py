@@ -321,3 +321,41 @@ def test_admission_refusal_is_429_and_a_busy_request_id_409(tmp_path):
             assert held.result(timeout=30).choices[0].text == expected_text(
                 TOKENIZER.encode("held"), 4
             )
+
+
+class DyingDecode(FakeDecodeEngine):
+    """The fake decode engine, whose every step after the first `steps` raises."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(CFG, max_slots=4, max_len=MAX_LEN, step_s=0.01)
+        self.steps = steps
+
+    def step(self):
+        self.steps -= 1
+        if self.steps < 0:
+            raise RuntimeError("injected decode fault")
+        return super().step()
+
+
+def test_a_failure_after_the_first_token_is_an_error_event_that_ends_the_stream(tmp_path):
+    """The 200 is gone once text streams: a router that gives up mid-stream (one attempt, the
+    decode engine failing after 3 steps) reaches the client as an OpenAI error object in a last
+    `data:` event, after text that is a prefix of the reply, and without `[DONE]`."""
+    path = fake_config(tmp_path / "cluster.toml", router={"max_attempts": 1})
+    instances = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
+        "pd-1": (Role.PD_DECODE, DyingDecode(steps=3)),
+    }
+    with serve_in_process(load_cluster_config(path), instances) as cluster:
+        router = cluster.servers["router"].address
+        front = FrontDoor(router, model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN)
+        with FrontDoorServer(front) as server:
+            body = {"model": MODEL, "prompt": "abc", "max_tokens": 30, "stream": True}
+            status, _, text = _post(server.address, "/v1/completions", {**body, "temperature": 0})
+    assert status == 200
+    events = [json.loads(e.removeprefix("data: ")) for e in text.strip().split("\n\n")]
+    *chunks, last = events
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    assert chunks and expected_text(TOKENIZER.encode("abc"), 30).startswith(streamed)
+    assert set(last) == {"error"} and last["error"]["message"] and last["error"]["type"]
