@@ -218,6 +218,12 @@ def test_a_bad_chat_and_a_bad_request_id_are_400(door):
     assert status == 400 and json.loads(text)["error"]["param"] == "x-request-id"
 
 
+def test_a_body_larger_than_any_valid_request_is_413(door):
+    body = {"model": MODEL, "prompt": "x" * (16 * MAX_LEN + 65536), "max_tokens": 2}
+    status, _, text = _post(door, "/v1/completions", body)
+    assert status == 413 and "request body is over" in json.loads(text)["error"]["message"]
+
+
 def test_an_unknown_path_is_404_in_openai_shape(door):
     status, kind, text = _post(door, "/v1/embeddings", {"model": MODEL, "input": "hi"})
     assert status == 404 and kind == "application/json"

@@ -12,11 +12,12 @@ The text streams through `text.TextStream`; a stop string ends the reply (``fini
 the budget ("length"). A client that disconnects mid-stream cancels the call as well.
 
 Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
-bearer token of ``token`` (compared in constant time), 404 for another path. Refusals of the router
-map by gRPC status: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (admission), ALREADY_EXISTS 409
-(an ``x-request-id`` already in flight), UNAVAILABLE 503 (no live instance), DEADLINE_EXCEEDED 504,
-anything else 500. Before the first token the client gets that status; after it (the SSE response
-already sent 200) an ``error`` event and the end of the stream.
+bearer token of ``token`` (compared in constant time), 404 for another path, 413 for a body larger
+than any valid request. Refusals of the router map by gRPC status: INVALID_ARGUMENT 400,
+RESOURCE_EXHAUSTED 429 (admission), ALREADY_EXISTS 409 (an ``x-request-id`` already in flight),
+UNAVAILABLE 503 (no live instance), DEADLINE_EXCEEDED 504, anything else 500. Before the first
+token the client gets that status; after it (the SSE response already sent 200) an ``error`` event
+and the end of the stream.
 
 `FrontDoorServer` runs the app on uvicorn in a thread, on a socket it binds first (so port 0
 works and the address is known before it starts).
@@ -24,6 +25,7 @@ works and the address is known before it starts).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -145,12 +147,23 @@ class FrontDoor:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def _body(self, request: Request) -> bytes:
+        """The body, refused (413) past what a valid request can hold: every token of a full
+        context as a JSON number or 4 escaped bytes of text, and 64 KiB for the rest."""
+        limit = 16 * self.max_len + 65536
+        body = bytearray()
+        async for piece in request.stream():
+            body += piece
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is over {limit:,} bytes")
+        return bytes(body)
+
     async def _complete(self, request: Request, *, chat: bool) -> Response:
         if not self.authorized(request):
             return _error(UNAUTHORIZED)
         try:
             try:
-                body = json.loads(await request.body())
+                body = json.loads(await self._body(request))
             except (ValueError, UnicodeDecodeError):
                 raise ApiError(400, "the request body is not valid JSON") from None
             completion = parse_completion(
@@ -182,6 +195,9 @@ class FrontDoor:
                 raise router_error(err) from None
             except StopAsyncIteration:
                 raise ENDED_EARLY from None
+            except asyncio.CancelledError:  # the client went away while it waited
+                call.cancel()
+                raise
         except ApiError as err:
             return _error(err)
         reply = Reply(completion, rid, self.model, call, first, messages)
