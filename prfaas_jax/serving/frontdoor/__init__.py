@@ -3,6 +3,7 @@
 
 `openai_api` reads the request bodies and writes the response objects (pure: no I/O), `text`
 turns token ids into text as they stream, and `app` serves them over HTTP (Starlette on
-uvicorn) as calls to the router's `Generate` (grpc.aio). A process of its own, `prfaas
-openai`: it talks to the router over the wire only, like any client.
+uvicorn) as calls to the router's `Generate` (grpc.aio). It runs as a process of its own
+(`prfaas openai`) or in the `prfaas serve` process (`--openai-port`), and talks to the router
+over the wire only, like any client.
 """
