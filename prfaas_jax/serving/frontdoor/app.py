@@ -253,8 +253,9 @@ class Reply:
                     return
                 if message.finished:
                     finished = True
-                    async for _ in self.messages:  # nothing follows the final message
-                        pass
+                    with contextlib.suppress(grpc.aio.AioRpcError):  # the reply is whole
+                        async for _ in self.messages:  # nothing follows the final message
+                            pass
                     text += self.text.finish()
                     yield text, "stop" if self.text.stopped else "length"
                     return
