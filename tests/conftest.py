@@ -52,6 +52,7 @@ from jax.experimental.compilation_cache import compilation_cache
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir
+from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.model import decode_step, init_params, prefill
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
@@ -130,6 +131,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     the gaps, instead of one long file running alone at the end."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # a stable sort keeps the rest
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The collector set as the package's processes set it (engine/tracing_gc.py), once the
+    test modules are imported: by then a full collection walks JAX, Flax, torch, transformers
+    and every test module, and tracing a full-size config started one every few milliseconds
+    (a third of test_kvsize.py's CPU time). `release_compiled_programs` still collects in full."""
+    collect_for_tracing()
 
 
 def _mappings() -> int:

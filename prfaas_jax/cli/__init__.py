@@ -28,6 +28,7 @@ from prfaas_jax.cli import (
     serving_commands,
     training_commands,
 )
+from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
 
 Runner = Callable[[argparse.Namespace], int]
@@ -76,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             # Before any device is touched: a mesh may span hosts (docs/sharding.md).
             initialize_distributed()
+        collect_for_tracing()
         return run(args)
     except UserError as err:
         print(f"prfaas {args.command}: error: {err}", file=sys.stderr)

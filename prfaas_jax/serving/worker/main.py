@@ -40,6 +40,7 @@ import jax
 
 from prfaas_jax.engine.compile_cache import enable_compile_cache
 from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
+from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
+    collect_for_tracing()  # the engines' warm-up traces every program a request can need
     tag = args.name if args.process_id == 0 else f"{args.name}/{args.process_id}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(message)s")
     config = load_cluster_config(args.config)
