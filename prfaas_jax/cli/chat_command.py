@@ -45,8 +45,13 @@ def add_chat(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--ids",
         action="store_true",
-        help="messages are token ids (comma-separated) rather than text for the byte-level "
-        "tokenizer",
+        help="messages are token ids (comma-separated) rather than text",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="a directory with tokenizer.json for the text (default: the served checkpoint's, "
+        "if it has one; else byte-level)",
     )
     add_sampling_flags(p)
     p.add_argument("--timeout", type=float, default=300.0, help="per-turn deadline in s")
@@ -59,7 +64,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     import grpc
 
     from prfaas_jax.engine.sampling_params import SamplingParams
-    from prfaas_jax.engine.tokenizer import check_byte_vocab
+    from prfaas_jax.engine.tokenizer import load_tokenizer, tokenizer_dir
     from prfaas_jax.serving.loadgen.chat import Conversation
     from prfaas_jax.serving.proto import prfaas_pb2 as pb
     from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -77,10 +82,17 @@ def _run_chat(args: argparse.Namespace) -> int:
             stats = stub.GetStats(pb.GetStatsRequest(), timeout=10)
         except grpc.RpcError as err:
             raise UserError(f"no router at {router}: {err.code().name}: {err.details()}") from None
-        if not args.ids:
-            check_byte_vocab(stats.vocab_size)
+        if args.tokenizer is not None and tokenizer_dir(args.tokenizer) is None:
+            raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
+        tokenizer = (
+            None if args.ids else load_tokenizer(args.tokenizer or stats.model, stats.vocab_size)
+        )
         conversation = Conversation(
-            stub, max_new_tokens=args.max_new_tokens, sampling=sampling, timeout_s=args.timeout
+            stub,
+            max_new_tokens=args.max_new_tokens,
+            sampling=sampling,
+            timeout_s=args.timeout,
+            tokenizer=tokenizer,
         )
         if not args.json:
             print(

@@ -47,7 +47,10 @@ def add_prompt_flags(p: argparse.ArgumentParser) -> None:
     """One prompt, four ways; `cli.prompt_input.prompt_from_args` reads them back."""
     prompt = p.add_mutually_exclusive_group()
     prompt.add_argument("--prompt-ids", type=parse_int_list, help="comma-separated token ids")
-    prompt.add_argument("--prompt", help="text, encoded with the byte-level tokenizer")
+    prompt.add_argument(
+        "--prompt",
+        help="text, encoded with the checkpoint's tokenizer.json if it has one, else byte-level",
+    )
     prompt.add_argument(
         "--prompt-ids-file",
         metavar="FILE",

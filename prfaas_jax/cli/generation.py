@@ -1,11 +1,12 @@
 """What `prfaas generate` runs: `GenerateRequest` → `generate_from_preset` → `GenerateResult`.
 
 Weights come from a preset and a seed, or — ``--hf DIR`` / ``--checkpoint DIR`` — from a Hugging
-Face or orbax checkpoint (model/weights.py); the prompt from ``--prompt-ids``, ``--prompt`` (the
-byte-level tokenizer), a file of either (cli/prompt_input.py) or a default text. The tokens
-come from engine/generate.py's `generate` (prefill engine, then a one-slot decode engine);
-``--dump-logits`` saves `prompt_logits`. `prompt_ids` and `sampling_params` also serve
-`prfaas prefill` (cli/state_files.py).
+Face or orbax checkpoint (model/weights.py); the prompt from ``--prompt-ids``, ``--prompt`` (text,
+through the checkpoint's own tokenizer where its directory has a ``tokenizer.json``, else the
+byte-level one: engine/tokenizer.py), a file of either (cli/prompt_input.py) or a default
+text. The tokens come from engine/generate.py's `generate` (prefill engine, then a one-slot
+decode engine); ``--dump-logits`` saves `prompt_logits`. `prompt_ids` and `sampling_params` also
+serve `prfaas prefill` (cli/state_files.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from prfaas_jax.cli.prompt_input import prompt_digest
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.generate import generate, prompt_logits
 from prfaas_jax.engine.sampling_params import SamplingParams
-from prfaas_jax.engine.tokenizer import ByteTokenizer, check_byte_vocab
+from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.sharding import make_mesh
 from prfaas_jax.model.weights import load_model
@@ -80,11 +81,15 @@ class GenerateResult:
         return key_value(rows)
 
 
+def text_tokenizer(request: GenerateRequest, cfg: ModelConfig) -> Tokenizer:
+    """The tokenizer of the request's model: its checkpoint directory's, else byte-level."""
+    return load_tokenizer(request.hf_dir or request.checkpoint or request.model, cfg.vocab_size)
+
+
 def prompt_ids(request: GenerateRequest, cfg: ModelConfig) -> list[int]:
     """The request's prompt as token ids, each checked against ``cfg``'s vocabulary."""
     if request.prompt_text is not None:
-        check_byte_vocab(cfg.vocab_size)
-        ids = ByteTokenizer().encode(request.prompt_text)
+        ids = text_tokenizer(request, cfg).encode(request.prompt_text)
     elif request.prompt_ids is not None:
         ids = list(request.prompt_ids)
     else:
@@ -138,7 +143,9 @@ def generate_from_preset(request: GenerateRequest) -> GenerateResult:
     )
     if request.dump_logits is not None:
         _dump_logits(request.dump_logits, prompt_logits(params, cfg, prompt, impl=impl))
-    text = ByteTokenizer().decode(tokens) if request.prompt_text is not None else None
+    text = None
+    if request.prompt_text is not None:
+        text = text_tokenizer(request, cfg).decode(tokens)
     return GenerateResult(
         model=cfg.name,
         prompt_ids=prompt,

@@ -148,8 +148,10 @@ def add_convert_hf(sub: argparse._SubParsersAction) -> None:
         help="convert a Hugging Face checkpoint into an orbax checkpoint",
         description="Import a Hugging Face checkpoint directory (config.json + *.safetensors; "
         "families: kimi_linear, minimax, qwen3_next, mimo_v2_flash, bailing_hybrid) and write "
-        "OUT/config.toml plus the parameters under OUT/params/ (orbax). Run it with "
-        "`prfaas generate --checkpoint OUT` (or --model OUT).",
+        "OUT/config.toml plus the parameters under OUT/params/ (orbax), and copy its tokenizer "
+        "files (tokenizer.json, tokenizer_config.json, ...) if it has them. Run it with "
+        "`prfaas generate --checkpoint OUT --prompt TEXT` (or --model OUT), or serve it: "
+        "[model] preset = OUT.",
         epilog="example: prfaas convert-hf ./Kimi-Linear-48B-A3B-Instruct ./kimi-ckpt",
     )
     p.add_argument("hf_dir", metavar="DIR", help="Hugging Face checkpoint directory")
@@ -173,6 +175,7 @@ def _run_convert_hf(args: argparse.Namespace) -> int:
         ("parameters", f"{summary['num_params']:,} ({summary['param_bytes']:,} bytes)"),
         ("dtype", summary["dtype"]),
         ("checkpoint", summary["checkpoint"]),
+        ("tokenizer", ", ".join(summary["tokenizer"]) or "none (text is byte-level)"),
     ]
     print(key_value(rows))
     return 0

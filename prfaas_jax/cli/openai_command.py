@@ -1,8 +1,10 @@
 """`prfaas openai`: an OpenAI-compatible HTTP front door for a running cluster.
 
-It asks the router (``GetStats``) which model it serves, its ``max_len`` and vocabulary, then
-serves ``/v1/models``, ``/v1/completions`` and ``/v1/chat/completions`` on ``--host:--port``
-(serving/frontdoor) until SIGTERM or Ctrl-C, exiting 0. With ``--token-file`` (the cluster's
+It asks the router (``GetStats``) which model it serves, its ``max_len`` and vocabulary, takes
+the tokenizer of ``--tokenizer DIR`` or of the served model's directory (a checkpoint with a
+``tokenizer.json``, engine/tokenizer.py), else the byte-level one, then serves ``/v1/models``,
+``/v1/completions`` and ``/v1/chat/completions`` on ``--host:--port`` (serving/frontdoor) until
+SIGTERM or Ctrl-C, exiting 0. With ``--token-file`` (the cluster's
 ``[security]`` token) the router calls carry the token and HTTP clients must present it as
 ``Authorization: Bearer …``, as the router's own clients do.
 """
@@ -28,8 +30,10 @@ def add_openai(sub: argparse._SubParsersAction) -> None:
         "a running cluster",
         description="Serve the OpenAI completions and chat-completions APIs (SSE streaming or "
         "not, usage, stop strings) and /v1/models in front of a cluster's router, so the "
-        "openai SDK and benchmark clients such as `vllm bench serve` drive the cluster. Text is "
-        "byte-level (token i < 256 is byte i); docs/serving.md has the chat template.",
+        "openai SDK and benchmark clients such as `vllm bench serve` drive the cluster. Text goes "
+        "through the model's own tokenizer and chat template when its checkpoint has a "
+        "tokenizer.json (`prfaas convert-hf` copies it), else it is byte-level (token i < 256 "
+        "is byte i; docs/serving.md has that chat template).",
         epilog="example: prfaas serve --ready-file ready.json & prfaas openai --ready-file "
         "ready.json --port 8000, then point a client at http://127.0.0.1:8000/v1",
     )
@@ -42,6 +46,12 @@ def add_openai(sub: argparse._SubParsersAction) -> None:
         "--address-file", help='write {"address", "base_url"} here (atomically) once listening'
     )
     p.add_argument("--timeout", type=float, default=600.0, help="per-request deadline in s")
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="a directory with tokenizer.json (default: the served checkpoint's, if it has one; "
+        "else byte-level)",
+    )
     add_client_security_flags(p)
     p.set_defaults(run=_run_openai)
 
@@ -49,7 +59,7 @@ def add_openai(sub: argparse._SubParsersAction) -> None:
 def _run_openai(args: argparse.Namespace) -> int:
     import grpc
 
-    from prfaas_jax.engine.tokenizer import check_byte_vocab
+    from prfaas_jax.engine.tokenizer import load_tokenizer, tokenizer_dir
     from prfaas_jax.serving.frontdoor.app import FrontDoor, FrontDoorServer
     from prfaas_jax.serving.proto import prfaas_pb2 as pb
     from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -71,7 +81,9 @@ def _run_openai(args: argparse.Namespace) -> int:
             stats = pb_grpc.RouterStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
         except grpc.RpcError as err:
             raise UserError(f"no router at {router}: {err.code().name}: {err.details()}") from None
-    check_byte_vocab(stats.vocab_size)
+    if args.tokenizer is not None and tokenizer_dir(args.tokenizer) is None:
+        raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
+    tokenizer = load_tokenizer(args.tokenizer or stats.model, stats.vocab_size)
     door = FrontDoor(
         router,
         model=stats.model,
@@ -80,6 +92,7 @@ def _run_openai(args: argparse.Namespace) -> int:
         token=read_token(security),
         credentials=channel_credentials(security),
         timeout_s=args.timeout,
+        tokenizer=tokenizer,
     )
     stop = install_stop_handlers()
     with FrontDoorServer(door, args.host, args.port) as server:

@@ -132,6 +132,55 @@ def test_a_stop_string_ends_the_text_before_it(client):
         assert (text, finish) == (full[:cut], "stop")
 
 
+EOS_PROMPT = "end of sequence"
+EOS_AT = 5  # the fake model's 6th token is the end-of-sequence id of `EosTokenizer`
+
+
+class EosTokenizer(ByteTokenizer):
+    """The byte tokenizer with an end-of-sequence id: one the fake model makes for EOS_PROMPT
+    at position EOS_AT, and not before."""
+
+    eos_ids = frozenset({fake_tokens(TOKENIZER.encode(EOS_PROMPT), 40, CFG.vocab_size)[EOS_AT]})
+
+
+def test_the_eos_id_of_this_prompt_comes_first_at_its_position():
+    tokens = fake_tokens(TOKENIZER.encode(EOS_PROMPT), 40, CFG.vocab_size)
+    assert tokens.index(next(iter(EosTokenizer.eos_ids))) == EOS_AT
+
+
+@pytest.fixture(scope="module")
+def eos_client(door):
+    """A second front door on the same cluster, serving with `EosTokenizer`."""
+    front = FrontDoor(
+        ROUTER[door], model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN,
+        tokenizer=EosTokenizer(),
+    )  # fmt: skip
+    with FrontDoorServer(front) as server:
+        yield openai.OpenAI(base_url=f"http://{server.address}/v1", api_key="-", max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_end_of_sequence_id_ends_the_reply_counted_not_shown(eos_client, stream):
+    ids = TOKENIZER.encode(EOS_PROMPT)
+    tokens = fake_tokens(ids, 40, CFG.vocab_size)
+    kwargs = {"model": MODEL, "prompt": EOS_PROMPT, "max_tokens": 40, "temperature": 0}
+    if stream:
+        options = {"include_usage": True}
+        chunks = list(eos_client.completions.create(stream=True, stream_options=options, **kwargs))
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+        usage = chunks[-1].usage
+    else:
+        reply = eos_client.completions.create(**kwargs)
+        text, finish, usage = reply.choices[0].text, reply.choices[0].finish_reason, reply.usage
+    assert (text, finish) == (TOKENIZER.decode(tokens[:EOS_AT]), "stop")
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), EOS_AT + 1)
+    # ignore_eos (vLLM's extension, which benchmark clients send) runs to the budget.
+    reply = eos_client.completions.create(extra_body={"ignore_eos": True}, **kwargs)
+    assert reply.choices[0].text == TOKENIZER.decode(tokens)
+    assert (reply.choices[0].finish_reason, reply.usage.completion_tokens) == ("length", 40)
+
+
 def test_models_lists_the_served_model(client):
     assert [m.id for m in client.models.list()] == [MODEL]
 

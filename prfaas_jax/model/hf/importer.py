@@ -13,6 +13,7 @@ state, same orbax layout. Every problem with the checkpoint raises ``CheckpointE
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -89,13 +90,28 @@ def load_hf(
     return cfg, _finalise(arrays, cfg, module.FAMILY)
 
 
+# What a checkpoint's tokenizer and chat template need (engine/tokenizer.py reads them); they go
+# with the weights.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
+
+
 def convert_hf(
     directory: str | os.PathLike[str], out: str | os.PathLike[str], *, overwrite: bool = False
 ) -> dict:
-    """Import ``directory`` and save it as an orbax checkpoint in ``out``; a JSON-able summary."""
+    """Import ``directory`` and save it as an orbax checkpoint in ``out``, with the tokenizer
+    files it has (`TOKENIZER_FILES`); a JSON-able summary."""
     hf = read_hf_config(directory)
     cfg, params = load_hf(directory)
     path = checkpoint.save_checkpoint(out, cfg, params, overwrite=overwrite)
+    tokenizer = [name for name in TOKENIZER_FILES if (Path(directory) / name).is_file()]
+    for name in tokenizer:
+        shutil.copyfile(Path(directory) / name, path / name)
     leaves = jax.tree.leaves(params)
     return {
         "source": str(Path(directory).resolve()),
@@ -107,4 +123,5 @@ def convert_hf(
         "dtype": cfg.dtype,
         "checkpoint": str(path),
         "config": str(path / checkpoint.CONFIG_FILE),
+        "tokenizer": tokenizer,
     }

@@ -7,9 +7,12 @@
   per chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``);
 - ``GET /health``: 200 once the app runs.
 
-The text streams through `text.TextStream`; a stop string ends the reply (``finish_reason``
-"stop") and cancels the router call, which frees the decode slot; otherwise the reply runs to
-the budget ("length"). A client that disconnects mid-stream cancels the call as well.
+Text goes in and out through the served model's tokenizer (engine/tokenizer.py: a checkpoint's
+own, or the byte-level one of the presets) and streams through `text.TextStream`. A stop string
+or the tokenizer's end-of-sequence id (unless ``ignore_eos``) ends the reply (``finish_reason``
+"stop"; the end-of-sequence token is counted, not shown) and cancels the router call, which frees
+the decode slot; otherwise the reply runs to the budget ("length"). A client that disconnects
+mid-stream cancels the call as well.
 
 Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
 bearer token of ``token`` (compared in constant time), 404 for another path, 413 for a body larger
@@ -44,6 +47,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.frontdoor.openai_api import (
@@ -90,7 +94,8 @@ def _sse(body: dict | str) -> bytes:
 
 
 class FrontDoor:
-    """The app's state: the router channel (made on the server's event loop) and the model."""
+    """The app's state: the router channel (made on the server's event loop), the model and its
+    tokenizer (default: the byte-level one)."""
 
     def __init__(
         self,
@@ -102,8 +107,10 @@ class FrontDoor:
         token: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         timeout_s: float = 600.0,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.router, self.model, self.vocab_size, self.max_len = router, model, vocab_size, max_len
+        self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.token, self.credentials, self.timeout_s = token, credentials, timeout_s
         self.created = int(time.time())
         self._channel: grpc.aio.Channel | None = None
@@ -167,7 +174,12 @@ class FrontDoor:
             except (ValueError, UnicodeDecodeError):
                 raise ApiError(400, "the request body is not valid JSON") from None
             completion = parse_completion(
-                body, chat=chat, model=self.model, vocab_size=self.vocab_size, max_len=self.max_len
+                body,
+                chat=chat,
+                model=self.model,
+                vocab_size=self.vocab_size,
+                max_len=self.max_len,
+                tokenizer=self.tokenizer,
             )
             request_id = request.headers.get("x-request-id", "")
             try:
@@ -200,7 +212,7 @@ class FrontDoor:
                 raise
         except ApiError as err:
             return _error(err)
-        reply = Reply(completion, rid, self.model, call, first, messages)
+        reply = Reply(completion, rid, self.model, call, first, messages, self.tokenizer)
         if completion.stream:
             headers = {"x-request-id": rid}
             return StreamingResponse(
@@ -231,23 +243,32 @@ class Reply:
         call: grpc.aio.UnaryStreamCall,
         first: pb.GenerateResponse,
         messages: AsyncIterator[pb.GenerateResponse],
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.completion, self.rid, self.model, self.call = completion, rid, model, call
         self.first, self.messages = first, messages
-        self.text = TextStream(completion.stop)
+        detokenizer = (tokenizer or ByteTokenizer()).detokenizer()
+        self.text = TextStream(completion.stop, detokenizer)
         self.tokens = 0
 
     async def pieces(self) -> AsyncIterator[tuple[str, str | None]]:
         """(text, None) as tokens arrive; the last piece carries the finish reason: "length"
         with the router's final message (which holds the last tokens), "stop" with the text
-        before a stop string. The router call is cancelled on a stop and on any early exit;
-        a finished one is read to its end, so the router has counted the request by then."""
+        before a stop string or an end-of-sequence id. The router call is cancelled on a stop
+        and on any early exit; a finished one is read to its end, so the router has counted the
+        request by then."""
         finished = False
         try:
             message = self.first
             while True:
-                self.tokens += len(message.token_ids)
-                text = self.text.push(message.token_ids)
+                ids = list(message.token_ids)
+                eos = next((i for i, t in enumerate(ids) if t in self.completion.stop_ids), None)
+                self.tokens += len(ids) if eos is None else eos + 1
+                text = self.text.push(ids if eos is None else ids[:eos])
+                if eos is not None and not self.text.stopped:
+                    text += self.text.finish()
+                    yield text, "stop"
+                    return
                 if self.text.stopped:
                     yield text, "stop"
                     return
@@ -368,8 +389,8 @@ def cluster_front_door(
     config: ClusterConfig, router: str, host: str = "127.0.0.1", port: int = 0
 ) -> FrontDoorServer:
     """The front door of a cluster whose router is at `router`, as `prfaas serve --openai-port`
-    runs it: the config's model and max_len, and its `[security]` (TLS to the router with the
-    node certificate; the bearer token required of clients and passed on)."""
+    runs it: the config's model, its tokenizer and max_len, and its `[security]` (TLS to the
+    router with the node certificate; the bearer token required of clients and passed on)."""
     cfg = load_model_config(config.model.preset)
     door = FrontDoor(
         router,
@@ -378,5 +399,6 @@ def cluster_front_door(
         max_len=config.engine.max_len,
         token=read_token(config.security),
         credentials=channel_credentials(config.security),
+        tokenizer=load_tokenizer(config.model.preset, cfg.vocab_size),
     )
     return FrontDoorServer(door, host, port)

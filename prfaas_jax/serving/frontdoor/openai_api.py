@@ -9,13 +9,15 @@ Accepted fields: ``model`` (must name the served model), ``prompt`` (a string or
 ids; one prompt per request) or ``messages`` (roles ``system`` / ``user`` / ``assistant``, text
 content), ``max_tokens`` / ``max_completion_tokens`` (default: what still fits in the cluster's
 ``max_len``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (a string or up to 4),
-``stream``, ``stream_options.include_usage``, ``ignore_eos`` (the byte tokenizer has no
-end-of-sequence token, so generation always runs to the budget or a stop string), ``n`` = 1,
-``echo`` false, no ``logprobs``, ``repetition_penalty`` 1 (what ``vllm bench serve`` sends).
-Other fields are ignored.
+``stream``, ``stream_options.include_usage``, ``ignore_eos`` (generation otherwise ends at the
+tokenizer's end-of-sequence token, which the byte tokenizer does not have), ``n`` = 1, ``echo``
+false, no ``logprobs``, ``repetition_penalty`` 1 (what ``vllm bench serve`` sends). Other fields
+are ignored.
 
-The chat template of the byte tokenizer (`chat_prompt`): each message as ``<|role|>\\n`` then its
-content and ``\\n``, and ``<|assistant|>\\n`` to open the reply.
+Text becomes ids through the served model's tokenizer (engine/tokenizer.py): a prompt string
+with `encode`, a chat's messages through its chat template (`chat_ids`; for the byte tokenizer
+`chat_prompt`: each message as ``<|role|>\\n`` then its content and ``\\n``, and
+``<|assistant|>\\n`` to open the reply).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from prfaas_jax.engine.sampling_params import SamplingParams
-from prfaas_jax.engine.tokenizer import ByteTokenizer
+from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, byte_chat_text
 from prfaas_jax.errors import UserError
 
 MAX_STOP = 4
@@ -63,10 +65,11 @@ class Completion:
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
+    stop_ids: frozenset[int] = frozenset()  # end-of-sequence ids that end the reply
 
 
-def chat_prompt(messages: object) -> str:
-    """The prompt text of a chat (the template of the module docstring)."""
+def chat_messages(messages: object) -> list[dict[str, str]]:
+    """The ``messages`` of a chat body as ``{"role", "content"}`` dicts of text."""
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
     parts = []
@@ -87,8 +90,13 @@ def chat_prompt(messages: object) -> str:
             content = "".join(texts)
         if not isinstance(content, str):
             raise bad_request(f"{param}.content must be a string", param)
-        parts.append(f"<|{role}|>\n{content}\n")
-    return "".join(parts) + "<|assistant|>\n"
+        parts.append({"role": role, "content": content})
+    return parts
+
+
+def chat_prompt(messages: object) -> str:
+    """The prompt text of a chat for the byte tokenizer (the template of the module docstring)."""
+    return byte_chat_text(chat_messages(messages))
 
 
 def _number(body: dict, name: str, default: float) -> float:
@@ -118,12 +126,15 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
-def _prompt_ids(body: dict, chat: bool, vocab_size: int) -> list[int]:
+def _prompt_ids(body: dict, chat: bool, vocab_size: int, tokenizer: Tokenizer) -> list[int]:
     if chat:
-        return ByteTokenizer().encode(chat_prompt(body.get("messages")))
+        try:
+            return tokenizer.chat_ids(chat_messages(body.get("messages")))
+        except UserError as err:  # the template refuses the conversation
+            raise bad_request(str(err), "messages") from None
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        ids = ByteTokenizer().encode(prompt)
+        ids = tokenizer.encode(prompt)
     elif (
         isinstance(prompt, list)
         and prompt
@@ -175,10 +186,18 @@ def _unsupported(body: dict) -> None:
 
 
 def parse_completion(
-    body: object, *, chat: bool, model: str, vocab_size: int, max_len: int
+    body: object,
+    *,
+    chat: bool,
+    model: str,
+    vocab_size: int,
+    max_len: int,
+    tokenizer: Tokenizer | None = None,
 ) -> Completion:
     """The request of a completions body (`chat`: a chat-completions body) for the served
-    `model`; ApiError (400) for anything malformed, unknown or out of range."""
+    `model` and its `tokenizer` (default: the byte-level one); ApiError (400) for anything
+    malformed, unknown or out of range."""
+    tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     if body.get("model") != model:
@@ -187,7 +206,7 @@ def parse_completion(
             f"{model!r}", param="model", code="model_not_found",
         )  # fmt: skip
     _unsupported(body)
-    prompt_ids = _prompt_ids(body, chat, vocab_size)
+    prompt_ids = _prompt_ids(body, chat, vocab_size, tokenizer)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     given = [(n, v) for n, v in ((n, _integer(body, n)) for n in names) if v is not None]
     name, budget = given[0] if given else (names[-1], None)
@@ -217,7 +236,7 @@ def parse_completion(
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
-    _flag(body, "ignore_eos")
+    ignore_eos = _flag(body, "ignore_eos")
     return Completion(
         chat=chat,
         prompt_ids=list(prompt_ids),
@@ -226,6 +245,7 @@ def parse_completion(
         stop=_stop(body),
         stream=_flag(body, "stream"),
         include_usage=_flag(stream_options, "include_usage"),
+        stop_ids=frozenset() if ignore_eos else tokenizer.eos_ids,
     )
 
 

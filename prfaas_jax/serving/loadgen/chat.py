@@ -8,8 +8,9 @@ cluster sees a prompt that extends the previous one: its prefix cache finds the 
 offloaded turn ships only the state's increment when the decode worker still holds the rest
 (``saved_bytes``). A turn's report makes all of that visible.
 
-Messages are text, encoded with the byte-level tokenizer (the model needs a vocabulary of at
-least 256), or token ids. A turn the cluster refuses leaves the conversation as it was.
+Messages are text, encoded with the served model's tokenizer (engine/tokenizer.py: a
+checkpoint's own, else the byte-level one, which needs a vocabulary of at least 256), or token
+ids. A turn the cluster refuses leaves the conversation as it was.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import grpc
 
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
-from prfaas_jax.engine.tokenizer import ByteTokenizer
+from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -70,6 +71,7 @@ class Conversation:
         max_new_tokens: int = 32,
         sampling: SamplingParams = GREEDY,
         timeout_s: float = 300.0,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         if max_new_tokens < 1:
             raise UserError("a reply needs at least 1 new token")
@@ -77,7 +79,7 @@ class Conversation:
         self.sampling, self.timeout_s = sampling, timeout_s
         self.context: list[int] = []
         self.turns = 0
-        self._tokenizer = ByteTokenizer()
+        self._tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
 
     def reset(self) -> None:
         self.context, self.turns = [], 0
