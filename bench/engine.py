@@ -15,12 +15,18 @@ written with ``save_pretrained`` (tests/model/hf/hf_fixtures.py) and loaded twic
              HF:     a batch prefill, then ``model(next_B1, cache=cache)`` once per token
 
 Both sides are checked against each other: prefill's first greedy token, and each decode row's
-whole greedy continuation. prfaas compile time is excluded from tokens/s and reported apart
-(first call minus a warm one). A prefill timing is the best of ``--repeats`` after a warm-up
-(HF runs stop early past ``--budget`` seconds: an 8K HF prefill is timed once or twice). Decode
-tokens/s is B over the median of ``--steps`` timed steps, after ``--warmup`` untimed ones (the
-mean is in the JSON too). Timings on a shared machine are noisy — PyTorch's OpenMP threads stall
-badly when the cores are oversubscribed — so the load average is printed at start and end.
+whole greedy continuation. Each prfaas row is also held against the machine's own ceilings,
+measured in the same run (bench/roofline.py: a jitted fp32 matmul's FLOP/s, a jitted read's
+bytes/s): its counted FLOPs (planning/prefill_cost.py, planning/decode_cost.py) and the bytes it
+must read (the weights once — for a decode step only the experts its rows route to — and every
+row's state) give achieved GFLOP/s and GB/s, the ceiling the row runs into by its arithmetic
+intensity, and the fraction of that ceiling reached. prfaas compile time is excluded from
+tokens/s and reported apart (first call minus a warm one). A prefill timing is the best of
+``--repeats`` after a warm-up (HF runs stop early past ``--budget`` seconds: an 8K HF prefill is
+timed once or twice). Decode tokens/s is B over the median of ``--steps`` timed steps, after
+``--warmup`` untimed ones (the mean is in the JSON too). Timings on a shared machine are noisy —
+PyTorch's OpenMP threads stall badly when the cores are oversubscribed — so the load average is
+printed at start and end.
 
     python bench/engine.py [--json] [--lengths 512,2048,8192] [--batches 1,8,32]
                            [--context 512] [--steps 64] [--repeats 3] [--budget 20]
@@ -45,9 +51,16 @@ import numpy as np
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.model.hf import load_hf
+from prfaas_jax.planning.decode_cost import (
+    decode_step_bytes,
+    decode_step_flops,
+    decode_weight_bytes,
+)
+from prfaas_jax.planning.prefill_cost import prefill_flops
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
+from roofline import bound, ceilings, fraction  # bench/ is the script's own directory
 
 # A small Kimi-Linear: 4 blocks KDA, KDA, KDA, MLA; the first MLP dense, the rest MoE.
 PRESET = dict(
@@ -234,8 +247,23 @@ def bench_decode(
     return rows
 
 
+def add_roofline(row: dict, flops: float, nbytes: float, seconds: float, machine: dict) -> None:
+    """The row's counted work, its achieved rates and its share of the binding ceiling."""
+    row.update(
+        flops=flops,
+        bytes=nbytes,
+        achieved_flops_s=flops / seconds,
+        achieved_bytes_s=nbytes / seconds,
+        bound=bound(flops, nbytes, machine),
+        fraction_of_ceiling=fraction(flops, nbytes, seconds, machine),
+    )
+
+
 def _table(title: str, key: str, rows: list[dict]) -> str:
-    header = (key, "prfaas tok/s", "HF tok/s", "ratio", "prfaas compile (s)", "greedy match")
+    header = (
+        key, "prfaas tok/s", "HF tok/s", "ratio", "GFLOP/s", "GB/s", "bound", "of ceiling",
+        "prfaas compile (s)", "greedy match",
+    )  # fmt: skip
     lines = [header]
     for r in rows:
         match = "yes" if r["first_token_match"] else "NO"
@@ -247,6 +275,10 @@ def _table(title: str, key: str, rows: list[dict]) -> str:
                 f"{r['prfaas_tok_s']:,.0f}",
                 f"{r['hf_tok_s']:,.0f}",
                 f"{r['ratio']:.1f}x",
+                f"{r['achieved_flops_s'] / 1e9:,.1f}",
+                f"{r['achieved_bytes_s'] / 1e9:,.1f}",
+                r["bound"],
+                f"{100 * r['fraction_of_ceiling']:.0f} %",
                 f"{r['prfaas_compile_s']:.1f}",
                 match,
             )
@@ -256,6 +288,14 @@ def _table(title: str, key: str, rows: list[dict]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines
     )
     return f"{title}\n{body}"
+
+
+def _ceilings_line(machine: dict) -> str:
+    return (
+        f"ceilings measured in this run: matmul {machine['matmul_flops'] / 1e9:,.0f} GFLOP/s, "
+        f"read {machine['read_bytes_s'] / 1e9:,.1f} GB/s "
+        f"(ridge {machine['ridge_flops_per_byte']:.1f} FLOP/byte)"
+    )
 
 
 def _environment(cfg, args: argparse.Namespace) -> dict:
@@ -317,16 +357,27 @@ def main(argv: list[str] | None = None) -> int:
         hf = HfModel(path, args.hf_attn)
     env = _environment(cfg, args)
     _log(json.dumps(env["model"]))
+    machine = ceilings(repeats=repeats)
+    _log(_ceilings_line(machine))
     engine = PrefillEngine(cfg, params, impl=IMPL, chunk_len=args.chunk_len)
     prefill_rows = bench_prefill(hf, engine, lengths, repeats, args.budget)
+    for row in prefill_rows:  # FLOP-bound: every weight read once, every expert touched
+        work = prefill_flops(cfg, row["length"]), decode_weight_bytes(cfg, row["length"])
+        add_roofline(row, *work, row["prfaas_s"], machine)
     decode_rows = bench_decode(hf, engine, batches, args.context, args.steps, args.warmup)
+    context = args.context + args.warmup + args.steps / 2  # a timed step's mean context
+    for row in decode_rows:
+        batch = row["batch"]
+        work = decode_step_flops(cfg, batch, context), decode_step_bytes(cfg, batch, context)
+        add_roofline(row, *work, row["prfaas_step_ms"] / 1e3, machine)
     env["load_average"] = {"start": load_start, "end": _load()}
-    result = {"prefill": prefill_rows, "decode": decode_rows, "config": env}
+    result = {"prefill": prefill_rows, "decode": decode_rows, "ceilings": machine, "config": env}
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     print(json.dumps(env["model"]))
     print(f"load average (1, 5, 15 min) at start {load_start}, at end {env['load_average']['end']}")
+    print(_ceilings_line(machine))
     print(_table("prefill (batch 1)", "length", prefill_rows))
     print()
     print(
