@@ -14,7 +14,10 @@ A row times ``--steps`` steps after ``--warmup`` untimed ones (prfaas compiles i
 tokens/s is B·L over the median step. The first step's losses of both sides are printed: they
 start from the same weights and batch, so they agree to float32 rounding (a check that the two
 sides compute the same model). The load average is printed at start and end: timings on a
-shared machine are noisy.
+shared machine are noisy. The prfaas step is also held against this machine's matmul peak,
+measured in the same run (bench/roofline.py): a step counts 3 × the forward's FLOPs (backward ≈ 2
+× forward) — planning/prefill_cost.py's count of B sequences of L, with the LM head at every
+position, as the loss computes logits everywhere.
 
     python bench/train.py [--json] [--batch-size 16] [--seq-lens 64,256] [--steps 10]
 """
@@ -35,12 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfaas_jax.model.hf import load_hf
+from prfaas_jax.planning.prefill_cost import prefill_flops
 from prfaas_jax.tables import table
 from prfaas_jax.train.loop import TrainConfig, optimizer, train_step
 from prfaas_jax.train.tasks import TaskSpec, make_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
+from roofline import ceilings  # bench/ is the script's own directory
 
 # The `tiny` preset's layout as a Kimi-Linear checkpoint: KDA, KDA, KDA, MLA; dense then MoE.
 PRESET = dict(
@@ -124,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     load_start = _load()
     _log(f"load average at start: {load_start}")
     rows = []
+    machine = ceilings()
+    peak = machine["matmul_flops"]
+    _log(f"matmul peak measured in this run: {peak / 1e9:,.0f} GFLOP/s")
     with tempfile.TemporaryDirectory() as tmp:
         with contextlib.redirect_stdout(sys.stderr):
             path = hf_fixtures.make_tiny_kimi_linear(tmp, **PRESET)
@@ -136,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             theirs, their_losses = bench_hf(path, spec, config, args.warmup, args.steps)
             tokens = args.batch_size * seq_len
+            forward = prefill_flops(cfg, seq_len) + 2 * cfg.hidden_dim * cfg.vocab_size * (
+                seq_len - 1
+            )
+            flops = 3 * args.batch_size * forward
             rows.append(
                 {
                     "seq_len": seq_len,
@@ -147,16 +159,27 @@ def main(argv: list[str] | None = None) -> int:
                     "hf_step_s": float(np.median(theirs)),
                     "prfaas_compile_s": max(first_s - float(np.median(ours)), 0.0),
                     "first_loss": {"prfaas": our_losses[0], "hf": their_losses[0]},
+                    "flops": flops,
+                    "achieved_flops_s": flops / float(np.median(ours)),
+                    "fraction_of_matmul_peak": flops / float(np.median(ours)) / peak,
                 }
             )
             _log(f"  L={seq_len}: prfaas {np.median(ours):.3f} s/step, HF {np.median(theirs):.3f}")
-    result = {"train": rows, "load_average": {"start": load_start, "end": _load()}}
+    result = {
+        "train": rows,
+        "ceilings": machine,
+        "load_average": {"start": load_start, "end": _load()},
+    }
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
     end = result["load_average"]["end"]
     print(f"load average (1, 5, 15 min) at start {load_start}, at end {end}")
-    headers = ("B×L", "prfaas tok/s", "HF tok/s", "ratio", "compile s", "first loss (prfaas / HF)")
+    print(f"matmul peak measured in this run: {peak / 1e9:,.0f} GFLOP/s")
+    headers = (
+        "B×L", "prfaas tok/s", "HF tok/s", "ratio", "GFLOP/s", "of peak", "compile s",
+        "first loss (prfaas / HF)",
+    )  # fmt: skip
     print(
         table(
             [
@@ -165,13 +188,15 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['prfaas_tok_s']:,.0f}",
                     f"{r['hf_tok_s']:,.0f}",
                     f"{r['ratio']:.1f}×",
+                    f"{r['achieved_flops_s'] / 1e9:,.1f}",
+                    f"{100 * r['fraction_of_matmul_peak']:.0f} %",
                     f"{r['prfaas_compile_s']:.1f}",
                     f"{r['first_loss']['prfaas']:.5f} / {r['first_loss']['hf']:.5f}",
                 )
                 for r in rows
             ],
             headers,
-            align="lrrrrr",
+            align="lrrrrrrr",
         )
     )
     print(json.dumps(result))
