@@ -180,6 +180,7 @@ class HFTokenizer:
         eos.update(generation if isinstance(generation, list) else [generation])
         self.eos_ids = frozenset(t for t in eos if isinstance(t, int))
         self.chat_template = self._chat_template(config)
+        self._template = self._compile(self.chat_template)
 
     def _chat_template(self, config: dict[str, Any]) -> str | None:
         template = config.get("chat_template")
@@ -197,9 +198,10 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=True)
 
-    def chat_text(self, messages: Sequence[dict[str, str]]) -> str:
-        if self.chat_template is None:
-            raise UserError(f"the tokenizer in {self.directory} has no chat template")
+    def _compile(self, source: str | None) -> Any:
+        """The chat template as a sandboxed Jinja template (checked once, at load)."""
+        if source is None:
+            return None
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -212,11 +214,23 @@ class HFTokenizer:
         env.filters["tojson"] = lambda value, **kw: json.dumps(value, ensure_ascii=False, **kw)
         env.globals["raise_exception"] = raise_exception
         try:
-            return env.from_string(self.chat_template).render(
+            return env.from_string(source)
+        except jinja2.TemplateError as err:
+            raise UserError(f"the chat template in {self.directory} is not valid: {err}") from None
+
+    def chat_text(self, messages: Sequence[dict[str, str]]) -> str:
+        import jinja2
+
+        if self._template is None:
+            raise UserError(f"the tokenizer in {self.directory} has no chat template")
+        try:
+            return self._template.render(
                 messages=list(messages), add_generation_prompt=True, **self.special_tokens
             )
-        except jinja2.TemplateError as err:
+        except jinja2.TemplateError as err:  # raise_exception, an undefined name, the sandbox
             raise UserError(f"the chat template refuses these messages: {err}") from None
+        except (TypeError, ValueError, KeyError, AttributeError) as err:  # the template's code
+            raise UserError(f"the chat template fails on these messages: {err}") from None
 
     def chat_ids(self, messages: Sequence[dict[str, str]]) -> list[int]:
         return self.backend.encode(self.chat_text(messages), add_special_tokens=False).ids

@@ -106,3 +106,11 @@ def test_broken_files_are_one_line_errors(directory, tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": IM_END}))
     with pytest.raises(UserError, match="has no chat template"):
         HFTokenizer(tmp_path).chat_ids([{"role": "user", "content": "hi"}])
+    broken = {"chat_template": "{% for m in messages %}{{ m['content'] ~ }}{% endfor %}"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(broken))
+    with pytest.raises(UserError, match="is not valid"):  # at load, not per request
+        HFTokenizer(tmp_path)
+    failing = {"chat_template": "{{ messages[0]['content'] + 1 }}"}  # str + int
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(failing))
+    with pytest.raises(UserError, match="fails on these messages"):
+        HFTokenizer(tmp_path).chat_ids([{"role": "user", "content": "hi"}])
