@@ -64,7 +64,7 @@ def _run_chat(args: argparse.Namespace) -> int:
     import grpc
 
     from prfaas_jax.engine.sampling_params import SamplingParams
-    from prfaas_jax.engine.tokenizer import load_tokenizer, tokenizer_dir
+    from prfaas_jax.engine.tokenizer import load_tokenizer
     from prfaas_jax.serving.loadgen.chat import Conversation
     from prfaas_jax.serving.proto import prfaas_pb2 as pb
     from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -82,10 +82,10 @@ def _run_chat(args: argparse.Namespace) -> int:
             stats = stub.GetStats(pb.GetStatsRequest(), timeout=10)
         except grpc.RpcError as err:
             raise UserError(f"no router at {router}: {err.code().name}: {err.details()}") from None
-        if args.tokenizer is not None and tokenizer_dir(args.tokenizer) is None:
-            raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
         tokenizer = (
-            None if args.ids else load_tokenizer(args.tokenizer or stats.model, stats.vocab_size)
+            None
+            if args.ids
+            else load_tokenizer(stats.model, stats.vocab_size, override=args.tokenizer)
         )
         conversation = Conversation(
             stub,

@@ -59,7 +59,7 @@ def add_openai(sub: argparse._SubParsersAction) -> None:
 def _run_openai(args: argparse.Namespace) -> int:
     import grpc
 
-    from prfaas_jax.engine.tokenizer import load_tokenizer, tokenizer_dir
+    from prfaas_jax.engine.tokenizer import load_tokenizer
     from prfaas_jax.serving.frontdoor.app import FrontDoor, FrontDoorServer
     from prfaas_jax.serving.proto import prfaas_pb2 as pb
     from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -81,9 +81,7 @@ def _run_openai(args: argparse.Namespace) -> int:
             stats = pb_grpc.RouterStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
         except grpc.RpcError as err:
             raise UserError(f"no router at {router}: {err.code().name}: {err.details()}") from None
-    if args.tokenizer is not None and tokenizer_dir(args.tokenizer) is None:
-        raise UserError(f"--tokenizer {args.tokenizer}: no tokenizer.json there")
-    tokenizer = load_tokenizer(args.tokenizer or stats.model, stats.vocab_size)
+    tokenizer = load_tokenizer(stats.model, stats.vocab_size, override=args.tokenizer)
     door = FrontDoor(
         router,
         model=stats.model,

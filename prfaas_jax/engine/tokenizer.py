@@ -247,10 +247,15 @@ def tokenizer_dir(model: str | Path | None) -> Path | None:
     return path if (path / TOKENIZER_FILE).is_file() else None
 
 
-def load_tokenizer(model: str | Path | None, vocab_size: int) -> ByteTokenizer | HFTokenizer:
+def load_tokenizer(
+    model: str | Path | None, vocab_size: int, *, override: str | Path | None = None
+) -> ByteTokenizer | HFTokenizer:
     """The tokenizer of ``model`` (a preset name, a checkpoint or HF directory) whose vocabulary
-    has ``vocab_size`` ids: the directory's own, else the byte-level one."""
-    directory = tokenizer_dir(model)
+    has ``vocab_size`` ids: the directory's own, else the byte-level one. ``override`` (a
+    ``--tokenizer DIR``) names a directory that must hold one."""
+    if override is not None and tokenizer_dir(override) is None:
+        raise UserError(f"--tokenizer {override}: no {TOKENIZER_FILE} there")
+    directory = tokenizer_dir(override if override is not None else model)
     if directory is None:
         check_byte_vocab(vocab_size)
         return ByteTokenizer()
