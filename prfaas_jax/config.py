@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import os
@@ -369,8 +370,13 @@ class ModelConfig:
         """Hex SHA-256 of the canonical config.
 
         ``name`` and ``max_len`` are excluded: neither changes the math nor the state layout, so
-        deployments with different serving limits can still exchange states.
+        deployments with different serving limits can still exchange states. Computed once per
+        config (every state header is checked against it).
         """
+        return self._fingerprint
+
+    @functools.cached_property
+    def _fingerprint(self) -> str:
         canonical = self.to_dict()
         canonical.pop("name")
         canonical.pop("max_len")
