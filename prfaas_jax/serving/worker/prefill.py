@@ -69,6 +69,7 @@ from prfaas_jax.serving.transport import security as transport
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import check_prompt, sampling_from_proto
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, abort_for
+from prfaas_jax.serving.transport.state_chunks import DecodeWorkerStub, FrameChunk
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.outbox import Outbox, striped_sample
 from prfaas_jax.serving.worker.prefix import PrefixService
@@ -80,10 +81,10 @@ class DecodeChannels:
 
     def __init__(self, security: SecuritySection | None = None) -> None:
         self.security = security
-        self._stubs: dict[str, pb_grpc.DecodeWorkerStub] = {}
+        self._stubs: dict[str, DecodeWorkerStub] = {}
         self._lock = threading.Lock()
 
-    def stub(self, address: str, lane: int = 0) -> pb_grpc.DecodeWorkerStub:
+    def stub(self, address: str, lane: int = 0) -> DecodeWorkerStub:
         """The stub of ``address``; each ``lane`` > 0 (a stripe of a striped push) has a
         channel, hence a TCP connection, of its own."""
         key = f"{address}#{lane}"
@@ -96,7 +97,7 @@ class DecodeChannels:
                     else (CHANNEL_OPTIONS)
                 )
                 channel = transport.channel(address, self.security, options)
-                self._stubs[key] = pb_grpc.DecodeWorkerStub(channel)
+                self._stubs[key] = DecodeWorkerStub(channel)
             return self._stubs[key]
 
 
@@ -311,7 +312,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         call (the one that ends with the state's trailer and handoff)."""
         lanes = outbox.lanes
 
-        def chunks(lane: int) -> Iterator[pb.StateChunk]:
+        def chunks(lane: int) -> Iterator[pb.StateChunk | FrameChunk]:
             yield pb.StateChunk(
                 request_id=request.request_id,
                 stripe=lane,
@@ -319,7 +320,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 sender=self.name,
             )
             for frame, queued in outbox.frames_to_send(lane):
-                yield pb.StateChunk(frame=frame, queued=queued)
+                yield FrameChunk(frame, queued)
             if lane and not outbox.stopped:
                 yield pb.StateChunk(last=True)  # a secondary stripe's clean end
 
