@@ -40,6 +40,7 @@ import jax
 
 from prfaas_jax.engine.compile_cache import enable_compile_cache
 from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
+from prfaas_jax.engine.host_memory import reuse_freed_memory
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
@@ -56,6 +57,7 @@ from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.transport.messages import role_from_proto, role_to_proto
 from prfaas_jax.serving.transport.security import server_credentials
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
+from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.decode_cache import build_decode_kv_cache
 from prfaas_jax.serving.worker.engines import EngineFactory
@@ -281,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     collect_for_tracing()  # the engines' warm-up traces every program a request can need
+    reuse_freed_memory()  # states and their frames come and go, many MiB each
     tag = args.name if args.process_id == 0 else f"{args.name}/{args.process_id}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(message)s")
     config = load_cluster_config(args.config)
@@ -308,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 full_service_name("PrefillWorker"),
             ),
             (
-                pb_grpc.add_DecodeWorkerServicer_to_server,
+                add_decode_worker_servicer,
                 node.decode,
                 full_service_name("DecodeWorker"),
             ),
