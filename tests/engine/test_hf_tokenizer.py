@@ -94,7 +94,7 @@ def test_load_tokenizer_picks_the_directorys_own_or_the_byte_one(directory, tmp_
     with pytest.raises(UserError, match="at least 256"):
         load_tokenizer("tiny", 255)
     assert isinstance(load_tokenizer("tiny", 1000, override=directory), HFTokenizer)
-    with pytest.raises(UserError, match="no tokenizer.json there"):
+    with pytest.raises(UserError, match=r"no tokenizer\.json there"):
         load_tokenizer(directory, 1000, override=tmp_path)
 
 
