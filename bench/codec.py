@@ -1,7 +1,8 @@
 """The state codec and the state transfer against a memory copy and a raw TCP socket, in one run.
 
 For each preset and length it builds a full-size state of that model (random bytes in every
-tensor; the codec does not look at values) and times, best of ``--repeat``:
+tensor; the codec does not look at values) and times, best of ``--repeat`` (the transfers after
+3 untimed ones, as a long-running receiver sees them):
 
 - ``memcpy``: a copy of the state's bytes into a fresh array (what producing new bytes costs at
   the least: the destination's pages are touched for the first time) and into a warm one;
@@ -10,14 +11,16 @@ tensor; the codec does not look at values) and times, best of ``--repeat``:
 - ``decode``: ``codec.decode`` of those frames into a state (checked equal to the source);
 - ``socket``: the same wire bytes, frame by frame, over one loopback TCP connection to another
   process that reads them into a buffer;
+- ``grpc bytes``: the same frames as raw messages over one gRPC stream to a sink in that process
+  (no protobuf, nothing decoded): what gRPC itself carries on this link, the ceiling of a push;
 - ``grpc``: the round trip a PrfaaS state makes: encode, ``DecodeWorker.PushState`` over a
   loopback channel of the prefill worker's (``DecodeChannels``) to another process serving the
   decode worker's servicer (``DecodeService``: decodes the push as it arrives, parks the state),
   timed to its reply; with the CPU seconds each side spent per push.
 
 Rates are state payload bytes per second (the wire bytes are 0.01 % more); each row shows the
-ratios the codec is held to: encode and decode against the fresh and the warm copy, grpc against
-the socket. Prints a table, then the same as JSON.
+ratios the codec is held to: encode and decode against the fresh and the warm copy, both gRPC
+rates against the socket. Prints a table, then the same as JSON.
 
     python bench/codec.py [--presets kimi-linear-48b,qwen3-next-80b]
                           [--lengths 1024,8192,32768,131072] [--frame-bytes 4194304]
@@ -41,6 +44,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 
+import grpc
 import jax
 import numpy as np
 
@@ -49,15 +53,23 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec import checksum
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, state_from_arrays
+from prfaas_jax.engine.host_memory import reuse_freed_memory
 from prfaas_jax.engine.sampling_params import GREEDY
 from prfaas_jax.model.state import ModelState
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.server import ServingServer
+from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, ServingServer
+from prfaas_jax.serving.transport.state_chunks import (
+    DecodeWorkerStub,
+    FrameChunk,
+    add_decode_worker_servicer,
+)
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.prefill import DecodeChannels
 
 GB = 1e9
+# Transfers before the timed ones: a serving process has long since touched its memory, and a
+# fresh receiver spends its first pushes faulting pages in.
+WARMUP = 3
 
 
 def random_state(cfg: ModelConfig, length: int, seed: int = 0) -> ModelState:
@@ -109,11 +121,27 @@ def _exit_with(parent: int) -> None:
     os._exit(0)
 
 
+SINK_SERVICE = "bench.Sink"
+
+
+def _add_sink(_: object, server: grpc.Server) -> None:
+    """A client stream of raw bytes, read and dropped: what gRPC alone costs per byte."""
+
+    def take(messages: Iterator[bytes], context: grpc.ServicerContext) -> bytes:
+        return sum(len(message) for message in messages).to_bytes(8, "little")
+
+    handler = grpc.stream_unary_rpc_method_handler(take)
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(SINK_SERVICE, {"Take": handler}),)
+    )
+
+
 def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
     """Another process: a TCP sink and the decode worker's servicer, until terminated or its
     parent is gone."""
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
+    reuse_freed_memory()  # as a decode worker does
     cfg = load_model_config(preset)
     service = DecodeService(
         engine=_Parked,
@@ -123,7 +151,10 @@ def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
         state_timeout_s=1.0,  # parked states are dropped a second after their push
     )
     server = ServingServer(
-        [(pb_grpc.add_DecodeWorkerServicer_to_server, service, "prfaas.v1.DecodeWorker")]
+        [
+            (add_decode_worker_servicer, service, "prfaas.v1.DecodeWorker"),
+            (_add_sink, None, SINK_SERVICE),
+        ]
     )
     listener = socket.create_server(("127.0.0.1", 0))
     ports.put((server.port, listener.getsockname()[1]))
@@ -150,17 +181,17 @@ def _socket_round(conn: socket.socket, frames: list[bytes]) -> None:
 
 
 def _push(
-    stub: pb_grpc.DecodeWorkerStub, state: ModelState, cfg: ModelConfig, frame_bytes: int, rid: str
+    stub: DecodeWorkerStub, state: ModelState, cfg: ModelConfig, frame_bytes: int, rid: str
 ) -> pb.PushStateReply:
     """One state as a prefill worker pushes it: frames made as the stream asks for them."""
 
-    def chunks() -> Iterator[pb.StateChunk]:
+    def chunks() -> Iterator[pb.StateChunk | FrameChunk]:
         yield pb.StateChunk(request_id=rid, sender="bench")
         header = b""
         for frame in codec.encode(state, cfg, max_frame_bytes=frame_bytes):
             header = header or frame
-            yield pb.StateChunk(frame=frame)
-        yield pb.StateChunk(frame=pack_handoff(Handoff(1, GREEDY), header))
+            yield FrameChunk(frame)
+        yield FrameChunk(pack_handoff(Handoff(1, GREEDY), header))
 
     return stub.PushState(chunks(), timeout=600)
 
@@ -190,12 +221,21 @@ def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
     try:
         grpc_port, socket_port = ports.get(timeout=120)
         with socket.create_connection(("127.0.0.1", socket_port)) as conn:
-            _socket_round(conn, frames)
+            for _ in range(WARMUP):
+                _socket_round(conn, frames)
             times["socket"] = best_of(args.repeat, lambda: _socket_round(conn, frames))
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}", options=CHANNEL_OPTIONS)
+        take = channel.stream_unary(f"/{SINK_SERVICE}/Take")
+        sink = lambda: take(iter(frames), timeout=600)  # noqa: E731
+        for _ in range(WARMUP):
+            sink()
+        times["grpc_bare"] = best_of(args.repeat, sink)
+        channel.close()
         stub = DecodeChannels().stub(f"127.0.0.1:{grpc_port}")
         pushes = iter(range(10**6))
         push = lambda: _push(stub, state, cfg, args.frame_bytes, f"r{next(pushes)}")  # noqa: E731
-        reply = push()
+        for _ in range(WARMUP):
+            reply = push()
         if reply.state_bytes != nbytes:
             raise AssertionError(f"the decode worker took {reply.state_bytes} B of {nbytes}")
         cpu = (_cpu_seconds(peer.pid), time.process_time())
@@ -214,6 +254,7 @@ def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
     row["encode_vs_warm"] = rates["encode"] / rates["memcpy_warm"]
     row["decode_vs_warm"] = rates["decode"] / rates["memcpy_warm"]
     row["grpc_vs_socket"] = rates["grpc"] / rates["socket"]
+    row["grpc_bare_vs_socket"] = rates["grpc_bare"] / rates["socket"]
     return row
 
 
@@ -241,8 +282,8 @@ COLUMNS = (
     ("enc/dec ÷ fresh", None, None),
     ("enc/dec ÷ warm", None, None),
     ("socket GB/s", "socket_gb_s", "{:.2f}"),
-    ("grpc GB/s", "grpc_gb_s", "{:.2f}"),
-    ("grpc ÷ socket", "grpc_vs_socket", "{:.0%}"),
+    ("gRPC bytes GB/s (÷ socket)", None, None),
+    ("PushState GB/s (÷ socket)", None, None),
     ("CPU-s per push: receiver / sender", None, None),
     ("CRC32 GB/s: zlib-ng / zlib", None, None),
 )
@@ -257,6 +298,10 @@ def cells(row: dict) -> list[str]:
             out.append(f"{row['memcpy_fresh_gb_s']:.1f} / {row['memcpy_warm_gb_s']:.1f}")
         elif title.startswith("enc/dec ÷ fresh"):
             out.append(f"{row['encode_vs_fresh']:.0%} / {row['decode_vs_fresh']:.0%}")
+        elif title.startswith("gRPC bytes"):
+            out.append(f"{row['grpc_bare_gb_s']:.2f} ({row['grpc_bare_vs_socket']:.0%})")
+        elif title.startswith("PushState"):
+            out.append(f"{row['grpc_gb_s']:.2f} ({row['grpc_vs_socket']:.0%})")
         elif title.startswith("CRC32"):
             out.append(f"{row['crc32_gb_s']:.1f} / {row['crc32_zlib_gb_s']:.1f}")
         elif title.startswith("CPU-s"):
@@ -280,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
+    reuse_freed_memory()  # as a prefill worker does
     try:
         presets = [name for name in args.presets.split(",") if name]
         lengths = [int(n) for n in args.lengths.split(",") if n]
