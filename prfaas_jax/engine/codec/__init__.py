@@ -3,7 +3,8 @@
 ``wire`` holds ``encode`` / ``decode`` / ``inspect``; ``format`` the byte layout of each frame;
 ``layout`` the state ↔ canonical-tensor mapping; ``stream`` the encoder that ships cache rows
 while a chunked prefill runs; ``decoder`` the decoder that places frames as they arrive;
-``checksum`` the CRC32; ``file`` the file container; ``handoff`` the frame that hands a
+``checksum`` the CRC32; ``precision`` the narrower encodings a tensor may travel in (bf16,
+fp8, int8 with scales); ``file`` the file container; ``handoff`` the frame that hands a
 prefilled request (first token, sampling) to a decode engine. The format is specified in
 docs/wire-format.md.
 """
@@ -18,6 +19,7 @@ from prfaas_jax.engine.codec.wire import (
     StreamEncoder,
     TensorEntry,
     TensorSpec,
+    WirePrecision,
     decode,
     encode,
     inspect,
@@ -37,6 +39,7 @@ __all__ = [
     "StreamEncoder",
     "TensorEntry",
     "TensorSpec",
+    "WirePrecision",
     "decode",
     "encode",
     "inspect",

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.codec import precision
 from prfaas_jax.engine.codec.checksum import crc32_combine
 from prfaas_jax.engine.codec.format import (
     StateDecodeError,
@@ -81,7 +82,14 @@ class StreamDecoder:
         length = header.length
         capacity = max(length, 1) if self.max_len is None else self.max_len
         self._buffers = StateBuffers(self.cfg, length, capacity)
-        self._targets = [_bytes_of(self._buffers.canonical(t)) for t in range(len(header.tensors))]
+        # Where each tensor's payloads go: the state's own buffer, or (an encoding other than
+        # native) its wire bytes, turned into the tensor at ``finish``.
+        self._targets = [
+            _bytes_of(self._buffers.canonical(t))
+            if entry.wire == precision.NATIVE
+            else memoryview(np.empty(entry.nbytes, np.uint8))
+            for t, entry in enumerate(header.tensors)
+        ]
         # Per tensor, the CRC32 of each data frame's payload, by frame number.
         self._crcs: list[list[int | None]] = [[None] * e.num_frames for e in header.tensors]
 
@@ -97,12 +105,12 @@ class StreamDecoder:
         entry, offset = entries[data.tensor_id], data.offset
         where = f"data frame {index} (tensor {data.tensor_id}, offset {offset})"
         skip = entry.skip_bytes
-        if not skip <= offset < entry.spec.nbytes or (offset - skip) % entry.chunk_bytes:
+        if not skip <= offset < entry.nbytes or (offset - skip) % entry.chunk_bytes:
             raise StateDecodeError(
                 f"{where} is out of range or off the {entry.chunk_bytes}-byte chunk grid of a "
-                f"{entry.spec.nbytes}-byte tensor" + (f" from byte {skip}" if skip else "")
+                f"{entry.nbytes}-byte tensor" + (f" from byte {skip}" if skip else "")
             )
-        size = min(entry.chunk_bytes, entry.spec.nbytes - offset)
+        size = min(entry.chunk_bytes, entry.nbytes - offset)
         if len(data.payload) != size:
             raise StateDecodeError(f"{where} carries {len(data.payload)} bytes, expected {size}")
         crcs, slot = self._crcs[data.tensor_id], (offset - skip) // entry.chunk_bytes
@@ -145,12 +153,31 @@ class StreamDecoder:
                 raise StateDecodeError(
                     f"tensor {tid} (layer {spec.layer} {spec.name}) fails its CRC32"
                 )
+            if entry.wire != precision.NATIVE:
+                self._restore(tid, entry, base)
+                continue
             if entry.skip_bytes:
-                self._targets[tid][: entry.skip_bytes] = _base_rows(entry.spec, base)
+                self._targets[tid][: entry.skip_bytes] = wire_view(_base_rows(entry.spec, base))
             if sys.byteorder == "big":  # the wire is little-endian
                 raw = self._buffers.canonical(tid).view(f"u{entry.spec.itemsize}")
                 raw.byteswap(inplace=True)
         return self._buffers.state()
+
+    def _restore(self, tid: int, entry: TensorEntry, base: KvPrefix | None) -> None:
+        """Tensor ``tid`` from its wire bytes (an encoding other than native), the receiver's
+        base rows first."""
+        tensor, first = self._buffers.canonical(tid), entry.first_row
+        if entry.skip_bytes:
+            tensor[:first] = _base_rows(entry.spec, base)
+        rows = entry.spec.shape[0] - first if entry.spec.token_axis else 0
+        data = np.frombuffer(self._targets[tid], np.uint8)[entry.skip_bytes :]
+        try:
+            tensor[first:] = precision.from_wire(data, entry.spec, rows, entry.wire)
+        except ValueError as err:
+            spec = entry.spec
+            raise StateDecodeError(
+                f"tensor {tid} (layer {spec.layer} {spec.name}, {entry.wire}): {err}"
+            ) from None
 
 
 def frame_view(frame: object, index: int) -> memoryview:
@@ -216,15 +243,15 @@ def _bytes_of(array: np.ndarray) -> memoryview:
 
 def _tensor_crc(entry: TensorEntry, frame_crcs: list[int | None]) -> int:
     """CRC32 of the bytes a tensor's frames carry, combined from their payloads' CRCs."""
-    crc, remaining = 0, entry.spec.nbytes - entry.skip_bytes
+    crc, remaining = 0, entry.nbytes - entry.skip_bytes
     for frame_crc in frame_crcs:
         size = min(entry.chunk_bytes, remaining)
         crc, remaining = crc32_combine(crc, frame_crc, size), remaining - size
     return crc
 
 
-def _base_rows(spec: TensorSpec, base: KvPrefix | None) -> memoryview:
-    """The receiver's bytes of the positions a stream left out of tensor ``spec``."""
+def _base_rows(spec: TensorSpec, base: KvPrefix | None) -> np.ndarray:
+    """The receiver's rows of the positions a stream left out of tensor ``spec``."""
     assert base is not None  # finish checked that the receiver holds the header's base
     rows = base.rows.get((spec.layer, spec.name))
     expected = (base.length, *spec.shape[1:])
@@ -234,4 +261,4 @@ def _base_rows(spec: TensorSpec, base: KvPrefix | None) -> memoryview:
             f"the receiver's rows of layer {spec.layer} {spec.name} are {got}, the stream "
             f"needs {spec.dtype}{list(expected)}"
         )
-    return wire_view(rows)
+    return rows

@@ -15,6 +15,7 @@ import struct
 from typing import Any, NoReturn
 
 from prfaas_jax.config import LayerKind
+from prfaas_jax.engine.codec import precision
 from prfaas_jax.engine.codec.checksum import crc32, crc32_combine
 from prfaas_jax.engine.codec.layout import TensorSpec
 from prfaas_jax.errors import UserError
@@ -55,20 +56,31 @@ class TensorEntry:
     # Leading bytes the stream does not carry (the receiver holds them: the header's ``base``
     # rows of a growing cache); frames are cut from here on.
     skip_bytes: int = 0
+    wire: str = precision.NATIVE  # how its elements travel (engine/codec/precision.py)
+
+    @property
+    def nbytes(self) -> int:
+        """The tensor's bytes on the wire (``spec.nbytes`` unless a narrower encoding)."""
+        return precision.nbytes(self.spec, self.wire)
+
+    @property
+    def unit_bytes(self) -> int:
+        """Wire bytes of one token row, element or scaled vector: chunks are multiples of it."""
+        return precision.unit_bytes(self.spec, self.wire)
 
     @property
     def num_frames(self) -> int:
-        return -(-(self.spec.nbytes - self.skip_bytes) // self.chunk_bytes)
+        return -(-(self.nbytes - self.skip_bytes) // self.chunk_bytes)
 
     @property
     def first_row(self) -> int:
         """The first token row the stream carries (0 but for a growing cache after a base)."""
-        return self.skip_bytes // self.spec.unit_bytes if self.spec.token_axis else 0
+        return self.skip_bytes // self.unit_bytes if self.spec.token_axis else 0
 
     @property
     def frame_rows(self) -> int:
         """Token rows per data frame of a token-axis tensor (the grid frames are cut on)."""
-        return self.chunk_bytes // self.spec.unit_bytes
+        return self.chunk_bytes // self.unit_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +99,7 @@ class StateHeader:
     @property
     def payload_nbytes(self) -> int:
         """Tensor bytes the stream carries (the base's rows excluded)."""
-        return sum(entry.spec.nbytes - entry.skip_bytes for entry in self.tensors)
+        return sum(entry.nbytes - entry.skip_bytes for entry in self.tensors)
 
     @property
     def num_data_frames(self) -> int:
@@ -103,8 +115,10 @@ class StateHeader:
         table = [
             {
                 "id": tid,
-                **dict(zip(_COLUMNS, _row(entry), strict=True)),
+                **dict(zip(_COLUMNS, _row(entry)[: len(_COLUMNS)], strict=True)),
                 "nbytes": entry.spec.nbytes,
+                "wire": entry.wire,
+                "wire_nbytes": entry.nbytes,
                 "num_frames": entry.num_frames,
             }
             for tid, entry in enumerate(self.tensors)
@@ -123,9 +137,11 @@ class StateHeader:
 
 
 def _row(entry: TensorEntry) -> list[Any]:
-    """A tensor-table row, in ``_COLUMNS`` order."""
+    """A tensor-table row, in ``_COLUMNS`` order; an encoding other than native is an eighth
+    field (a native row is what it has always been)."""
     s = entry.spec
-    return [s.layer, s.kind.value, s.name, s.dtype, list(s.shape), s.token_axis, entry.chunk_bytes]
+    row = [s.layer, s.kind.value, s.name, s.dtype, list(s.shape), s.token_axis, entry.chunk_bytes]
+    return row if entry.wire == precision.NATIVE else [*row, entry.wire]
 
 
 def pack_header(header: StateHeader) -> bytes:
@@ -170,11 +186,13 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 
 def _parse_entry(tid: int, row: Any) -> TensorEntry:
     where = f"header tensor {tid}"
-    if type(row) is not list or len(row) != len(_COLUMNS):
+    if type(row) is not list or len(row) not in (len(_COLUMNS), len(_COLUMNS) + 1):
         _fail(
-            f"{where}: expected a list of {len(_COLUMNS)} fields {list(_COLUMNS)}, got {row!r:.80}"
+            f"{where}: expected a list of {len(_COLUMNS)} fields {list(_COLUMNS)} (and a wire "
+            f"encoding), got {row!r:.80}"
         )
-    layer, kind, name, dtype, shape, token_axis, chunk_bytes = row
+    layer, kind, name, dtype, shape, token_axis, chunk_bytes = row[: len(_COLUMNS)]
+    wire = row[len(_COLUMNS)] if len(row) > len(_COLUMNS) else precision.NATIVE
     if not _is_int(layer, 0, 2**31):
         _fail(f"{where}: layer must be a non-negative integer, got {layer!r:.40}")
     if type(kind) is not str or kind not in _KINDS:
@@ -189,16 +207,25 @@ def _parse_entry(tid: int, row: Any) -> TensorEntry:
         _fail(f"{where}: token_axis must be true or false, got {token_axis!r:.40}")
     if not _is_int(chunk_bytes, 1, MAX_CHUNK_BYTES):
         _fail(f"{where}: chunk_bytes must be an integer in [1, 2**32), got {chunk_bytes!r:.40}")
+    lossy = [e for e in precision.ENCODINGS if e != precision.NATIVE]
+    if len(row) > len(_COLUMNS) and (type(wire) is not str or wire not in lossy):
+        _fail(f"{where}: wire encoding must be one of {lossy}, got {wire!r:.40}")
+    if not precision.valid_for(dtype, wire):
+        _fail(f"{where}: a {dtype} tensor cannot travel as {wire}")
+    if precision.is_scaled(wire) and len(shape) < 1 + token_axis:
+        _fail(f"{where}: a {wire} tensor needs an axis to scale along, got shape {shape}")
     spec = TensorSpec(layer, _KINDS[kind], name, dtype, tuple(shape), token_axis)
-    if token_axis and (not shape or spec.unit_bytes == 0):
+    entry = TensorEntry(spec, chunk_bytes, wire=wire)
+    if token_axis and (not shape or entry.unit_bytes == 0):
         _fail(f"{where}: a token-axis tensor needs a non-empty token row, got shape {shape}")
-    if chunk_bytes % spec.unit_bytes:
+    if entry.unit_bytes and chunk_bytes % entry.unit_bytes:
         unit = "token row" if token_axis else "element"
+        unit = "vector" if precision.is_scaled(wire) and not token_axis else unit
         _fail(
             f"{where}: chunk_bytes {chunk_bytes} is not a multiple of the "
-            f"{spec.unit_bytes}-byte {unit}"
+            f"{entry.unit_bytes}-byte {unit}"
         )
-    return TensorEntry(spec, chunk_bytes)
+    return entry
 
 
 def parse_header(frame: memoryview) -> StateHeader:
@@ -255,7 +282,7 @@ def with_base(entry: TensorEntry, base: int) -> TensorEntry:
     """``entry`` of a stream that leaves out the first ``base`` rows of every growing cache."""
     if not (base and entry.spec.kind.has_growing_state):
         return entry
-    return dataclasses.replace(entry, skip_bytes=base * entry.spec.unit_bytes)
+    return dataclasses.replace(entry, skip_bytes=base * entry.unit_bytes)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,19 +51,22 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     growing_rows,
     row_length,
-    wire_view,
 )
+from prfaas_jax.engine.codec.precision import WirePrecision, to_wire
 from prfaas_jax.model.state import ModelState
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 2**20  # gRPC's default message limit
+WIRE_NATIVE = WirePrecision()
 
 
 class StreamEncoder:
     """Frames of one sequence of ``length`` tokens: ``header``, ``ready_frames``\\*, ``finish``.
 
     Every frame is at most ``max_frame_bytes`` long. ``stream_id`` defaults to a fresh random
-    u64 (tests and reproducible files pass one). ValueError when the frame limit cannot hold
-    the header, the trailer or one row/element of some tensor after the data-frame prefix.
+    u64 (tests and reproducible files pass one). ``precision`` picks each kind of tensor's
+    encoding on the wire (engine/codec/precision.py; all native, exact, by default). ValueError
+    when the frame limit cannot hold the header, the trailer or one row/element of some tensor
+    after the data-frame prefix.
     """
 
     def __init__(
@@ -74,6 +77,7 @@ class StreamEncoder:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         stream_id: int | None = None,
         base: int = 0,
+        precision: WirePrecision = WIRE_NATIVE,
     ) -> None:
         if length < 0:
             raise ValueError(f"a state holds ≥ 0 tokens, got L={length}")
@@ -85,14 +89,16 @@ class StreamEncoder:
         room = min(max_frame_bytes - DATA_PREFIX_SIZE, MAX_CHUNK_BYTES)
         entries = []
         for spec in canonical_tensors(cfg, length):
-            chunk = room // spec.unit_bytes * spec.unit_bytes
+            wire = precision.encoding(spec)
+            unit = TensorEntry(spec, 1, wire=wire).unit_bytes
+            chunk = room // unit * unit if unit else room
             if chunk < 1:
                 raise ValueError(
-                    f"max_frame_bytes={max_frame_bytes} cannot fit one {spec.unit_bytes}-byte "
+                    f"max_frame_bytes={max_frame_bytes} cannot fit one {unit}-byte "
                     f"unit of layer {spec.layer} {spec.name} after the {DATA_PREFIX_SIZE}-byte "
                     "frame prefix"
                 )
-            entries.append(with_base(TensorEntry(spec, chunk), base))
+            entries.append(with_base(TensorEntry(spec, chunk, wire=wire), base))
         self.cfg, self.length, self.stream_id = cfg, length, stream_id
         self.state_header = StateHeader(
             FORMAT_VERSION, cfg.fingerprint(), stream_id, length, tuple(entries), base
@@ -161,7 +167,7 @@ class StreamEncoder:
                 continue
             start, stop = first + self._sent[tid] * rows, min(first + ready * rows, self.length)
             host = growing_rows(state, self.cfg, entry.spec, row, start, stop)
-            frames += self._frames(tid, wire_view(host))
+            frames += self._frames(tid, to_wire(host, entry.wire))
         return iter(frames)
 
     def layer_frames(self, state: ModelState, layers: range, *, row: int = 0) -> Iterator[bytes]:
@@ -179,7 +185,7 @@ class StreamEncoder:
             entry, sent = self.entries[tid], self._sent[tid]
             if sent == entry.num_frames:
                 continue
-            frames += self._frames(tid, wire_view(_unsent(entry, sent, array)))
+            frames += self._frames(tid, to_wire(_unsent(entry, sent, array), entry.wire))
         return iter(frames)
 
     def finish(self, state: ModelState, *, row: int = 0) -> Iterator[bytes]:
@@ -202,7 +208,8 @@ class StreamEncoder:
         for spec, array in arrays:
             tid = self._tids[(spec.layer, spec.name)]
             if self._sent[tid] < self.entries[tid].num_frames:
-                rest.append((tid, wire_view(_unsent(self.entries[tid], self._sent[tid], array))))
+                entry = self.entries[tid]
+                rest.append((tid, to_wire(_unsent(entry, self._sent[tid], array), entry.wire)))
         self._finished = True
         return self._rest_frames(rest)
 

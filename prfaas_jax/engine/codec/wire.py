@@ -33,7 +33,8 @@ from prfaas_jax.engine.codec.format import (
     parse_trailer,
 )
 from prfaas_jax.engine.codec.layout import KvPrefix, TensorSpec, row_length
-from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, StreamEncoder
+from prfaas_jax.engine.codec.precision import WirePrecision
+from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, WIRE_NATIVE, StreamEncoder
 from prfaas_jax.model.state import ModelState
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "StreamEncoder",
     "TensorEntry",
     "TensorSpec",
+    "WirePrecision",
     "decode",
     "encode",
     "inspect",
@@ -66,17 +68,24 @@ def encode(
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     stream_id: int | None = None,
     base: int = 0,
+    precision: WirePrecision = WIRE_NATIVE,
 ) -> Iterator[bytes]:
     """Frames of sequence ``row`` of ``state``: header, data frames layer by layer, trailer.
 
     ``StreamEncoder`` in one go (``stream_id``: random unless given; ``base``: leading positions
-    of the growing caches left out, which the receiver holds). Every frame is at most
+    of the growing caches left out, which the receiver holds; ``precision``: each kind of
+    tensor's encoding, native by default). Every frame is at most
     ``max_frame_bytes`` long. The state is checked and read eagerly (ValueError if it does not
     fit ``cfg``); frames are built as iterated.
     """
     _, length = row_length(state, row)
     encoder = StreamEncoder(
-        cfg, length, max_frame_bytes=max_frame_bytes, stream_id=stream_id, base=base
+        cfg,
+        length,
+        max_frame_bytes=max_frame_bytes,
+        stream_id=stream_id,
+        base=base,
+        precision=precision,
     )
     return itertools.chain([encoder.header()], encoder.finish(state, row=row))
 
