@@ -39,8 +39,8 @@ import grpc
 import jax
 
 from prfaas_jax.engine.compile_cache import enable_compile_cache
-from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
 from prfaas_jax.engine.host_memory import reuse_freed_memory
+from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
