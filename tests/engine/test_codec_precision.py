@@ -34,6 +34,7 @@ from prfaas_jax.engine.codec.format import (
 from prfaas_jax.engine.codec.layout import canonical_arrays
 from prfaas_jax.engine.codec.precision import WirePrecision, max_scale
 from prfaas_jax.model.state import ModelState
+from prfaas_jax.state_bytes import layer_token_nbytes, state_nbytes
 
 PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")
 FRAME = 900
@@ -161,6 +162,35 @@ def test_the_frames_carry_the_bytes_counted_by_hand(name, wire):
     header = codec.inspect(frames)
     assert header.payload_nbytes == hand_bytes(name, 30, wire) == codec.payload_nbytes(frames)
     assert all(len(frame) <= FRAME for frame in frames)
+
+
+SETTINGS = ("native", *LOSSY, "state=int8,kv=bf16", "latent=fp8_e4m3,rope=int8,conv=bf16")
+
+
+@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("wire", SETTINGS)
+def test_the_frames_carry_what_the_byte_formula_says(name, wire):
+    setting = WirePrecision.parse(wire)
+    _, _, frames = sent(name, 30, wire)
+    assert codec.payload_nbytes(frames) == state_nbytes(model(name), 30, setting)
+    _, _, frames = sent(name, 30, wire, base=11)  # an increment: the formula less 11 rows
+    per_token = sum(
+        layer_token_nbytes(model(name), kind, setting)
+        for kind in model(name).layers
+        if kind.has_growing_state
+    )
+    assert codec.payload_nbytes(frames) == state_nbytes(model(name), 30, setting) - 11 * per_token
+
+
+@pytest.mark.parametrize(
+    "name", ["kimi-linear-48b", "qwen3-next-80b", "mimo-v2-flash", "prfaas-1t"]
+)
+@pytest.mark.parametrize("wire", SETTINGS)
+def test_full_size_tables_agree_with_the_byte_formula(name, wire):
+    setting = WirePrecision.parse(wire)
+    cfg = model(name)
+    header = codec.StreamEncoder(cfg, 8192, precision=setting).state_header
+    assert header.payload_nbytes == state_nbytes(cfg, 8192, setting)
 
 
 def test_the_kinds_choose_per_tensor_and_the_header_says_which():

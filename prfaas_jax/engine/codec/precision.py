@@ -17,13 +17,13 @@ not finite or so large that an element would overflow float32, or an fp8 element
 is a decode error; so is, at the sender, a tensor
 with non-finite values under a scaled encoding (it could not be carried).
 
-``WirePrecision`` picks an encoding per kind of tensor: recurrent states, short-conv tails, MLA
-latents, MLA rope keys, GQA/SWA K and V.
+Which encoding each kind of tensor travels in (recurrent states, short-conv tails, MLA latents,
+MLA rope keys, GQA/SWA K and V) is a ``WirePrecision`` (prfaas_jax/wire_precision.py, with the
+size rule, free of JAX for the router); ``encoding_of`` applies one to a tensor.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import ml_dtypes
@@ -31,10 +31,32 @@ import numpy as np
 
 from prfaas_jax.config import LayerKind
 from prfaas_jax.engine.codec.layout import TensorSpec, wire_view
+from prfaas_jax.wire_precision import (
+    ENCODINGS,
+    NATIVE,
+    SCALE_BYTES,
+    WIRE_NATIVE,
+    WirePrecision,
+    encoded_nbytes,
+)
 
-NATIVE = "native"
-ENCODINGS = (NATIVE, "bf16", "fp8_e4m3", "int8")
-# The scaled encodings: element type and the largest magnitude it holds.
+__all__ = [
+    "ENCODINGS",
+    "NATIVE",
+    "WIRE_NATIVE",
+    "WirePrecision",
+    "encoding_of",
+    "from_wire",
+    "is_scaled",
+    "max_scale",
+    "nbytes",
+    "tensor_kind",
+    "to_wire",
+    "unit_bytes",
+    "valid_for",
+]
+
+# The scaled encodings: element type and the largest magnitude an encoder writes.
 _SCALED: dict[str, tuple[np.dtype, float]] = {
     "fp8_e4m3": (
         np.dtype(ml_dtypes.float8_e4m3fn),
@@ -42,8 +64,6 @@ _SCALED: dict[str, tuple[np.dtype, float]] = {
     ),
     "int8": (np.dtype(np.int8), 127.0),
 }
-_SCALE_BYTES = 4  # float32, little-endian, before each vector's elements
-KINDS = ("state", "conv", "latent", "rope", "kv")
 
 
 def valid_for(dtype: str, encoding: str) -> bool:
@@ -64,19 +84,16 @@ def unit_bytes(spec: TensorSpec, encoding: str) -> int:
         return spec.unit_bytes
     if encoding == "bf16":
         return spec.unit_bytes // spec.itemsize * 2
-    vector = _SCALE_BYTES + spec.shape[-1]
+    vector = SCALE_BYTES + spec.shape[-1]
     if spec.token_axis:
         return math.prod(spec.shape[1:-1]) * vector
     return vector
 
 
 def nbytes(spec: TensorSpec, encoding: str) -> int:
-    """Wire bytes of the whole tensor."""
-    if encoding == NATIVE:
-        return spec.nbytes
-    if encoding == "bf16":
-        return math.prod(spec.shape) * 2
-    return math.prod(spec.shape[:-1]) * (_SCALE_BYTES + spec.shape[-1])
+    """Wire bytes of the whole tensor (the size rule of prfaas_jax/wire_precision.py)."""
+    last = spec.shape[-1] if spec.shape else 1
+    return encoded_nbytes(math.prod(spec.shape), last, spec.itemsize, spec.dtype, encoding)
 
 
 def to_wire(array: np.ndarray, encoding: str) -> memoryview:
@@ -97,9 +114,9 @@ def to_wire(array: np.ndarray, encoding: str) -> memoryview:
     divisor = np.where(scale > 0, scale, np.float32(1))[:, None]
     q = np.clip(x / divisor, -limit, limit)
     values = np.rint(q).astype(np.int8) if encoding == "int8" else q.astype(element)
-    out = np.empty((x.shape[0], _SCALE_BYTES + last), np.uint8)
-    out[:, :_SCALE_BYTES] = scale.astype("<f4").view(np.uint8).reshape(-1, _SCALE_BYTES)
-    out[:, _SCALE_BYTES:] = values.view(np.uint8)
+    out = np.empty((x.shape[0], SCALE_BYTES + last), np.uint8)
+    out[:, :SCALE_BYTES] = scale.astype("<f4").view(np.uint8).reshape(-1, SCALE_BYTES)
+    out[:, SCALE_BYTES:] = values.view(np.uint8)
     return memoryview(out).cast("B")
 
 
@@ -113,15 +130,15 @@ def from_wire(data: np.ndarray, spec: TensorSpec, rows: int, encoding: str) -> n
         return values.astype(dtype)
     element, _ = _SCALED[encoding]
     last = shape[-1]
-    vectors = data.reshape(-1, _SCALE_BYTES + last)
-    scale = np.ascontiguousarray(vectors[:, :_SCALE_BYTES]).view("<f4").reshape(-1)
+    vectors = data.reshape(-1, SCALE_BYTES + last)
+    scale = np.ascontiguousarray(vectors[:, :SCALE_BYTES]).view("<f4").reshape(-1)
     top = max_scale(encoding)
     bad = np.flatnonzero(~((scale >= 0) & (scale <= top)))  # NaN fails both
     if bad.size:
         raise ValueError(
             f"vector {bad[0]} has scale {scale[bad[0]]}: not a value in [0, {top:.4g}]"
         )
-    values = vectors[:, _SCALE_BYTES:].view(element).astype(np.float32)
+    values = vectors[:, SCALE_BYTES:].view(element).astype(np.float32)
     if encoding == "fp8_e4m3":
         nan = np.flatnonzero(np.isnan(values).any(axis=1))
         if nan.size:
@@ -148,54 +165,6 @@ def tensor_kind(spec: TensorSpec) -> str:
     return "kv"
 
 
-@dataclasses.dataclass(frozen=True)
-class WirePrecision:
-    """An encoding per kind of tensor (module docstring); all ``native`` by default."""
-
-    state: str = NATIVE  # recurrent states: KDA, GDN, Lightning
-    conv: str = NATIVE  # short-convolution tails
-    latent: str = NATIVE  # MLA compressed KV
-    rope: str = NATIVE  # MLA decoupled rope keys
-    kv: str = NATIVE  # GQA and SWA keys and values
-
-    def __post_init__(self) -> None:
-        for kind in KINDS:
-            if getattr(self, kind) not in ENCODINGS:
-                raise ValueError(
-                    f"wire precision {kind}={getattr(self, kind)!r}: expected one of "
-                    f"{', '.join(ENCODINGS)}"
-                )
-
-    @classmethod
-    def parse(cls, text: str) -> WirePrecision:
-        """``"int8"`` (every kind) or ``"state=int8,kv=bf16"`` (the rest native); ValueError
-        naming what is wrong."""
-        text = text.strip()
-        if "=" not in text:
-            return cls(**dict.fromkeys(KINDS, text))
-        chosen: dict[str, str] = {}
-        for item in text.split(","):
-            kind, _, encoding = (part.strip() for part in item.partition("="))
-            if kind not in KINDS:
-                raise ValueError(
-                    f"wire precision {item.strip()!r}: the kinds are {', '.join(KINDS)}"
-                )
-            if kind in chosen:
-                raise ValueError(f"wire precision names {kind} twice")
-            chosen[kind] = encoding
-        return cls(**chosen)
-
-    @property
-    def is_native(self) -> bool:
-        return all(getattr(self, kind) == NATIVE for kind in KINDS)
-
-    def encoding(self, spec: TensorSpec) -> str:
-        """The encoding ``spec`` travels in: bf16 applies to float32 tensors only."""
-        encoding = getattr(self, tensor_kind(spec))
-        return encoding if valid_for(spec.dtype, encoding) else NATIVE
-
-    def __str__(self) -> str:
-        chosen = [
-            f"{kind}={getattr(self, kind)}" for kind in KINDS if getattr(self, kind) != NATIVE
-        ]
-        return ",".join(chosen) or NATIVE
+def encoding_of(setting: WirePrecision, spec: TensorSpec) -> str:
+    """The encoding ``spec`` travels in under ``setting``."""
+    return setting.encoding(tensor_kind(spec), spec.dtype)

@@ -52,11 +52,10 @@ from prfaas_jax.engine.codec.layout import (
     growing_rows,
     row_length,
 )
-from prfaas_jax.engine.codec.precision import WirePrecision, to_wire
+from prfaas_jax.engine.codec.precision import WIRE_NATIVE, WirePrecision, encoding_of, to_wire
 from prfaas_jax.model.state import ModelState
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 2**20  # gRPC's default message limit
-WIRE_NATIVE = WirePrecision()
 
 
 class StreamEncoder:
@@ -89,7 +88,7 @@ class StreamEncoder:
         room = min(max_frame_bytes - DATA_PREFIX_SIZE, MAX_CHUNK_BYTES)
         entries = []
         for spec in canonical_tensors(cfg, length):
-            wire = precision.encoding(spec)
+            wire = encoding_of(precision, spec)
             unit = TensorEntry(spec, 1, wire=wire).unit_bytes
             chunk = room // unit * unit if unit else room
             if chunk < 1:

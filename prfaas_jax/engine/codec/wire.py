@@ -33,8 +33,8 @@ from prfaas_jax.engine.codec.format import (
     parse_trailer,
 )
 from prfaas_jax.engine.codec.layout import KvPrefix, TensorSpec, row_length
-from prfaas_jax.engine.codec.precision import WirePrecision
-from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, WIRE_NATIVE, StreamEncoder
+from prfaas_jax.engine.codec.precision import WIRE_NATIVE, WirePrecision
+from prfaas_jax.engine.codec.stream import DEFAULT_MAX_FRAME_BYTES, StreamEncoder
 from prfaas_jax.model.state import ModelState
 
 __all__ = [
