@@ -35,9 +35,11 @@ from prfaas_jax.serving.router.core import RouterCore, RouterService
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
+from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
+from prfaas_jax.wire_precision import WIRE_NATIVE
 
 
 def toml(sections: dict[str, dict]) -> str:
@@ -169,9 +171,10 @@ def serve_workers(prefill=None, decode=None, control=None, **options) -> Serving
     if prefill is not None:
         add = pb_grpc.add_PrefillWorkerServicer_to_server
         registrations.append((add, prefill, full_service_name("PrefillWorker")))
-    if decode is not None:
-        add = pb_grpc.add_DecodeWorkerServicer_to_server
-        registrations.append((add, decode, full_service_name("DecodeWorker")))
+    if decode is not None:  # registered as a worker process registers it
+        registrations.append(
+            (add_decode_worker_servicer, decode, full_service_name("DecodeWorker"))
+        )
     return ServingServer(registrations, **options)
 
 
@@ -224,6 +227,10 @@ def serve_in_process(
                 admit=lambda context: None,
                 push_timeout_s=push_timeout_s,
                 faults=faults.get(name),
+                # As a worker process does: `[link] precision` on the pushes that cross the link.
+                precision=config.link.wire_precision
+                if role is Role.PRFAAS_PREFILL
+                else WIRE_NATIVE,
             )
         else:
             decode[name] = DecodeService(

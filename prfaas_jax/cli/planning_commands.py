@@ -13,6 +13,7 @@ import argparse
 from prfaas_jax.cli.flags import add_json_flag, print_json
 from prfaas_jax.cli.progress import progress
 from prfaas_jax.errors import UserError
+from prfaas_jax.wire_precision import WirePrecision
 
 
 def add_plan(sub: argparse._SubParsersAction) -> None:
@@ -202,6 +203,13 @@ def add_kv(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip tracing the real prefill (measured_bytes is null); --paper never traces",
     )
+    p.add_argument(
+        "--wire",
+        metavar="PRECISION",
+        default="native",
+        help="also the state's bytes and Φ_kv on the wire in this precision: bf16, fp8_e4m3, "
+        "int8, or per kind as state=int8,kv=bf16 (docs/wire-format.md; default: native only)",
+    )
     add_json_flag(p)
     p.set_defaults(run=_run_kv)
 
@@ -213,6 +221,10 @@ def _run_kv(args: argparse.Namespace) -> int:
     from prfaas_jax.planning.hardware import load_hardware
     from prfaas_jax.planning.kv_report import KvView
 
+    try:
+        precision = WirePrecision.parse(args.wire)
+    except ValueError as err:
+        raise UserError(f"--wire: {err}") from None
     selection = kv_report.select_kv(
         model=args.model,
         compare=args.compare,
@@ -235,7 +247,7 @@ def _run_kv(args: argparse.Namespace) -> int:
             for cfg in configs
         ]
     reports = [
-        kv_report.kv_report(cfg, cfg_sizes, hardware, estimate=args.estimate)
+        kv_report.kv_report(cfg, cfg_sizes, hardware, estimate=args.estimate, precision=precision)
         for cfg, cfg_sizes in zip(configs, sizes, strict=True)
     ]
     if selection.view is KvView.PAPER:

@@ -28,7 +28,9 @@ from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
 from prfaas_jax.planning.hardware import Hardware, PrefillTime
 from prfaas_jax.planning.paper_tables import MIB, TABLE3_GBPS, TABLE5_MODEL, kv_gbps
+from prfaas_jax.state_bytes import state_nbytes
 from prfaas_jax.tables import table
+from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 PAPER_MODELS = (*TABLE3_GBPS, TABLE5_MODEL)
 DEFAULT_LENGTHS = "1K,8K,32K,128K"  # the paper's
@@ -113,10 +115,18 @@ class SizeLike(Protocol):
 class KvRow:
     size: SizeLike
     prefill: PrefillTime
+    wire_bytes: int | None = None  # on the wire in the report's precision (None: native only)
 
     @property
     def kv_gbps(self) -> float:
         return kv_gbps(self.size.formula_bytes, self.prefill.seconds)
+
+    @property
+    def wire_kv_gbps(self) -> float | None:
+        """Φ_kv of the bytes that cross the link in the report's precision."""
+        if self.wire_bytes is None:
+            return None
+        return kv_gbps(self.wire_bytes, self.prefill.seconds)
 
     @property
     def consistent(self) -> bool:
@@ -139,6 +149,8 @@ class KvRow:
             "prefill_seconds": self.prefill.seconds,
             "prefill_source": self.prefill.source,
             "kv_gbps": self.kv_gbps,
+            "wire_bytes": self.wire_bytes,
+            "wire_kv_gbps": self.wire_kv_gbps,
         }
 
 
@@ -147,6 +159,7 @@ class ModelReport:
     cfg: ModelConfig
     hardware: Hardware
     rows: tuple[KvRow, ...]
+    precision: WirePrecision = WIRE_NATIVE  # rows' wire_bytes are in this precision
 
     @property
     def consistent(self) -> bool:
@@ -160,17 +173,31 @@ class ModelReport:
 
 
 def kv_report(
-    cfg: ModelConfig, sizes: Sequence[SizeLike], hardware: Hardware, *, estimate: bool = False
+    cfg: ModelConfig,
+    sizes: Sequence[SizeLike],
+    hardware: Hardware,
+    *,
+    estimate: bool = False,
+    precision: WirePrecision = WIRE_NATIVE,
 ) -> ModelReport:
-    """Rows of S_kv, T_prefill (measured profile, or the estimate) and Φ_kv for ``cfg``."""
-    rows = tuple(KvRow(s, hardware.prefill_time(cfg, s.length, estimate=estimate)) for s in sizes)
-    return ModelReport(cfg, hardware, rows)
+    """Rows of S_kv, T_prefill (measured profile, or the estimate) and Φ_kv for ``cfg``; with a
+    ``precision`` other than native, also the bytes and Φ_kv of the state in it on the wire."""
+    rows = tuple(
+        KvRow(
+            s,
+            hardware.prefill_time(cfg, s.length, estimate=estimate),
+            None if precision.is_native else state_nbytes(cfg, s.length, precision),
+        )
+        for s in sizes
+    )
+    return ModelReport(cfg, hardware, rows, precision)
 
 
 def report_json(report: ModelReport) -> dict[str, object]:
     return {
         "model": report.cfg.name,
         "hardware": report.hardware.name,
+        "wire_precision": str(report.precision),
         "rows": [row.to_json() for row in report.rows],
     }
 
@@ -222,9 +249,16 @@ def format_report(report: ModelReport) -> str:
     kinds = list(report.rows[0].size.by_kind) if report.rows else []
     header = ["length", "S_kv MiB", "growing", "windowed", "fixed", *kinds]
     header += ["measured", "serialized", "T_prefill s", "source", "Φ_kv Gbps"]
+    wire = not report.precision.is_native
+    if wire:
+        header += ["wire MiB", "÷ S_kv", "wire Φ_kv Gbps"]
     rows = []
     for row in report.rows:
         size = row.size
+        on_wire = []
+        if wire and row.wire_bytes is not None and row.wire_kv_gbps is not None:
+            ratio = row.wire_bytes / size.formula_bytes
+            on_wire = [mib(row.wire_bytes), f"{ratio:.3f}", f"{row.wire_kv_gbps:.2f}"]
         rows.append(
             [
                 format_length(size.length),
@@ -238,9 +272,15 @@ def format_report(report: ModelReport) -> str:
                 f"{row.prefill.seconds:.3f}",
                 row.prefill.source,
                 f"{row.kv_gbps:.2f}",
+                *on_wire,
             ]
         )
     verdict = "measured == serialized == formula at every length" if report.consistent else MISMATCH
+    if wire:
+        verdict += (
+            f"\nwire: the state on the link in precision {report.precision} "
+            "(docs/wire-format.md), and its Φ_kv."
+        )
     return "\n".join(
         [
             f"prfaas kv: {describe(report.cfg)}",

@@ -14,7 +14,9 @@ except `[model] preset` (docs/serving.md explains each):
     [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
                   PrfaaS instance, sharing its mesh: engine/spmd.py)
-    [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s
+    [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s,
+                  streams, precision (how a state crossing the link is encoded: "native",
+                  "bf16", "int8", "fp8_e4m3" or per kind, "state=bf16,kv=int8")
     [router]      threshold, prfaas_max_queue, cache_rule, control_period_s,
                   request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
                   metrics_port, max_in_flight (requests admitted at once), ttft_slo_s

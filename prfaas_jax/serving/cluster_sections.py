@@ -21,6 +21,7 @@ from prfaas_jax.config import Impl
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.threshold_controller import ControllerConfig
+from prfaas_jax.wire_precision import WirePrecision
 
 
 def _check(ok: bool, key: str, message: str) -> None:
@@ -111,9 +112,17 @@ class LinkSection:
     schedule: tuple[tuple[float, float], ...] = ()  # (seconds after start, bandwidth factor)
     repeat_s: float = 0.0  # > 0: the schedule repeats with this period
     streams: int = 1  # TCP connections a state crossing the link is striped over
+    # How a PrfaaS worker's push encodes the state it sends to decode (prfaas_jax/
+    # wire_precision.py): "native", one encoding for every tensor ("bf16"), or per kind
+    # ("state=bf16,kv=int8"). Prefix-cache exports stay exact: their copies are reused.
+    precision: str = "native"
 
     def __post_init__(self) -> None:
         _check(self.bandwidth_mbps > 0, "link.bandwidth_mbps", "must be positive")
+        try:
+            WirePrecision.parse(self.precision)
+        except ValueError as err:
+            raise ConfigError(f"link.precision: {err}") from None
         _check(1 <= self.streams <= 16, "link.streams", "must be in [1, 16]")
         ok = self.latency_ms >= 0 and self.burst_kib > 0
         _check(ok, "link", "needs latency_ms ≥ 0 and burst_kib > 0")
@@ -127,6 +136,10 @@ class LinkSection:
     @property
     def bandwidth_bytes_per_s(self) -> float:
         return self.bandwidth_mbps * 1e6 / 8
+
+    @property
+    def wire_precision(self) -> WirePrecision:
+        return WirePrecision.parse(self.precision)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import pytest
 
 from prfaas_jax.cli import main
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine import codec
 from prfaas_jax.engine.kvsize import (
     abstract_prefill_state,
     formula_size,
@@ -38,6 +39,7 @@ from prfaas_jax.planning.paper_tables import (
     kv_gbps,
 )
 from prfaas_jax.planning.prefill_cost import attention_pairs, count_params, prefill_flops
+from prfaas_jax.wire_precision import WirePrecision
 
 FP32_KDA_32 = 32 * 128 * 128 * 4  # 2,097,152 B: 32 heads of 128×128 fp32
 CONV_KIMI = 3 * (3 * 32 * 128) * 2  # 73,728 B: 3 taps × [q | k | v] channels, bf16
@@ -249,6 +251,20 @@ def test_kv_json_for_one_model(capsys):
         assert row["kv_gbps"] == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("wire", ["bf16", "int8", "state=fp8_e4m3,latent=int8"])
+def test_kv_wire_is_what_the_codec_header_carries(capsys, wire):
+    out = _json(
+        capsys, "--model", "kimi-linear-48b", "--lengths", "1K,32K", "--no-measure", "--wire", wire
+    )
+    assert out["wire_precision"] == str(WirePrecision.parse(wire))
+    cfg = load_model_config("kimi-linear-48b")
+    for row in out["rows"]:
+        encoder = codec.StreamEncoder(cfg, row["length"], precision=WirePrecision.parse(wire))
+        assert row["wire_bytes"] == encoder.state_header.payload_nbytes < row["formula_bytes"]
+        expected = row["wire_bytes"] * 8 / row["prefill_seconds"] / 1e9
+        assert row["wire_kv_gbps"] == pytest.approx(expected)
+
+
 def test_kv_uses_the_measured_profile(capsys):
     out = _json(capsys, "--model", "prfaas-1t", "--lengths", "32K", "--no-measure")
     (row,) = out["rows"]
@@ -286,6 +302,8 @@ def test_kv_paper(capsys):
         ["--compare", "tiny"],
         ["--model", "no-such-model"],
         ["--model", "tiny", "--hardware", "no-such-hardware"],
+        ["--model", "tiny", "--wire", "int4"],
+        ["--model", "tiny", "--wire", "state=int8,weights=bf16"],
     ],
 )
 def test_kv_user_errors_are_one_line_and_exit_2(capsys, argv):

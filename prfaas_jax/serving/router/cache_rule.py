@@ -28,6 +28,7 @@ class CacheRule:
         self.max_utilization = config.controller_config().high_utilization
         self.counts = {"scarce": 0, "abundant": 0}
         self._prefill_s = prefill_profiles(config)
+        # A prefix moves as an exact copy (`PrefixCache.Export`), whatever `[link] precision`.
         self._kv_mib = kv_size_profile(cfg, config.engine.max_len)
 
     def abundant(

@@ -30,19 +30,22 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport import security as transport
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS
 from prfaas_jax.state_bytes import state_nbytes
+from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 log = logging.getLogger("prfaas.router")
 LOOKUP_TIMEOUT_S = 1.0
 
 
-def kv_size_profile(cfg: ModelConfig, max_len: int) -> Profile:
-    """S_kv(l) in MiB from the model's byte formula; exact, since it is piecewise linear in l
-    with a knee only where a sliding window fills up."""
+def kv_size_profile(
+    cfg: ModelConfig, max_len: int, precision: WirePrecision = WIRE_NATIVE
+) -> Profile:
+    """S_kv(l) in MiB from the model's byte formula, as encoded for the link (``precision``);
+    exact, since it is piecewise linear in l with a knee only where a sliding window fills up."""
     knees = {1, max_len}
     if cfg.swa is not None and cfg.swa.window < max_len:
         knees.add(cfg.swa.window)
     lengths = sorted(knees) if len(knees) > 1 else [1, 2]
-    return Profile.table(lengths, [state_nbytes(cfg, l) / 2**20 for l in lengths])
+    return Profile.table(lengths, [state_nbytes(cfg, l, precision) / 2**20 for l in lengths])
 
 
 @dataclasses.dataclass(eq=False)
@@ -97,7 +100,7 @@ class TtftPredictor:
     def __init__(self, config: ClusterConfig, cfg: ModelConfig) -> None:
         self.config = config
         self._prefill_profiles = prefill_profiles(config)
-        self._kv_profile = kv_size_profile(cfg, config.engine.max_len)
+        self._kv_profile = kv_size_profile(cfg, config.engine.max_len, config.link.wire_precision)
 
     def predict(
         self,

@@ -64,6 +64,7 @@ from prfaas_jax.serving.worker.engines import EngineFactory
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
 from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
+from prfaas_jax.wire_precision import WIRE_NATIVE
 
 log = logging.getLogger("prfaas.worker")
 
@@ -132,6 +133,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             max_queue=engine.max_prefill_queue,
             streams=config.link.streams,
             name=name,
+            precision=config.link.wire_precision if prfaas else WIRE_NATIVE,
         )
         self.decode = DecodeService(
             engine=self.factory.decode_engine,

@@ -73,6 +73,7 @@ from prfaas_jax.serving.transport.state_chunks import DecodeWorkerStub, FrameChu
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.outbox import Outbox, striped_sample
 from prfaas_jax.serving.worker.prefix import PrefixService
+from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 
 class DecodeChannels:
@@ -118,6 +119,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         max_queue: int = 64,
         streams: int = 1,
         name: str = "",
+        precision: WirePrecision = WIRE_NATIVE,
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
@@ -126,13 +128,14 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         (`[chaos]`; None: none); `max_queue` bounds the requests waiting for or on the engine
         (more are RESOURCE_EXHAUSTED at once); `streams`: the pushes a state crossing the
         link is striped over (serving/worker/stripes.py); `name`: this worker's, which its
-        pushes carry (the decode worker times the link per sender)."""
+        pushes carry (the decode worker times the link per sender); `precision`: how its
+        pushes encode a state (`[link] precision` for a PrfaaS worker, else native)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
         self._channels = DecodeChannels(security)
         self.faults, self.max_queue, self.streams = faults, max_queue, streams
-        self.name = name
+        self.name, self.precision = name, precision
         # A PrfaaS worker learns its link's rate from its own transfers (never from the shaper).
         self.link_meter = CapacityMeter() if shaper is not None else None
         self._engine_lock = threading.Lock()
@@ -215,6 +218,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                     len(tokens),
                     max_frame_bytes=self.frame_bytes,
                     base=request.decode_cached_len,
+                    precision=self.precision,
                 )
                 if self.faults is not None:
                     outbox.faults = self.faults.plan(
