@@ -88,8 +88,11 @@ class WirePrecision:
         return applies(getattr(self, kind), dtype)
 
     def __str__(self) -> str:
-        chosen = [f"{k}={getattr(self, k)}" for k in KINDS if getattr(self, k) != NATIVE]
-        return ",".join(chosen) or NATIVE
+        """The shortest text `parse` reads back: one encoding, or the kinds not native."""
+        encodings = {getattr(self, k) for k in KINDS}
+        if len(encodings) == 1:
+            return encodings.pop()
+        return ",".join(f"{k}={getattr(self, k)}" for k in KINDS if getattr(self, k) != NATIVE)
 
 
 WIRE_NATIVE = WirePrecision()

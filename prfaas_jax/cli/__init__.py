@@ -27,6 +27,7 @@ from prfaas_jax.cli import (
     planning_commands,
     serving_commands,
     training_commands,
+    wirecheck_command,
 )
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
@@ -45,6 +46,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     planning_commands.add_plan,
     planning_commands.add_simulate,
     planning_commands.add_kv,
+    wirecheck_command.add_wirecheck,
     codesign_commands.add_codesign,
     codesign_commands.add_profile,
     serving_commands.add_serve,

@@ -168,15 +168,20 @@ def make_batch(key: jax.Array, spec: TaskSpec, batch_size: int) -> Batch:
     return Batch(tokens=tokens, targets=targets, mask=mask, answer=answer)
 
 
+def recall_prompt_lengths(spec: TaskSpec) -> tuple[int, int]:
+    """The shortest and longest `recall_prompt` of a retrieval task."""
+    if spec.task is not Task.RETRIEVAL:
+        raise UserError(f"recall prompts are retrieval prompts, not {spec.task.value}")
+    return spec.seq_len // 4 + 1, spec.seq_len - 3 * spec.num_queries + 1
+
+
 def recall_prompt(
     key: jax.Array, spec: TaskSpec, length: int | None = None
 ) -> tuple[list[int], int]:
     """A ``retrieval`` prompt that ends with an asked key, and the second token of the value it asks
     for: the answer is the second token a model generates. ``length`` (default: drawn as in
     training) must be one a training example can have, in ``[L/4 + 1, L − 3Q + 1]``."""
-    if spec.task is not Task.RETRIEVAL:
-        raise UserError(f"recall prompts are retrieval prompts, not {spec.task.value}")
-    low, high = spec.seq_len // 4 + 1, spec.seq_len - 3 * spec.num_queries + 1
+    low, high = recall_prompt_lengths(spec)
     if length is not None and not low <= length <= high:
         raise UserError(f"a recall prompt of this task has {low} to {high} tokens, not {length}")
     point = None if length is None else length - 1
