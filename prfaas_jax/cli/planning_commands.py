@@ -52,6 +52,14 @@ def add_plan(sub: argparse._SubParsersAction) -> None:
         help="with --model: T_prefill on the local PD cluster from this hardware file, e.g. h20x8",
     )
     p.add_argument(
+        "--wire",
+        nargs="+",
+        metavar="PRECISION",
+        help="with --model: plan with the state as it crosses the link in each of these wire "
+        "precisions (native, bf16, fp8_e4m3, int8, or per kind as state=int8,kv=bf16) and "
+        "print t, the split, Λ_max and egress side by side (docs/wire-format.md)",
+    )
+    p.add_argument(
         "--plot",
         metavar="PNG",
         help="also save Λ_max and the stage bounds against N_p/N_d and t, and a heatmap over "
@@ -69,6 +77,8 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise UserError(f"--bandwidth must be a positive number of Gbps, got {args.bandwidth}")
     config = load_plan_config(args.config, egress_gbps=args.bandwidth)
+    if args.wire is not None:
+        return _plan_per_wire(args, config)
     if args.model is not None:
         config = _with_model(config, args.model, args.prfaas_hardware, args.local_hardware)
     elif args.prfaas_hardware or args.local_hardware:
@@ -85,17 +95,65 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_model(config, model: str, prfaas_hardware: str | None, local_hardware: str | None):
-    """The plan with ``model``'s own S_kv (the byte formula, piecewise linear in l, exact) and
-    T_prefill profiles from the hardware files named."""
+def _plan_per_wire(args: argparse.Namespace, config) -> int:
+    """`prfaas plan --wire …`: one search per wire precision, side by side."""
+    from prfaas_jax.planning.plan_report import format_wire_plans, wire_plans_to_json
+    from prfaas_jax.policy.search import search
+
+    if args.model is None:
+        raise UserError(
+            "--wire needs --model: the state's make-up decides what each precision saves"
+        )
+    if args.plot:
+        raise UserError("--plot draws one plan: leave out --wire, or give one --model plan")
+    settings = []
+    for text in args.wire:
+        try:
+            settings.append(WirePrecision.parse(text))
+        except ValueError as err:
+            raise UserError(f"--wire: {err}") from None
+    plans = []
+    for setting in settings:
+        planned = _with_model(
+            config, args.model, args.prfaas_hardware, args.local_hardware, precision=setting
+        )
+        plans.append(
+            (
+                setting,
+                planned,
+                search(planned.model, planned.baseline, thresholds=planned.thresholds),
+            )
+        )
+    if args.json:
+        print_json(wire_plans_to_json(plans))
+    else:
+        print(format_wire_plans(plans, args.model))
+    return 0
+
+
+def _with_model(
+    config,
+    model: str,
+    prfaas_hardware: str | None,
+    local_hardware: str | None,
+    *,
+    precision: WirePrecision | None = None,
+):
+    """The plan with ``model``'s own S_kv (the byte formula, piecewise linear in l, exact; on
+    the wire in ``precision``, if given) and T_prefill profiles from the hardware files named."""
     from prfaas_jax.engine.kvsize import state_sizes
     from prfaas_jax.model.weights import load_config
     from prfaas_jax.planning.codesign import kv_profile_lengths, kv_size_profile
     from prfaas_jax.planning.hardware import load_hardware
+    from prfaas_jax.policy.profiles import Profile
+    from prfaas_jax.state_bytes import state_nbytes
 
     cfg = load_config(model)
     lengths = kv_profile_lengths(cfg, (cfg.max_len,))
-    kv = kv_size_profile(state_sizes(cfg, lengths, measure=False))
+    if precision is None:
+        kv = kv_size_profile(state_sizes(cfg, lengths, measure=False))
+    else:
+        kv = Profile.table(lengths, [state_nbytes(cfg, n, precision) / 2**20 for n in lengths])
     prfaas_s = local_s = None
     if prfaas_hardware is not None:
         prfaas_s, _ = load_hardware(prfaas_hardware).prefill_profile(cfg)

@@ -1,4 +1,5 @@
-"""What `prfaas plan` prints and draws: `plan_to_json`, `format_plan`, `draw_plan`.
+"""What `prfaas plan` prints and draws: `plan_to_json`, `format_plan`, `draw_plan`, and with
+``--wire`` one plan per wire precision (`wire_plans_to_json`, `format_wire_plans`).
 
 `plan_to_json` gives the stable machine-readable keys; `format_plan` lays the plan out like the
 paper's Table 6 (PrfaaS-PD beside the homogeneous and naive heterogeneous baselines); `draw_plan`
@@ -18,6 +19,7 @@ from prfaas_jax.policy.search import Plan
 from prfaas_jax.policy.throughput_model import (
     OperatingPoint,
     StageTime,
+    mib_per_s_to_gbps,
     prefill_imbalance,
     producer_consumer_gap,
 )
@@ -208,3 +210,71 @@ def draw_plan(plan: Plan, path: str | Path) -> None:
         fig.savefig(path, dpi=110)
     except OSError as err:
         raise UserError(f"cannot write plot {path}: {err.strerror}") from None
+
+
+# --- one plan per wire precision (`prfaas plan --wire`) ---------------------------------------
+
+
+def _wire_row(plan: Plan) -> dict[str, object]:
+    best = plan.best
+    routing = best.routing
+    per_instance = (
+        mib_per_s_to_gbps(routing.kv_mib / routing.prfaas_prefill_s)
+        if routing.kv_mib and routing.prfaas_prefill_s
+        else 0.0
+    )
+    return {
+        "threshold_tokens": int(routing.threshold),
+        "n_prfaas": best.num_prfaas,
+        "n_pd_prefill": best.num_pd_prefill,
+        "n_pd_decode": best.num_pd_decode,
+        "offload_fraction": routing.offload_fraction,
+        "kv_mib_offloaded": routing.kv_mib,
+        "phi_kv_gbps": per_instance,
+        "lambda_max": best.lambda_max,
+        "egress_gbps": best.egress_gbps,
+        "speedup_vs_homogeneous": plan.speedup_vs_homogeneous,
+    }
+
+
+def wire_plans_to_json(plans: list[tuple[object, PlanConfig, Plan]]) -> dict[str, object]:
+    """Each precision's plan: t, the split, Φ_kv of the offloaded traffic, Λ_max and egress."""
+    first = plans[0][1]
+    return {
+        "config": str(first.path),
+        "egress_limit_gbps": first.model.deployment.egress_gbps,
+        "rows": [{"wire": str(setting), **_wire_row(plan)} for setting, _, plan in plans],
+    }
+
+
+def format_wire_plans(plans: list[tuple[object, PlanConfig, Plan]], model: str) -> str:
+    payload = wire_plans_to_json(plans)
+    headers = ["wire", "t", "N_p/N_d", "offload", "E[S_kv|L>t] MiB", "Φ_kv Gbps"]
+    headers += ["Λ_max req/s", "egress Gbps", "× homogeneous"]
+    rows = []
+    for row in payload["rows"]:
+        kv = row["kv_mib_offloaded"]
+        rows.append(
+            [
+                row["wire"],
+                f"{row['threshold_tokens']:,}",
+                f"{row['n_pd_prefill']}/{row['n_pd_decode']}",
+                f"{row['offload_fraction']:.1%}",
+                "-" if kv is None else f"{kv:,.1f}",
+                f"{row['phi_kv_gbps']:.2f}",
+                f"{row['lambda_max']:.3f}",
+                f"{row['egress_gbps']:.1f}",
+                f"{row['speedup_vs_homogeneous']:.2f}",
+            ]
+        )
+    return "\n".join(
+        [
+            f"prfaas plan: {payload['config']}, S_kv of {model} on the wire in each precision, "
+            f"link {payload['egress_limit_gbps']:g} Gbps",
+            "",
+            table(rows, headers),
+            "",
+            "Φ_kv: E[S_kv | L > t] / E[T_prefill | L > t] per PrfaaS instance (Eq. 2); what each "
+            "precision costs the model: `prfaas wirecheck`.",
+        ]
+    )
