@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from prfaas_jax.cli.flags import add_json_flag, add_model_flags, print_json
+from prfaas_jax.cli.flags import add_json_flag, print_json
 from prfaas_jax.cli.progress import progress
 from prfaas_jax.errors import UserError
 from prfaas_jax.wire_precision import WirePrecision
@@ -23,10 +23,16 @@ def add_wirecheck(sub: argparse._SubParsersAction) -> None:
         "distributions over --new-tokens steps of the exact continuation, the state's relative "
         "error, and — for a checkpoint trained on retrieval (`prfaas train --task retrieval`) — "
         "the share of its questions answered right from the shipped state.",
-        epilog="example: prfaas wirecheck --model recall-tiny --settings native bf16 int8 "
+        epilog="example: prfaas wirecheck --model tiny,recall-tiny --settings native bf16 int8 "
         "state=int8,kv=bf16",
     )
-    add_model_flags(p)
+    p.add_argument(
+        "--model",
+        default="tiny",
+        help="preset, model TOML or checkpoint directory; several, comma-separated, share one "
+        "table (default: tiny)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and of random weights")
     p.add_argument(
         "--settings",
         nargs="+",
@@ -70,17 +76,66 @@ def _run_wirecheck(args: argparse.Namespace) -> int:
         raise UserError(
             f"--new-tokens must be ≥ 2 (the first comes from prefill), got {args.new_tokens}"
         )
+    from prfaas_jax.tables import table
+
+    models = [name for name in args.model.split(",") if name]
+    if not models:
+        raise UserError("--model names no model")
+    results = [_check_model(name, settings, args) for name in models]
+    if args.json:
+        print_json({"models": results})
+        return 0
+    recall = any(result["recall_task"] for result in results)
+    headers = ["model", "precision", "payload B", "÷ exact", "argmax kept", "mean KL nats"]
+    headers += ["state error", "worst tensor"] + (["recall"] if recall else [])
+    cells = []
+    for result in results:
+        for row in result["rows"]:
+            cells.append(
+                [
+                    result["model"],
+                    row["setting"],
+                    f"{row['payload_bytes']:,}",
+                    f"{row['ratio']:.3f}",
+                    f"{row['agreement']:.1%}",
+                    f"{row['mean_kl']:.2e}",
+                    f"{row['state_error']:.2e}",
+                    f"{row['max_tensor_error']:.2e}",
+                    *([_percent(row["recall"])] if recall else []),
+                ]
+            )
+    described = "; ".join(
+        f"{r['model']}: {r['prompts']} prompts of {r['prompt_len']} tokens" for r in results
+    )
+    print(f"prfaas wirecheck: {described}; {args.new_tokens - 1} scored steps each")
+    print(table(cells, headers=headers))
+    print(
+        "argmax kept: steps whose greedy token is the exact state's; KL(exact ‖ shipped) per "
+        "step; state error: ‖shipped − exact‖ / ‖exact‖"
+        + ("; recall: questions answered right from the shipped state" if recall else "")
+    )
+    return 0
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _check_model(
+    name: str, settings: list[WirePrecision], args: argparse.Namespace
+) -> dict[str, object]:
+    """One model's prompts (a retrieval checkpoint's questions, else random tokens) through
+    every setting."""
     import jax
     import numpy as np
 
     from prfaas_jax.engine.wirecheck import wire_check
     from prfaas_jax.model.weights import load_model
     from prfaas_jax.serving.loadgen.demo import recall_task
-    from prfaas_jax.tables import table
     from prfaas_jax.train.tasks import recall_prompt, recall_prompt_lengths
 
-    cfg, params = load_model(args.model, seed=args.seed)
-    task = recall_task(args.model)
+    cfg, params = load_model(name, seed=args.seed)
+    task = recall_task(name)
     answers = None
     if task is not None:
         _, high = recall_prompt_lengths(task)
@@ -101,7 +156,9 @@ def _run_wirecheck(args: argparse.Namespace) -> int:
             f"--prompt-len {length} + --new-tokens {args.new_tokens} exceed {cfg.name}'s max_len "
             f"{cfg.max_len}"
         )
-    with progress("wirecheck", total=len(prompts), unit="prompts", quiet=args.json) as shown:
+    with progress(
+        f"wirecheck {cfg.name}", total=len(prompts), unit="prompts", quiet=args.json
+    ) as shown:
         rows = wire_check(
             cfg,
             params,
@@ -111,41 +168,11 @@ def _run_wirecheck(args: argparse.Namespace) -> int:
             answers=answers,
             progress=lambda _: shown.update(advance=1),
         )
-    if args.json:
-        print_json(
-            {
-                "model": cfg.name,
-                "prompts": len(prompts),
-                "prompt_len": length,
-                "new_tokens": args.new_tokens,
-                "recall_task": task is not None,
-                "rows": [row.to_json() for row in rows],
-            }
-        )
-        return 0
-    headers = ["precision", "payload B", "÷ exact", "argmax kept", "mean KL nats"]
-    headers += ["state error", "worst tensor"] + (["recall"] if answers is not None else [])
-    cells = [
-        [
-            row.setting,
-            f"{row.payload_bytes:,}",
-            f"{row.ratio:.3f}",
-            f"{row.agreement:.1%}",
-            f"{row.mean_kl:.2e}",
-            f"{row.state_error:.2e}",
-            f"{row.max_tensor_error:.2e}",
-            *([f"{row.recall:.1%}"] if row.recall is not None else []),
-        ]
-        for row in rows
-    ]
-    print(
-        f"prfaas wirecheck: {cfg.name}, {len(prompts)} prompts of {length} tokens, "
-        f"{args.new_tokens - 1} scored steps each"
-    )
-    print(table(cells, headers=headers))
-    print(
-        "argmax kept: steps whose greedy token is the exact state's; KL(exact ‖ shipped) per "
-        "step; state error: ‖shipped − exact‖ / ‖exact‖"
-        + ("; recall: questions answered right from the shipped state" if answers else "")
-    )
-    return 0
+    return {
+        "model": cfg.name,
+        "prompts": len(prompts),
+        "prompt_len": length,
+        "new_tokens": args.new_tokens,
+        "recall_task": task is not None,
+        "rows": [row.to_json() for row in rows],
+    }

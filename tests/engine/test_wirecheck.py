@@ -77,12 +77,14 @@ def test_native_recall_is_the_models_own(checked):
 
 def test_the_command_prints_json_and_refuses_bad_input(capsys):
     argv = ["wirecheck", "--model", "recall-tiny", "--prompts", "2", "--new-tokens", "3"]
-    assert main([*argv, "--settings", "native", "state=int8,kv=bf16", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
-    assert out["recall_task"] and [r["setting"] for r in out["rows"]] == [
-        "native",
-        "state=int8,kv=bf16",
-    ]
+    both = ["--model", "tiny,recall-tiny", "--settings", "native", "state=int8,kv=bf16", "--json"]
+    assert main([*argv, *both]) == 0
+    tiny, recall = json.loads(capsys.readouterr().out)["models"]
+    assert (tiny["model"], tiny["recall_task"]) == ("tiny", False)
+    assert (recall["model"], recall["recall_task"]) == ("recall-tiny", True)
+    for out in (tiny, recall):
+        assert [r["setting"] for r in out["rows"]] == ["native", "state=int8,kv=bf16"]
+    assert tiny["rows"][0]["recall"] is None and recall["rows"][0]["recall"] is not None
     for bad in (["--settings", "int4"], ["--new-tokens", "1"], ["--prompt-len", "500"]):
         assert main([*argv, *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
