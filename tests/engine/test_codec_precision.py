@@ -316,8 +316,9 @@ def test_any_scale_bytes_decode_or_fail_cleanly(wire, where, scale):
             codec.decode(damaged, cfg)
 
 
-def test_a_lossy_stream_for_another_model_is_refused_by_its_fingerprint():
-    _, _, frames = sent("tiny-gdn", 9, "int8")
+@pytest.mark.parametrize("wire", LOSSY)
+def test_a_lossy_stream_for_another_model_is_refused_by_its_fingerprint(wire):
+    _, _, frames = sent("tiny-gdn", 9, wire)
     with pytest.raises(codec.StateDecodeError, match="fingerprint mismatch"):
         codec.decode(frames, model("tiny"))
 
