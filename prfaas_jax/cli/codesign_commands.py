@@ -71,7 +71,7 @@ def _run_codesign(args: argparse.Namespace) -> int:
     from prfaas_jax.planning.codesign_config import load_sweep
     from prfaas_jax.toml_config import resolve
     from prfaas_jax.train.loop import TrainConfig
-    from prfaas_jax.train.recall_probe import measure_recall
+    from prfaas_jax.train.recall_probe import measure_recall, shipped_recall
     from prfaas_jax.train.tasks import TaskSpec
 
     use_compile_cache(args)
@@ -88,7 +88,7 @@ def _run_codesign(args: argparse.Namespace) -> int:
 
     with progress("codesign", quiet=args.json) as shown:
 
-        def recall(cfg, spec_toy):
+        def task_and_config(spec_toy):
             spec = TaskSpec(
                 task=spec_toy.task,
                 vocab_size=spec_toy.vocab_size,
@@ -104,12 +104,20 @@ def _run_codesign(args: argparse.Namespace) -> int:
                 seed=spec_toy.seed,
                 eval_examples=spec_toy.eval_examples,
             )
+            return spec, config
+
+        def recall(cfg, spec_toy):
+            spec, config = task_and_config(spec_toy)
             shown.update(completed=0, total=config.steps)
 
             def on_step(report):
                 shown.update(completed=report.step)
 
             return measure_recall(cfg, spec, config, spec_toy.eval_lengths, on_step=on_step)
+
+        def shipped(cfg, spec_toy, trained, precision):
+            spec, config = task_and_config(spec_toy)
+            return shipped_recall(cfg, spec, config, trained, spec_toy.eval_lengths, precision)
 
         def say(message: str) -> None:
             shown.update(description=f"codesign {message}")
@@ -119,6 +127,7 @@ def _run_codesign(args: argparse.Namespace) -> int:
             base,
             measure=measure,
             recall=None if args.no_recall else recall,
+            shipped=None if args.no_recall else shipped,
             toy_base=toy_base,
             toy=toy,
             say=say,

@@ -16,6 +16,11 @@ For each point of a `Sweep` (planning/codesign_config.py):
   (train/recall_probe.py) and returns held-out accuracy per evaluation length. Points whose toy
   layouts are equal share one training run.
 
+A point's ``wire`` precision (the ``wire`` axis) is not a layout: its S_kv is the layout's state
+as it crosses the link in that precision (``state_nbytes(layout, l, precision)``, which the
+codec's frames carry exactly), the plan is searched with it, and its recall is the trained toy's
+with each evaluation example's context state shipped in that precision (``shipped``).
+
 This module stays free of JAX: the two measurements are passed in as callables.
 """
 
@@ -36,6 +41,8 @@ from prfaas_jax.planning.prefill_cost import scale_profile
 from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.search import Plan, search
 from prfaas_jax.policy.throughput_model import mib_per_s_to_gbps
+from prfaas_jax.state_bytes import layer_nbytes
+from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 
 class RecallLike(Protocol):
@@ -48,7 +55,42 @@ class RecallLike(Protocol):
 # (layout, lengths, trace): sizes at each length; ``trace`` runs the abstract prefill too.
 Measure = Callable[[ModelConfig, Sequence[int], bool], Sequence[SizeLike]]
 Recall = Callable[[ModelConfig, ToySpec], RecallLike]
+# (toy layout, toy spec, its trained result, precision): recall with the state shipped in it.
+Shipped = Callable[[ModelConfig, ToySpec, RecallLike, WirePrecision], RecallLike]
 Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class WireSize:
+    """A layout's state at one length as it crosses the link in a precision (a `SizeLike`), by
+    the byte formula."""
+
+    length: int
+    formula_bytes: int
+    growing_bytes: int
+    windowed_bytes: int
+    fixed_bytes: int
+    by_kind: dict[str, int]
+    measured_bytes: int | None = None
+
+    @property
+    def serialized_bytes(self) -> int:
+        return self.formula_bytes
+
+    @classmethod
+    def of(cls, cfg: ModelConfig, length: int, precision: WirePrecision) -> WireSize:
+        growing = windowed = fixed = 0
+        by_kind: dict[str, int] = {}
+        for kind in cfg.layers:
+            nbytes = layer_nbytes(cfg, kind, length, precision)
+            by_kind[kind.value] = by_kind.get(kind.value, 0) + nbytes
+            if kind is LayerKind.SWA:
+                windowed += nbytes
+            elif kind.is_linear:
+                fixed += nbytes
+            else:
+                growing += nbytes
+        return cls(length, growing + windowed + fixed, growing, windowed, fixed, by_kind)
 
 
 @dataclass(frozen=True)
@@ -65,6 +107,7 @@ class CodesignRow:
     toy: ModelConfig | None = None
     recall: RecallLike | None = None
     recall_shared_with: str | None = None  # the label of the point whose toy run this reuses
+    precision: WirePrecision = WIRE_NATIVE  # how the state crosses the link
 
     @property
     def bytes_per_token(self) -> int:
@@ -132,12 +175,14 @@ def run_codesign(
     *,
     measure: Measure,
     recall: Recall | None = None,
+    shipped: Shipped | None = None,
     toy_base: ModelConfig | None = None,
     toy: ToySpec | None = None,
     say: Say | None = None,
 ) -> list[CodesignRow]:
-    """Every point of ``sweep`` (module docstring); ``recall`` None skips the toy side."""
-    base_plan = load_plan_config(sweep.plan_path)
+    """Every point of ``sweep`` (module docstring); ``recall`` None skips the toy side;
+    ``shipped`` gives the recall of points with a wire precision other than native."""
+    base_plan = load_plan_config(sweep.plan_path, egress_gbps=sweep.deployment.egress_gbps)
     if base_plan.model.deployment.prfaas is None:
         raise ConfigError(f"{sweep.plan_path}: the plan has no [prfaas] cluster")
     toy = toy or sweep.toy
@@ -149,6 +194,7 @@ def run_codesign(
         else [None] * len(points)
     )
     trained: dict[str, tuple[str, RecallLike]] = {}
+    through_wire: dict[tuple[str, str], RecallLike] = {}
     rows = []
     for index, (point, layout, toy_cfg) in enumerate(zip(points, layouts, toys, strict=True)):
         label = point.label(sweep.varying)
@@ -160,6 +206,10 @@ def run_codesign(
         traced = measure(layout, lengths[-1:], True)
         kv = kv_size_profile([*measure(layout, lengths[:-1], False), *traced])
         kv_rows = tuple(measure(layout, sweep.deployment.kv_lengths, False))
+        precision = point.precision
+        if not precision.is_native:  # the state as it crosses the link
+            kv = kv_size_profile([WireSize.of(layout, n, precision) for n in lengths])
+            kv_rows = tuple(WireSize.of(layout, n, precision) for n in sweep.deployment.kv_lengths)
         config, prfaas_s, local_s = _plan_for(sweep, base_plan, base, layout, kv)
         plan = search(config.model, config.baseline, thresholds=config.thresholds)
         result, shared = None, None
@@ -172,6 +222,15 @@ def run_codesign(
                     say(f"[{index + 1}/{len(points)}] {label}: training {toy_cfg.name}")
                 result = recall(toy_cfg, toy)
                 trained[key] = (label, result)
+            if not precision.is_native:
+                if shipped is None:
+                    raise ConfigError(f"{sweep.path}: axes.wire needs a shipped-state recall")
+                wire_key = (key, str(precision))
+                if wire_key not in through_wire:
+                    if say is not None:
+                        say(f"[{index + 1}/{len(points)}] {label}: recall through the wire")
+                    through_wire[wire_key] = shipped(toy_cfg, toy, result, precision)
+                result = through_wire[wire_key]
         rows.append(
             CodesignRow(
                 point=point,
@@ -186,6 +245,7 @@ def run_codesign(
                 toy=toy_cfg,
                 recall=result,
                 recall_shared_with=shared,
+                precision=precision,
             )
         )
     return rows

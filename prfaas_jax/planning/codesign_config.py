@@ -6,9 +6,11 @@ the same layout at toy size (docs/codesign.md). Sections and keys:
 
     [model]        base (preset, model TOML or HF config.json), placement = "periodic" | "kimi"
     [axes]         ratio ("R:1", "all-linear", "all-full"), linear_mixer, full_mixer,
-                   kv_lora_rank, linear_heads ("HxD"), state_dtype, swa_window
+                   kv_lora_rank, linear_heads ("HxD"), state_dtype, swa_window, wire (wire
+                   precisions: "native", "bf16", "int8", "state=int8,kv=bf16", …)
     [full_attention.gqa], [full_attention.swa]   dimensions of a full mixer the base lacks
-    [deployment]   plan (a plan TOML, relative to this file), kv_lengths
+    [deployment]   plan (a plan TOML, relative to this file), kv_lengths, egress_gbps (the
+                   PrfaaS link instead of the plan's)
     [toy]          base (a toy preset: widths), num_layers, the task and the optimiser;
     [toy.quick]    the same keys, for ``--quick``
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from prfaas_jax.config import AttentionConfig, LayerKind, MlpKind, ModelConfig
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.toml_config import Where, build, keys_of, read, split, value
+from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 SECTIONS = ("model", "axes", "full_attention", "deployment", "toy")
 LINEAR_KINDS = (LayerKind.KDA, LayerKind.GDN, LayerKind.LIGHTNING)
@@ -61,6 +64,16 @@ class Axes:
     linear_heads: tuple[str, ...] = ()
     state_dtype: tuple[str, ...] = ()
     swa_window: tuple[int, ...] = ()
+    # How the state crosses the link (prfaas_jax/wire_precision.py): not a layout, the same
+    # model; S_kv, the plan and the toy's recall are taken with the state in that precision.
+    wire: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for index, text in enumerate(self.wire):
+            try:
+                WirePrecision.parse(text)
+            except ValueError as err:
+                raise ConfigError(f"axes.wire[{index}]: {err}") from None
 
 
 @dataclass(frozen=True)
@@ -73,10 +86,13 @@ class FullAttention:
 class SweepDeployment:
     plan: str  # a plan TOML, relative to the sweep file
     kv_lengths: tuple[int, ...] = (1024, 8192, 32768, 131072)
+    egress_gbps: float | None = None  # the PrfaaS link instead of the plan's (None: the plan's)
 
     def __post_init__(self) -> None:
         if not self.kv_lengths or min(self.kv_lengths) < 1:
             raise ConfigError("deployment.kv_lengths: must list positive token counts")
+        if self.egress_gbps is not None and not self.egress_gbps > 0:
+            raise ConfigError("deployment.egress_gbps: must be a positive number of Gbps")
 
 
 @dataclass(frozen=True)
@@ -120,6 +136,11 @@ class Point:
     linear_heads: str | None
     state_dtype: str | None
     swa_window: int | None
+    wire: str | None = None
+
+    @property
+    def precision(self) -> WirePrecision:
+        return WIRE_NATIVE if self.wire is None else WirePrecision.parse(self.wire)
 
     def label(self, varying: tuple[str, ...]) -> str:
         parts = [str(getattr(self, name)) for name in varying]

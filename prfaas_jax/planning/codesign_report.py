@@ -3,8 +3,10 @@
 the Λ_max gain over homogeneous PD, markers sized by bytes per token; needs matplotlib).
 
 JSON keys of a row: ``label``, ``layout`` (model name), ``layers`` (count per kind),
-``kv_bytes`` (S_kv per length of ``kv_lengths``), ``recurrent_bytes`` (the fixed part),
-``bytes_per_token`` (the growing part), ``kv_gbps`` (Φ_kv per length on the PrfaaS hardware),
+``state_dtype``, ``wire`` (the precision the state crosses the link in; the byte columns and the
+plan are of the state in it), ``kv_bytes`` (S_kv per length of ``kv_lengths``),
+``recurrent_bytes`` (the fixed part), ``bytes_per_token`` (the growing part), ``kv_gbps`` (Φ_kv
+per length on the PrfaaS hardware),
 ``threshold_tokens``, ``n_prfaas``, ``n_pd_prefill``, ``n_pd_decode``, ``lambda_max``,
 ``speedup_vs_homogeneous``, ``speedup_vs_naive``, ``homogeneous_lambda_max``,
 ``naive_lambda_max``, ``egress_gbps`` (at Λ_max), ``egress_per_instance_gbps`` (Eq. 2),
@@ -46,6 +48,7 @@ def row_json(row: CodesignRow) -> dict[str, object]:
         "layout": row.layout.name,
         "layers": _layers(row.layout),
         "state_dtype": row.layout.state_dtype,
+        "wire": str(row.precision),
         "kv_bytes": {str(s.length): s.formula_bytes for s in row.kv},
         "recurrent_bytes": row.fixed_bytes,
         "bytes_per_token": row.bytes_per_token,
@@ -158,6 +161,12 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
         "× homog. / × naive: Λ_max over homogeneous PD / naive heterogeneous of the same layout;",
         "Eq.2: E[S_kv | L > t*] / E[T_prefill | L > t*] per PrfaaS instance.",
     ]
+    if any(not row.precision.is_native for row in rows):
+        notes.append(
+            "wire: the state as it crosses the link in that precision (docs/wire-format.md): its "
+            "bytes, the plan made with them, and the toy's recall with each held-out context "
+            "shipped in it."
+        )
     if toy is not None:
         notes.append(
             f"recall: held-out {toy.task} accuracy of the toy layout trained {toy.steps} steps "

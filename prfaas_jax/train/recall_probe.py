@@ -16,7 +16,15 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine import codec
+from prfaas_jax.model import init_state, prefill
+from prfaas_jax.model.hybrid import Params
+from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.loop import (
     StepReport,
     TrainConfig,
@@ -25,7 +33,8 @@ from prfaas_jax.train.loop import (
     evaluate,
     initial_state,
 )
-from prfaas_jax.train.tasks import TaskSpec
+from prfaas_jax.train.tasks import Batch, TaskSpec
+from prfaas_jax.wire_precision import WirePrecision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +43,7 @@ class RecallResult:
     final_loss: float
     steps: int
     seconds: float  # training and evaluation, compiles included
+    params: Params | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def measure_recall(
@@ -55,4 +65,72 @@ def measure_recall(
         held_out = eval_set(dataclasses.replace(spec, seq_len=length), config)
         accuracy[length] = evaluate(state.params, cfg, held_out, impl=config.impl)
     final_loss = trainer.history[-1].loss if trainer.history else float("nan")
-    return RecallResult(accuracy, final_loss, config.steps, time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    return RecallResult(accuracy, final_loss, config.steps, seconds, params=state.params)
+
+
+def shipped_recall(
+    cfg: ModelConfig,
+    spec: TaskSpec,
+    config: TrainConfig,
+    trained: RecallResult,
+    eval_lengths: Sequence[int],
+    precision: WirePrecision,
+) -> RecallResult:
+    """``trained``'s held-out accuracy at ``eval_lengths`` (the examples `measure_recall`
+    evaluates) with each example's context state sent through the codec in ``precision``
+    (`shipped_accuracy`)."""
+    if trained.params is None:
+        raise ValueError("the trained result holds no parameters")
+    start = time.perf_counter()
+    accuracy = {}
+    for length in eval_lengths:
+        held_out = eval_set(dataclasses.replace(spec, seq_len=length), config)
+        accuracy[length] = shipped_accuracy(
+            trained.params, cfg, held_out, precision, impl=config.impl
+        )
+    seconds = time.perf_counter() - start
+    return dataclasses.replace(trained, accuracy=accuracy, seconds=seconds)
+
+
+_prefill = jax.jit(prefill, static_argnames=("cfg", "impl"))
+
+
+def shipped_accuracy(
+    params: Params,
+    cfg: ModelConfig,
+    batch: Batch,
+    precision: WirePrecision,
+    *,
+    impl: Impl = Impl.CHUNK,
+    chunk: int = 128,
+) -> float:
+    """Accuracy over every answer of ``batch`` when each example's context crosses the wire:
+    the tokens before the batch's first answer position are prefilled, each example's state is
+    encoded in ``precision`` and decoded (engine/codec), and the rest of the example is absorbed
+    from the decoded state — a PrfaaS request's prompt prefilled remotely and its answers made
+    where the state arrived. With ``native`` it is `loop.evaluate`'s accuracy (the same logits,
+    computed in two calls)."""
+    answer = np.asarray(batch.answer)
+    split = int(np.argmax(answer.any(axis=0)))
+    if not answer.any() or split == 0:
+        raise ValueError("the batch needs answers, and context before the first one")
+    right = 0
+    for start in range(0, answer.shape[0], chunk):
+        tokens = batch.tokens[start : start + chunk]
+        rows, length = tokens.shape
+        _, state = _prefill(
+            params, cfg, tokens[:, :split], init_state(cfg, rows, length), impl=impl
+        )
+        shipped = [
+            codec.decode(
+                codec.encode(state, cfg, row=row, precision=precision), cfg, max_len=length
+            )
+            for row in range(rows)
+        ]
+        state = jax.tree.map(lambda *parts: jnp.concatenate(parts), *shipped)
+        logits, _ = _prefill(params, cfg, tokens[:, split:], state, impl=impl)
+        targets = np.asarray(batch.targets[start : start + chunk, split:])
+        asked = answer[start : start + chunk, split:]
+        right += int(((np.asarray(jnp.argmax(logits, axis=-1)) == targets) & asked).sum())
+    return right / int(answer.sum())

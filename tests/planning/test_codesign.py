@@ -18,6 +18,8 @@ from prfaas_jax.planning.codesign import run_codesign
 from prfaas_jax.planning.codesign_config import load_sweep
 from prfaas_jax.planning.prefill_cost import flop_profile, prefill_flops, scale_profile
 from prfaas_jax.policy.profiles import Profile
+from prfaas_jax.state_bytes import state_nbytes
+from prfaas_jax.wire_precision import WirePrecision
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAN = ROOT / "configs" / "plans" / "case-study-1t.toml"
@@ -101,6 +103,37 @@ def test_the_3_to_1_point_is_prfaas_plan_on_the_case_study(tmp_path, capsys):
     assert rows[1].plan.best.lambda_max != best.lambda_max
 
 
+@pytest.mark.parametrize("egress", [None, 5])
+def test_a_wire_point_is_prfaas_plan_wire_on_the_case_study(tmp_path, capsys, egress):
+    body = '[model]\nbase = "prfaas-1t"\nplacement = "kimi"\n[axes]\nratio = ["3:1"]\n'
+    body += 'wire = ["native", "int8"]\n'
+    path = _sweep(tmp_path, body)
+    if egress is not None:  # [deployment] egress_gbps: the link instead of the plan's 100 Gbps
+        text = path.read_text().replace("kv_lengths", f"egress_gbps = {egress}\nkv_lengths")
+        path.write_text(text)
+    sweep = load_sweep(path)
+    rows = run_codesign(sweep, load_model_config("prfaas-1t"), measure=_formula)
+    argv = ["plan", "--config", str(PLAN), "--model", "prfaas-1t", "--json"]
+    assert main([*argv, "--bandwidth", str(egress or 100), "--wire", "native", "int8"]) == 0
+    planned = json.loads(capsys.readouterr().out)["rows"]
+    assert [str(row.precision) for row in rows] == [p["wire"] for p in planned]
+    for row, plan in zip(rows, planned, strict=True):
+        best = row.plan.best
+        assert best.routing.threshold == plan["threshold_tokens"]
+        assert best.lambda_max == pytest.approx(plan["lambda_max"], rel=1e-9)
+        assert best.egress_gbps == pytest.approx(plan["egress_gbps"], rel=1e-9)
+    int8 = WirePrecision.parse("int8")
+    for size in rows[1].kv:
+        assert size.formula_bytes == state_nbytes(rows[1].layout, size.length, int8)
+        assert size.growing_bytes + size.fixed_bytes == size.formula_bytes
+    native, int8 = (row.plan.best for row in rows)
+    if egress is None:  # the link does not bind: the same plan, half the egress
+        assert int8.lambda_max == native.lambda_max and int8.egress_gbps < 0.5 * native.egress_gbps
+    else:  # it binds: fewer bytes, a lower t and more throughput
+        assert int8.routing.threshold < native.routing.threshold
+        assert int8.lambda_max > 1.3 * native.lambda_max
+
+
 def test_state_bytes_are_prfaas_kv_and_bfloat16_states_halve_the_recurrent_part(tmp_path, capsys):
     path = _sweep(
         tmp_path,
@@ -168,6 +201,10 @@ def test_state_bytes_are_prfaas_kv_and_bfloat16_states_halve_the_recurrent_part(
         (
             '[model]\nbase = "prfaas-1t"\n[axes]\nstate_dtype = ["float8"]\n',
             "state_dtype must be one of",
+        ),
+        (
+            '[model]\nbase = "prfaas-1t"\n[axes]\nwire = ["native", "int4"]\n',
+            "axes.wire[1]: wire precision state='int4'",
         ),
     ],
 )
