@@ -6,6 +6,7 @@ veth or process outlives the cluster."""
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import os
 import pathlib
@@ -29,7 +30,7 @@ from prfaas_jax.serving.cluster.netns import (
 )
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.kernel_link import tbf_rate_bytes_per_s
+from prfaas_jax.serving.transport.kernel_link import run_ip, tbf_rate_bytes_per_s
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -77,7 +78,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 class LinkSampler:
-    """The PrfaaS end's kernel tx counter, sampled every 20 ms on a thread."""
+    """The PrfaaS end's `tbf` qdisc — bytes it sent and bytes queued in it — sampled every
+    20 ms on a thread."""
 
     def __init__(self, topology: NetnsTopology) -> None:
         self.topology, self.samples = topology, []
@@ -87,7 +89,9 @@ class LinkSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.samples.append((time.monotonic(), self.topology.link_tx_bytes()))
+            command = ("tc", "-s", "-j", "qdisc", "show", "dev", "link0")
+            [qdisc] = json.loads(run_ip(*command, namespace=self.topology.prfaas_ns))
+            self.samples.append((time.monotonic(), qdisc["bytes"], qdisc["backlog"]))
             time.sleep(0.02)
 
     def stop(self) -> None:
@@ -95,10 +99,16 @@ class LinkSampler:
         self._thread.join()
 
     def rate(self, start: float, end: float) -> float:
-        """Bytes/s over the samples in ``[start, end]`` (the link busy throughout)."""
-        inside = [(t, b) for t, b in self.samples if start <= t <= end]
-        (t0, b0), (t1, b1) = inside[0], inside[-1]
-        return (b1 - b0) / (t1 - t0)
+        """Bytes/s the link sent while it had a backlog, in ``[start, end]``: over runs of
+        samples with bytes queued at both ends, so time the senders left the link idle (a
+        loaded machine) does not count against it. At least 0.5 s of such runs."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        sent = seconds = 0.0
+        for (t0, b0, q0), (t1, b1, q1) in itertools.pairwise(inside):
+            if q0 > 0 and q1 > 0:
+                sent, seconds = sent + b1 - b0, seconds + t1 - t0
+        assert seconds >= 0.5, f"the link had a backlog for only {seconds:.2f} s"
+        return sent / seconds
 
 
 def _burst(stub, count: int, errors: list[str]) -> None:
