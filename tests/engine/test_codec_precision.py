@@ -88,17 +88,22 @@ def test_bf16_rounds_each_float32_element_to_nearest_even(name):
         assert np.array_equal(np.asarray(b, np.float32), np.asarray(expected, np.float32))
 
 
+def vectors(name: str, wire: str):
+    """Per tensor: its spec, and the source and decoded values as float64 vectors along the
+    last axis."""
+    cfg, state, frames = sent(name, 21, wire)
+    decoded = arrays(codec.decode(frames, cfg), cfg)
+    for (spec, a), (_, b) in zip(arrays(state, cfg), decoded, strict=True):
+        x = np.asarray(a, np.float64).reshape(-1, spec.shape[-1])
+        yield spec, x, np.asarray(b, np.float64).reshape(x.shape)
+
+
 @pytest.mark.parametrize("name", PRESETS)
 def test_int8_is_the_float64_quantisation_per_last_axis_vector(name):
-    cfg, state, frames = sent(name, 21, "int8")
-    for (spec, a), (_, b) in zip(
-        arrays(state, cfg), arrays(codec.decode(frames, cfg), cfg), strict=True
-    ):
-        x = np.asarray(a, np.float64).reshape(-1, spec.shape[-1])
+    for spec, x, got in vectors(name, "int8"):
         scale = np.abs(x).max(axis=1, keepdims=True) / 127
         q = x / np.where(scale > 0, scale, 1)
         expected = np.round(q) * scale  # ties to even
-        got = np.asarray(b, np.float64).reshape(x.shape)
         # float32 arithmetic: q·scale within a few ulps, and a q within 1e-4 of a tie may
         # round either way.
         near_tie = np.abs(np.abs(q - np.floor(q)) - 0.5) < 1e-4
@@ -109,13 +114,8 @@ def test_int8_is_the_float64_quantisation_per_last_axis_vector(name):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_fp8_keeps_each_element_within_its_mantissa(name):
-    cfg, state, frames = sent(name, 21, "fp8_e4m3")
-    for (spec, a), (_, b) in zip(
-        arrays(state, cfg), arrays(codec.decode(frames, cfg), cfg), strict=True
-    ):
-        x = np.asarray(a, np.float64).reshape(-1, spec.shape[-1])
+    for spec, x, got in vectors(name, "fp8_e4m3"):
         scale = np.abs(x).max(axis=1, keepdims=True) / 448
-        got = np.asarray(b, np.float64).reshape(x.shape)
         # 3 mantissa bits: half a step is 2^-4 of the value; below 2^-6 the steps are 2^-9.
         bound = np.maximum(np.abs(x) * 2.0**-4, scale * 2.0**-10) * (1 + 1e-5)
         assert np.all(np.abs(got - x) <= bound), spec
