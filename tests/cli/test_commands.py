@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from serving_support import fake_config
 
 from prfaas_jax.cli import build_parser, main
 from prfaas_jax.cli.progress import progress
@@ -91,3 +92,19 @@ def test_progress_on_a_terminal_draws_on_stderr_only(capsys, monkeypatch):
     assert out == "result\n"
     drawn = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", err)  # without the terminal's control codes
     assert "half done" in drawn and "2/2 steps" in drawn
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"model": {"engine": "fake"}}, 'it needs engine = "jax"'),
+        ({"link": {"precision": "int8"}}, 'which [link] precision = "int8" does not promise'),
+    ],
+)
+def test_the_demo_refuses_a_config_whose_outputs_it_cannot_check(
+    tmp_path, capsys, sections, message
+):
+    config = fake_config(tmp_path / "cluster.toml", **{"model": {"engine": "jax"}, **sections})
+    assert main(["demo", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
