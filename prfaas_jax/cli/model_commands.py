@@ -26,6 +26,7 @@ from prfaas_jax.cli.flags import (
 )
 from prfaas_jax.errors import UserError
 from prfaas_jax.tables import key_value
+from prfaas_jax.wire_precision import WirePrecision
 
 if TYPE_CHECKING:
     from prfaas_jax.cli.generation import GenerateRequest, GenerateResult
@@ -196,6 +197,13 @@ def add_prefill(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--chunk-len", type=int, default=512, help="tokens per prefill call (default: 512)"
     )
+    p.add_argument(
+        "--wire",
+        metavar="PRECISION",
+        default="native",
+        help="encode the state in this wire precision: native (exact, the default), bf16, "
+        "fp8_e4m3, int8, or per kind as state=int8,kv=bf16 (docs/wire-format.md)",
+    )
     add_sampling_flags(p)
     add_impl_flag(p)
     add_mesh_flag(p)
@@ -209,7 +217,14 @@ def _run_prefill(args: argparse.Namespace) -> int:
 
     if args.chunk_len < 1:
         raise UserError("--chunk-len must be at least 1")
-    return _print_result(args, prefill_to_file(_request(args), args.out, chunk_len=args.chunk_len))
+    try:
+        precision = WirePrecision.parse(args.wire)
+    except ValueError as err:
+        raise UserError(f"--wire: {err}") from None
+    written = prefill_to_file(
+        _request(args), args.out, chunk_len=args.chunk_len, precision=precision
+    )
+    return _print_result(args, written)
 
 
 def add_decode(sub: argparse._SubParsersAction) -> None:

@@ -26,6 +26,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.model.sharding import make_mesh
 from prfaas_jax.model.weights import load_model
 from prfaas_jax.tables import key_value, table
+from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 
 def _seconds(timings: dict[str, float]) -> str:
@@ -60,9 +61,14 @@ class PrefillFileResult:
 
 
 def prefill_to_file(
-    request: GenerateRequest, path: str | os.PathLike[str], *, chunk_len: int = DEFAULT_CHUNK_LEN
+    request: GenerateRequest,
+    path: str | os.PathLike[str],
+    *,
+    chunk_len: int = DEFAULT_CHUNK_LEN,
+    precision: WirePrecision = WIRE_NATIVE,
 ) -> PrefillFileResult:
-    """Prefill ``request``'s prompt and write the state plus its handoff frame to ``path``.
+    """Prefill ``request``'s prompt and write the state plus its handoff frame to ``path``, its
+    tensors encoded in ``precision`` (docs/wire-format.md, "Wire precision"; native: exact).
 
     A file holds one stream, so nothing can mix with it: its stream id is a hash of the state
     rather than random, and the same prefill writes the same bytes.
@@ -74,9 +80,9 @@ def prefill_to_file(
     engine = PrefillEngine(cfg, params, impl=request.impl, chunk_len=chunk_len, mesh=mesh)
     result = engine.prefill(prompt, sampling=sampling)
     start = time.perf_counter()
-    draft = b"".join(codec.encode(result.state, cfg, stream_id=0))
+    draft = b"".join(codec.encode(result.state, cfg, stream_id=0, precision=precision))
     stream_id = int.from_bytes(hashlib.sha256(draft).digest()[:8], "little")
-    frames = list(codec.encode(result.state, cfg, stream_id=stream_id))
+    frames = list(codec.encode(result.state, cfg, stream_id=stream_id, precision=precision))
     frames.append(pack_handoff(Handoff(result.first_token, sampling), frames[0]))
     try:
         file_bytes = codec.write_file(path, frames)
@@ -215,10 +221,13 @@ def format_inspection(info: dict) -> str:
             t["dtype"],
             "x".join(map(str, t["shape"])),
             f"{t['nbytes']:,}",
+            t["wire"],
+            f"{t['wire_nbytes']:,}",
             t["num_frames"],
             f"{t['crc32']:08x}",
         )
         for t in info["tensors"]
     ]
-    headers = ("id", "layer", "kind", "name", "dtype", "shape", "bytes", "frames", "crc32")
-    return summary + "\n\n" + table(tensors, headers=headers, align="rrllllrrl")
+    headers = ("id", "layer", "kind", "name", "dtype", "shape", "bytes", "wire", "on wire")
+    headers += ("frames", "crc32")
+    return summary + "\n\n" + table(tensors, headers=headers, align="rrllllrlrrl")

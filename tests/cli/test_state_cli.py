@@ -20,6 +20,7 @@ from prfaas_jax.cli import main
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine import codec
 from prfaas_jax.model import state_nbytes
+from prfaas_jax.wire_precision import WirePrecision
 
 MODEL = "tiny-swa"  # the cheapest preset to compile
 PROMPT = [5, 17, 42, 99, 3, 8, 200, 1, 64, 12]
@@ -83,6 +84,27 @@ def test_state_inspect(state_file, capsys):
     assert isinstance(info["first_token"], int)
     code, out, _ = _main(capsys, "state", "inspect", str(state_file))
     assert code == 0 and "payload bytes" in out and "swa" in out
+
+
+def test_a_state_file_in_int8_carries_the_formulas_bytes_and_decodes(tmp_path, capsys):
+    model = ("--model", MODEL, "--json")
+    prompt = ("--prompt-ids", ",".join(map(str, PROMPT)))
+    path = str(tmp_path / "int8.prfs")
+    code, out, _ = _main(capsys, "prefill", *model, *prompt, "--out", path, "--wire", "int8")
+    assert code == 0
+    int8 = WirePrecision.parse("int8")
+    assert json.loads(out)["payload_bytes"] == state_nbytes(
+        load_model_config(MODEL), len(PROMPT), int8
+    )
+    info = json.loads(_main(capsys, "state", "inspect", path, "--json")[1])
+    assert {t["wire"] for t in info["tensors"]} == {"int8"}
+    assert sum(t["wire_nbytes"] for t in info["tensors"]) == info["payload_bytes"]
+    code, out, _ = _main(capsys, "decode", *model, "--state", path, "--max-new-tokens", "3")
+    assert code == 0 and len(json.loads(out)["tokens"]) == 3
+    code, out, _ = _main(capsys, "state", "inspect", path)
+    assert code == 0 and "on wire" in out and " int8 " in out
+    code, _, err = _main(capsys, "prefill", *model, *prompt, "--out", path, "--wire", "int4")
+    assert code == 2 and err.strip().startswith("prfaas prefill: error: --wire:")
 
 
 def _broken(state_file, tmp_path) -> dict[str, object]:
