@@ -2,10 +2,12 @@
 
 ``feed`` takes the frames one at a time, in stream order: the header first, data frames in any
 order, the trailer last. Each data frame is checked and its payload copied at once into the
-state field that keeps it (``layout.StateBuffers``), so a receiver need not hold the frames:
-the buffer a frame arrived in can be reused for the next. ``finish`` checks completeness and
-every tensor's CRC32 (combined from its payloads' CRCs), lays in the receiver's base rows of an
-increment, and returns the state. ``codec.decode`` is this decoder fed a whole stream.
+state field that keeps it (``layout.StateBuffers``) — or, for a tensor sent in a narrower
+encoding (``precision``), into a buffer of its wire bytes — so a receiver need not hold the
+frames: the buffer a frame arrived in can be reused for the next. ``finish`` checks completeness
+and every tensor's CRC32 (combined from its payloads' CRCs), lays in the receiver's base rows of
+an increment, restores narrower tensors to the model's dtype (refusing bad scales), and returns
+the state. ``codec.decode`` is this decoder fed a whole stream.
 
 Nothing is trusted: magic, version, checksums, fingerprint, L against ``max_len``, the tensor
 table against the config, every frame's stream id, tensor, offset, length and slot, the trailer
