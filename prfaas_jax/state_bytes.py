@@ -9,15 +9,15 @@ imports JAX.
 
 from __future__ import annotations
 
+import math
+
 from prfaas_jax.config import LayerKind, ModelConfig, dtype_nbytes
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision, encoded_nbytes
 
 
 def _size(precision: WirePrecision, kind: str, dtype: str, shape: tuple[int, ...]) -> int:
     """Bytes of one tensor of ``shape`` and config dtype ``dtype`` on the wire."""
-    count = 1
-    for size in shape:
-        count *= size
+    count = math.prod(shape)
     encoding = precision.encoding(kind, dtype)
     return encoded_nbytes(count, shape[-1], dtype_nbytes(dtype), dtype, encoding)
 

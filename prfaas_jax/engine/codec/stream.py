@@ -52,7 +52,13 @@ from prfaas_jax.engine.codec.layout import (
     growing_rows,
     row_length,
 )
-from prfaas_jax.engine.codec.precision import WIRE_NATIVE, WirePrecision, encoding_of, to_wire
+from prfaas_jax.engine.codec.precision import (
+    WIRE_NATIVE,
+    WirePrecision,
+    encoding_of,
+    to_wire,
+    unit_bytes,
+)
 from prfaas_jax.model.state import ModelState
 
 DEFAULT_MAX_FRAME_BYTES = 4 * 2**20  # gRPC's default message limit
@@ -89,7 +95,7 @@ class StreamEncoder:
         entries = []
         for spec in canonical_tensors(cfg, length):
             wire = encoding_of(precision, spec)
-            unit = TensorEntry(spec, 1, wire=wire).unit_bytes
+            unit = unit_bytes(spec, wire)
             chunk = room // unit * unit if unit else room
             if chunk < 1:
                 raise ValueError(
