@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(
     reason="--netns needs root and iproute2 (ip, tc)",
 )
 
-RATE = 2_000_000.0  # bytes/s the veth is shaped to
+# Bytes/s the veth is shaped to: a state takes 0.33 s, so a stall of the loaded 2-core machine
+# while one is timed (its later half) moves that sample by a fraction, not a factor.
+RATE = 1_000_000.0
 CONFIGURED = 5 * RATE  # what the config claims: the prior the router starts from
 PROMPT_LEN = 2000  # a 330 KB toy state: well past the tbf's 128 KiB burst
 PERIOD_S = 0.25
@@ -94,7 +96,7 @@ def test_the_router_learns_the_shaped_rate_and_a_cut_raises_t(tmp_path):
             return stub.GetStats(pb.GetStatsRequest())
 
         kernel_before = _kernel_tcp(cluster.topology.prfaas_ns)
-        load = Load(stub, rate=2.0)  # 660 KB/s of states: a third of R, 2.6× R / 8
+        load = Load(stub, rate=1.0)  # 330 KB/s of states: a third of R, 2.6× R / 8
         load.runner.start()
         try:
             deadline = time.monotonic() + 30
@@ -107,7 +109,7 @@ def test_the_router_learns_the_shaped_rate_and_a_cut_raises_t(tmp_path):
             cut_at = time.monotonic()
             cluster.topology.set_rate(RATE / 8)
             while stats().threshold <= t_before:
-                assert time.monotonic() - cut_at < 30.0, "t did not rise"
+                assert time.monotonic() - cut_at < 60.0, "t did not rise"  # a hang, not a pace
                 time.sleep(0.05)
             raised_after = time.monotonic() - cut_at
             cut = stats()
@@ -131,7 +133,7 @@ def test_the_router_learns_the_shaped_rate_and_a_cut_raises_t(tmp_path):
     assert cut.link_capacity_bytes_per_s < 0.8 * learned.link_capacity_bytes_per_s
     # On the first transfers that see the cut, counted in transfers rather than seconds (the
     # machine's load sets the seconds): the one straddling the cut and at most four made at
-    # R / 8 (a 330 KB state takes 1.3 s there; quiet runs rise after two or three in all).
+    # R / 8 (a 330 KB state takes 2.6 s there; quiet runs rise after two or three in all).
     assert 1 <= samples_after_cut <= 5
     # The PrfaaS namespace's TCP counters reach the router: between the kernel's own counts
     # read before the load and after the cut.
