@@ -14,7 +14,8 @@ compilation cache with the pytest processes, made for the session
 (``child_cache_home``): the first process to compile a program stores it and the others load
 it, and so does a module that needs a program again after ``release_compiled_programs``. (JAX
 reports a load as a compile too, so the compile counts tests/engine/test_engines.py bounds are
-the same with or without it.)
+the same with or without it.) Seeded weights go the same way, through the seeded-weights cache
+beneath the same home (model/seeded_weights.py): each preset and seed is drawn once per run.
 
 Every executable XLA:CPU keeps alive holds ~18 memory mappings, and a process may hold at most
 ``vm.max_map_count`` (65,530 by default): the whole suite in one process compiles more than
@@ -51,9 +52,10 @@ from hypothesis import settings
 from jax.experimental.compilation_cache import compilation_cache
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.engine.compile_cache import default_compile_cache_dir
+from prfaas_jax.engine.compile_cache import default_compile_cache_dir, default_weights_cache_dir
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
-from prfaas_jax.model import decode_step, init_params, prefill
+from prfaas_jax.model import decode_step, prefill
+from prfaas_jax.model.seeded_weights import seeded_params, use_weights_cache
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
 jax.config.update("jax_enable_compilation_cache", False)
@@ -77,9 +79,10 @@ jit_decode = jax.jit(decode_step, static_argnames=("cfg", "impl"))
 
 @functools.cache
 def preset(name: str):
-    """``(cfg, params)`` of a preset with seed-0 weights, built once per session."""
+    """``(cfg, params)`` of a preset with seed-0 weights, built once per session (and drawn
+    once per suite: the session's seeded-weights cache, `child_cache_home`)."""
     cfg = load_model_config(name)
-    return cfg, init_params(jax.random.PRNGKey(0), cfg)
+    return cfg, seeded_params(cfg, 0)
 
 
 @pytest.fixture(params=PRESETS)
@@ -117,6 +120,11 @@ def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_enable_compilation_cache", True)
     compilation_cache.reset_cache()  # JAX decided "no cache" at the first compile, if one ran
+    # Seeded weights too: the first process to draw a preset stores it, the rest read it (and
+    # so do the workers started with a compile cache: they look under the same home).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(home))
+        use_weights_cache(default_weights_cache_dir())
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JAX_COMPILATION_CACHE_DIR", str(compile_cache))
         # Every program counts: the test programs are small but many processes compile them.

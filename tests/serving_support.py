@@ -73,9 +73,7 @@ def real_cluster(
     computed straight from the model (`reference_tokens`): until closed, ``(cluster, ready,
     router stub, expected)``. The workers compile through the session's cache for child
     processes (tests/conftest.py); the references compile here, in the pytest process."""
-    import jax
-
-    from prfaas_jax.model import init_params
+    from prfaas_jax.model.seeded_weights import seeded_params
     from prfaas_jax.serving.cluster.launcher import ClusterProcesses
     from prfaas_jax.serving.loadgen.demo import reference_tokens
 
@@ -89,7 +87,7 @@ def real_cluster(
         path, log_dir=root / "logs", compile_cache=compile_cache, restart_workers=True
     ) as cluster:
         ready = cluster.start()
-        params = init_params(jax.random.PRNGKey(model.get("seed", 0)), cfg)
+        params = seeded_params(cfg, model.get("seed", 0))
         expected = {
             kind: reference_tokens(cfg, params, batch, new[kind], max_len)
             for kind, batch in prompts.items()

@@ -106,13 +106,15 @@ def add_compile_cache_flag(p: argparse.ArgumentParser) -> None:
         dest="compile_cache",
         action="store_false",
         help="compile everything afresh instead of through JAX's persistent cache "
-        "($JAX_COMPILATION_CACHE_DIR, else ~/.cache/prfaas_jax/xla)",
+        "($JAX_COMPILATION_CACHE_DIR, else ~/.cache/prfaas_jax/xla), and draw a preset's "
+        "seeded weights afresh instead of reading them from ~/.cache/prfaas_jax/weights",
     )
 
 
 def use_compile_cache(args: argparse.Namespace) -> None:
     """Honour `add_compile_cache_flag`: call before anything compiles."""
     if args.compile_cache:
-        from prfaas_jax.engine.compile_cache import enable_compile_cache
+        from prfaas_jax.engine.compile_cache import enable_compile_cache, enable_weights_cache
 
         enable_compile_cache()
+        enable_weights_cache()

@@ -5,7 +5,8 @@ orbax checkpoint to ``(ModelConfig, Params)``.
 * ``checkpoint``, or ``model`` naming a directory that holds ``config.toml`` + ``params/`` (a
   path, or a preset folder ``configs/models/<name>/`` such as the trained ``recall-tiny``): an
   orbax checkpoint (model/checkpoint.py);
-* otherwise ``model`` is a preset name or TOML path and the weights are drawn from ``seed``.
+* otherwise ``model`` is a preset name or TOML path and the weights are drawn from ``seed``
+  (through the seeded-weights cache when a process uses one: model/seeded_weights.py).
 
 ``load_config`` is the config alone, for commands that need no weights (``prfaas kv``,
 ``plan --model``, ``codesign``): a preset, a model TOML, a checkpoint folder, or a Hugging Face
@@ -16,13 +17,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
-
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.checkpoint import is_checkpoint, load_checkpoint
 from prfaas_jax.model.hf import hf_config, load_hf
-from prfaas_jax.model.hybrid import Params, init_params
+from prfaas_jax.model.hybrid import Params
+from prfaas_jax.model.seeded_weights import seeded_params
 from prfaas_jax.toml_config import resolve
 
 
@@ -44,7 +44,7 @@ def load_model(
     if is_checkpoint(found):
         return load_checkpoint(found)
     cfg = load_model_config(found)
-    return cfg, init_params(jax.random.PRNGKey(seed), cfg)
+    return cfg, seeded_params(cfg, seed)
 
 
 def load_config(model: str) -> ModelConfig:

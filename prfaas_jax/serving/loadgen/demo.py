@@ -259,11 +259,16 @@ def run_demo(
     expected: dict[str, list[list[int]]] = {}
 
     def compute_reference() -> None:
-        from prfaas_jax.engine.compile_cache import default_compile_cache_dir, enable_compile_cache
+        from prfaas_jax.engine.compile_cache import (
+            default_compile_cache_dir,
+            enable_compile_cache,
+            enable_weights_cache,
+        )
         from prfaas_jax.model.weights import load_model
 
         if cluster_config.engine.compile_cache:
             enable_compile_cache(default_compile_cache_dir())
+            enable_weights_cache()
         _, params = load_model(cluster_config.model.preset, seed=cluster_config.model.seed)
         expected["tokens"] = reference_tokens(
             cfg, params, prompts, DEMO_NEW_TOKENS, cluster_config.engine.max_len

@@ -38,7 +38,7 @@ import time
 import grpc
 import jax
 
-from prfaas_jax.engine.compile_cache import enable_compile_cache
+from prfaas_jax.engine.compile_cache import enable_compile_cache, enable_weights_cache
 from prfaas_jax.engine.host_memory import reuse_freed_memory
 from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
@@ -270,7 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", required=True, choices=[r.value for r in Role])
     parser.add_argument("--address-file", required=True)
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
-    parser.add_argument("--compile-cache", help="shared JAX compilation cache directory")
+    parser.add_argument(
+        "--compile-cache",
+        help="shared JAX compilation cache directory; given, a seeded preset's weights are "
+        "also read from (or kept in) the weights cache, ~/.cache/prfaas_jax/weights",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (0: any free one)")
     parser.add_argument(
@@ -301,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = install_stop_handlers()
     if args.compile_cache:
         enable_compile_cache(args.compile_cache)
+        enable_weights_cache()
     if group is not None and not group.leader:
         return _follow(config, group, args.address_file, stop)
     node = WorkerNode(args.name, Role(args.role), config, kernel_link=args.kernel_link, group=group)
