@@ -129,8 +129,7 @@ def read_params(path: Path, cfg: ModelConfig) -> Params:
             if sorted(stored.files) != names:
                 raise ValueError(f"holds {len(stored.files)} arrays, expected {len(names)}")
             leaves = [
-                _leaf(stored[name], spec, name)
-                for name, spec in zip(names, specs, strict=True)
+                _leaf(stored[name], spec, name) for name, spec in zip(names, specs, strict=True)
             ]
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise ValueError(f"{path}: {err}") from err

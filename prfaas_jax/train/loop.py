@@ -29,9 +29,10 @@ import optax
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
-from prfaas_jax.model import init_params, init_state, prefill
+from prfaas_jax.model import init_state, prefill
 from prfaas_jax.model.checkpoint import load_checkpoint
 from prfaas_jax.model.hybrid import Params
+from prfaas_jax.model.seeded_weights import seeded_params
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.tasks import Batch, TaskSpec, make_batch
 
@@ -172,10 +173,10 @@ class TrainState:
 
 
 def initial_state(cfg: ModelConfig, config: TrainConfig) -> TrainState:
-    """Step 0: weights drawn from ``seed``, or those of the checkpoint ``init_from`` (which must
-    hold this very layout), and a fresh optimizer state."""
+    """Step 0: weights drawn from ``seed`` (model/seeded_weights.py), or those of the checkpoint
+    ``init_from`` (which must hold this very layout), and a fresh optimizer state."""
     if config.init_from is None:
-        params = init_params(jax.random.PRNGKey(config.seed), cfg)
+        params = seeded_params(cfg, config.seed)  # through the weights cache, if in use
     else:
         found, params = load_checkpoint(config.init_from)
         if found.fingerprint() != cfg.fingerprint():
