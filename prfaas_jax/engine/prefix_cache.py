@@ -20,6 +20,10 @@ token (whose logits give the first output token). Blocks and checkpoints share o
 with LRU eviction that only ever removes checkpoints and *leaf* blocks (no child block, no
 checkpoint): a checkpoint can therefore never outlive the KV prefix it needs.
 
+Every change is also recorded as an event (prfaas_jax/prefix_events.py) in ``events``, a
+sequence-numbered log, and ``snapshot`` gives the whole content as events: what a cluster-wide
+index (policy/cache_index.py) needs to answer ``match``'s length without asking this cache.
+
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
 arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``.
@@ -28,7 +32,6 @@ arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import itertools
 import threading
 from collections.abc import Sequence
@@ -44,16 +47,16 @@ from prfaas_jax.engine.codec.layout import (
     state_from_arrays,
 )
 from prfaas_jax.model.state import ModelState
-
-
-def block_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
-    """The hash chain of every full block of ``tokens``."""
-    hashes, previous = [], b""
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = np.asarray(tokens[start : start + block_size], "<i4").tobytes()
-        previous = hashlib.blake2b(previous + block, digest_size=16).digest()
-        hashes.append(previous)
-    return hashes
+from prfaas_jax.prefix_events import (
+    ROOT,
+    BlockEvicted,
+    BlockStored,
+    CacheEvent,
+    CheckpointEvicted,
+    CheckpointStored,
+    EventLog,
+    block_hashes,
+)
 
 
 def _is_growing(spec: TensorSpec) -> bool:
@@ -71,6 +74,7 @@ class _Checkpoint:
 
 @dataclasses.dataclass(eq=False)
 class _Block:
+    key: bytes  # its hash chain value (ROOT for the root)
     depth: int  # full blocks from the root up to and including this one
     tokens: tuple[int, ...]
     kv: list[np.ndarray]  # growing tensors for this block's positions
@@ -121,7 +125,8 @@ class PrefixCache:
         self.stats = CacheStats(capacity_bytes=capacity_bytes)
         self._clock = itertools.count(1)
         self._lock = threading.RLock()
-        self._root = _Block(depth=0, tokens=(), kv=[], parent=None, nbytes=0, last_used=0)
+        self._root = _Block(ROOT, depth=0, tokens=(), kv=[], parent=None, nbytes=0, last_used=0)
+        self.events = EventLog()
 
     # --- what to save -----------------------------------------------------------------------
 
@@ -159,9 +164,10 @@ class PrefixCache:
             if child is None:
                 kv = [np.array(a[(depth - 1) * bs : depth * bs]) for a in growing]
                 block_tokens = tuple(tokens[(depth - 1) * bs : depth * bs])
-                child = _Block(depth, block_tokens, kv, node, sum(a.nbytes for a in kv), now)
+                child = _Block(key, depth, block_tokens, kv, node, sum(a.nbytes for a in kv), now)
                 node.children[key] = child
                 self._account(child.nbytes, blocks=1)
+                self.events.append(BlockStored(key, node.key))
             child.last_used = now
             node = child
         if kv_only:
@@ -174,6 +180,7 @@ class PrefixCache:
             nbytes = sum(a.nbytes for a in tail_kv) + sum(a.nbytes for a in fixed_copy)
             node.checkpoints[tail] = _Checkpoint(length, tail_kv, fixed_copy, nbytes, now)
             self._account(nbytes, checkpoints=1)
+            self.events.append(CheckpointStored(node.key, tail))
         node.checkpoints[tail].last_used = now
         self._evict()
 
@@ -258,6 +265,21 @@ class PrefixCache:
         ]
         return state_from_arrays(self.cfg, hit.length, arrays, capacity)
 
+    def snapshot(self) -> tuple[int, list[CacheEvent]]:
+        """The whole content as the events that store it (parents before children), and the
+        number of the last event it reflects: an index reset to it and fed ``events.since``
+        that number is exact."""
+        with self._lock:
+            stored: list[CacheEvent] = []
+            stack = [self._root]
+            while stack:
+                node = stack.pop()
+                if node is not self._root:
+                    stored.append(BlockStored(node.key, node.parent.key))
+                stored.extend(CheckpointStored(node.key, tail) for tail in node.checkpoints)
+                stack.extend(node.children.values())
+            return self.events.last_seq, stored
+
     # --- budget -----------------------------------------------------------------------------
 
     def _account(self, nbytes: int, *, blocks: int = 0, checkpoints: int = 0) -> None:
@@ -289,9 +311,9 @@ class PrefixCache:
             if isinstance(victim, tuple):
                 node, tail = victim
                 self._account(-node.checkpoints.pop(tail).nbytes, checkpoints=-1)
+                self.events.append(CheckpointEvicted(node.key, tail))
             else:
-                parent = victim.parent
-                key = next(k for k, child in parent.children.items() if child is victim)
-                del parent.children[key]
+                del victim.parent.children[victim.key]
                 self._account(-victim.nbytes, blocks=-1)
+                self.events.append(BlockEvicted(victim.key))
             self.stats.evictions += 1
