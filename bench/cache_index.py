@@ -68,7 +68,7 @@ def run(instances: int, conversations: int, requests: int, rng: random.Random) -
             history.append(turns)
     events = 0
     for name, cache in caches.items():
-        for seq, event in cache.events.since(0):
+        for seq, event in cache.events_since(0):
             index.apply(name, seq, event)
             events += 1
     prompts = []

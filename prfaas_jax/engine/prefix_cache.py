@@ -21,8 +21,9 @@ with LRU eviction that only ever removes checkpoints and *leaf* blocks (no child
 checkpoint): a checkpoint can therefore never outlive the KV prefix it needs.
 
 Every change is also recorded as an event (prfaas_jax/prefix_events.py) in ``events``, a
-sequence-numbered log, and ``snapshot`` gives the whole content as events: what a cluster-wide
-index (policy/cache_index.py) needs to answer ``match``'s length without asking this cache.
+sequence-numbered log read through ``events_since``, and ``snapshot`` gives the whole content as
+events (both under the lock): what a cluster-wide index (policy/cache_index.py) needs to answer
+``match``'s length without asking this cache.
 
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
@@ -264,6 +265,12 @@ class PrefixCache:
             for spec in canonical_tensors(self.cfg, hit.length)
         ]
         return state_from_arrays(self.cfg, hit.length, arrays, capacity)
+
+    def events_since(self, seq: int) -> list[tuple[int, CacheEvent]] | None:
+        """The events numbered after ``seq`` (`EventLog.since`: None when some were dropped, and
+        the reader must start again from a ``snapshot``)."""
+        with self._lock:
+            return self.events.since(seq)
 
     def snapshot(self) -> tuple[int, list[CacheEvent]]:
         """The whole content as the events that store it (parents before children), and the

@@ -51,7 +51,7 @@ def _caches(budget_blocks: int) -> dict[str, PrefixCache]:
 
 
 def _feed(index: CacheIndex, name: str, cache: PrefixCache) -> None:
-    for seq, event in cache.events.since(index.last_seq(name)):
+    for seq, event in cache.events_since(index.last_seq(name)):
         assert index.apply(name, seq, event)
 
 
@@ -127,7 +127,7 @@ def test_a_gap_makes_the_instance_stale_until_a_snapshot():
     prompt = [1, 2, 0, 1, 2, 2, 0, 1, 1, 2]
     longer = [*prompt, 0]
     _insert(caches["a"], prompt)
-    events = caches["a"].events.since(0)
+    events = caches["a"].events_since(0)
     assert index.apply("a", *events[0])
     assert not index.apply("a", *events[2])  # event 2 was lost
     assert not index.is_current("a") and "a" not in index.cached_lengths(longer)
@@ -170,5 +170,5 @@ def test_the_hash_chain_is_the_caches():
     cache = _caches(40)["a"]
     tokens = [2, 1, 0, 2, 1, 1, 0, 0, 2]
     _insert(cache, tokens)
-    stored = [e.key for _, e in cache.events.since(0) if isinstance(e, BlockStored)]
+    stored = [e.key for _, e in cache.events_since(0) if isinstance(e, BlockStored)]
     assert stored == block_hashes(tokens, BLOCK)
