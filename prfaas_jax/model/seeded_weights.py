@@ -1,11 +1,11 @@
 """Seeded weights kept on disk: `seeded_params`, `use_weights_cache`, `cache_key`.
 
 A preset without a checkpoint gets its weights from `init_params(PRNGKey(seed), cfg)`: one
-compiled program, whose compile is most of the cost (about 7 CPU-s for ``tiny`` on a 2-core
-CPU, and still ~2.5 s per process loading it from JAX's persistent cache). Every worker of a
-toy cluster, every ``prfaas generate`` and every test process draws the same few presets, so
-the first process to draw ``(cfg, seed)`` writes the arrays to a file and the others read it
-(~0.1 s).
+compiled program, whose compile is most of the cost: for ``tiny`` on 2 CPU cores, 7.5 CPU-s
+cold and still 1.7–1.9 CPU-s per process with the program in JAX's persistent cache (the
+``load_model`` call in a fresh process). Every worker of a toy cluster, every ``prfaas
+generate`` and every test process draws the same few presets, so the first process to draw
+``(cfg, seed)`` writes the arrays to a file and the others read it (0.3–0.5 CPU-s).
 
 The file is named by `cache_key`: a SHA-256 of everything that decides the drawn values — the
 whole config, the seed, the source of ``prfaas_jax/model`` and ``prfaas_jax/config.py``, the
