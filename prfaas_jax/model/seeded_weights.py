@@ -22,6 +22,7 @@ workers may each write the same file, and a reader sees a whole one or none.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -91,6 +92,7 @@ def cache_key(cfg: ModelConfig, seed: int) -> str:
     return digest.hexdigest()
 
 
+@functools.cache  # the source does not change under a running process
 def _source_digest() -> bytes:
     """SHA-256 of the code that builds and draws a model: ``model/**.py`` and ``config.py``."""
     files = [*sorted((_PACKAGE / "model").rglob("*.py")), _PACKAGE / "config.py"]
