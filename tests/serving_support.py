@@ -39,6 +39,7 @@ from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
+from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
 from prfaas_jax.wire_precision import WIRE_NATIVE
 
 
@@ -159,10 +160,16 @@ def generate(stub: pb_grpc.RouterStub, prompt: list[int], n: int, **fields) -> R
     return Reply(tokens, report, messages)
 
 
-def serve_workers(prefill=None, decode=None, control=None, **options) -> ServingServer:
+def serve_workers(
+    prefill=None, decode=None, control=None, prefixes=None, **options
+) -> ServingServer:
     """An in-process server (loopback, any port) of a `PrefillService` and/or a `DecodeService`
-    (and a `WorkerControl` servicer, if given); `options` go to `ServingServer`."""
+    (and a `WorkerControl` servicer and a `PrefixService`, if given); `options` go to
+    `ServingServer`."""
     registrations = []
+    if prefixes is not None:
+        add = pb_grpc.add_PrefixCacheServicer_to_server
+        registrations.append((add, prefixes, full_service_name("PrefixCache")))
     if control is not None:
         add = pb_grpc.add_WorkerControlServicer_to_server
         registrations.append((add, control, full_service_name("WorkerControl")))
@@ -186,6 +193,7 @@ class InProcessCluster:
     prefill: dict[str, PrefillService]
     decode: dict[str, DecodeService]
     servers: dict[str, ServingServer]  # every instance's, and the router's as "router"
+    prefixes: dict[str, PrefixService] = dataclasses.field(default_factory=dict)
 
     def stats(self) -> pb.RouterStats:
         return self.router.GetStats(pb.GetStatsRequest(), timeout=10)
@@ -201,20 +209,31 @@ def serve_in_process(
     controls: dict[str, pb_grpc.WorkerControlServicer] | None = None,
     state_timeout_s: float = 30.0,
     push_timeout_s: float = 30.0,
+    prefix_caches: bool = False,
 ) -> Iterator[InProcessCluster]:
     """Each instance of `engines` (name → role and engine) as a `PrefillService` or
     `DecodeService` on a loopback server of its own, and the router's `Router` service over
     them, built from `config` as a `prfaas serve` router would be; until closed. `shapers` and
     `faults` (by prefill instance) are its link and its fault injector, `controls` (by instance)
     a `WorkerControl` servicer to serve beside it (without one, the router's liveness probe gets
-    UNIMPLEMENTED, which never takes an instance out of routing). The router's control loop is
-    not started: it only renders `GetStats`."""
+    UNIMPLEMENTED, which never takes an instance out of routing). With `prefix_caches`, each
+    prefill instance has the prefix cache `[prefix_cache]` describes and serves it, as a worker
+    process does. The router's control loop is not started: it only renders `GetStats`."""
     cfg = load_model_config(config.model.preset)
     shapers, faults, controls = shapers or {}, faults or {}, controls or {}
     prefill: dict[str, PrefillService] = {}
     decode: dict[str, DecodeService] = {}
     servers: dict[str, ServingServer] = {}
+    prefixes: dict[str, PrefixService] = {}
     for name, (role, engine) in engines.items():
+        if role.is_prefill and prefix_caches:
+            prefixes[name] = PrefixService(
+                cfg=cfg,
+                cache=build_prefix_cache(cfg, config),
+                max_len=config.engine.max_len,
+                frame_bytes=config.engine.frame_bytes,
+                shaper=shapers.get(name),
+            )
         if role.is_prefill:
             prefill[name] = PrefillService(
                 engine=lambda engine=engine: engine,
@@ -225,6 +244,7 @@ def serve_in_process(
                 admit=lambda context: None,
                 push_timeout_s=push_timeout_s,
                 faults=faults.get(name),
+                prefixes=prefixes.get(name),
                 # As a worker process does: `[link] precision` on the pushes that cross the link.
                 precision=config.link.wire_precision
                 if role is Role.PRFAAS_PREFILL
@@ -238,7 +258,9 @@ def serve_in_process(
                 admit=lambda context: None,
                 state_timeout_s=state_timeout_s,
             )
-        servers[name] = serve_workers(prefill.get(name), decode.get(name), controls.get(name))
+        servers[name] = serve_workers(
+            prefill.get(name), decode.get(name), controls.get(name), prefixes.get(name)
+        )
     core = RouterCore(
         config, cfg, {name: (servers[name].address, role) for name, (role, _) in engines.items()}
     )
@@ -251,9 +273,12 @@ def serve_in_process(
     servers["router"] = ServingServer([registration], max_receive_bytes=max_request)
     channel = grpc.insecure_channel(servers["router"].address)
     try:
-        yield InProcessCluster(config, core, pb_grpc.RouterStub(channel), prefill, decode, servers)
+        yield InProcessCluster(
+            config, core, pb_grpc.RouterStub(channel), prefill, decode, servers, prefixes
+        )
     finally:
         channel.close()
+        core.close()
         servers["router"].stop(grace_s=0.5)
         for service in decode.values():
             service.stop()

@@ -21,9 +21,10 @@ with LRU eviction that only ever removes checkpoints and *leaf* blocks (no child
 checkpoint): a checkpoint can therefore never outlive the KV prefix it needs.
 
 Every change is also recorded as an event (prfaas_jax/prefix_events.py) in ``events``, a
-sequence-numbered log read through ``events_since``, and ``snapshot`` gives the whole content as
-events (both under the lock): what a cluster-wide index (policy/cache_index.py) needs to answer
-``match``'s length without asking this cache.
+sequence-numbered log read through ``events_since`` (or ``wait_events``, which blocks until the
+next one), and ``snapshot`` gives the whole content as events (all under the lock): what a
+cluster-wide index (policy/cache_index.py) needs to answer ``match``'s length without asking
+this cache.
 
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
@@ -126,6 +127,7 @@ class PrefixCache:
         self.stats = CacheStats(capacity_bytes=capacity_bytes)
         self._clock = itertools.count(1)
         self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)  # notified when events are appended
         self._root = _Block(ROOT, depth=0, tokens=(), kv=[], parent=None, nbytes=0, last_used=0)
         self.events = EventLog()
 
@@ -146,7 +148,10 @@ class PrefixCache:
         if length != len(tokens):
             raise ValueError(f"state holds {length} tokens but {len(tokens)} were given")
         with self._lock:
+            seq = self.events.last_seq
             self._insert(tokens, length, arrays, kv_only=kv_only)
+            if self.events.last_seq != seq:
+                self._changed.notify_all()
 
     def _insert(
         self,
@@ -270,6 +275,13 @@ class PrefixCache:
         """The events numbered after ``seq`` (`EventLog.since`: None when some were dropped, and
         the reader must start again from a ``snapshot``)."""
         with self._lock:
+            return self.events.since(seq)
+
+    def wait_events(self, seq: int, timeout: float) -> list[tuple[int, CacheEvent]] | None:
+        """`events_since`, waiting up to ``timeout`` seconds for the first event after ``seq``
+        (an empty list when none came): how a subscriber follows the cache as it changes."""
+        with self._changed:
+            self._changed.wait_for(lambda: self.events.last_seq != seq, timeout)
             return self.events.since(seq)
 
     def snapshot(self) -> tuple[int, list[CacheEvent]]:

@@ -17,7 +17,9 @@ except `[model] preset` (docs/serving.md explains each):
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s,
                   streams, precision (how a state crossing the link is encoded: "native",
                   "bf16", "int8", "fp8_e4m3" or per kind, "state=bf16,kv=int8")
-    [router]      threshold, prfaas_max_queue, cache_rule, control_period_s,
+    [router]      threshold, prfaas_max_queue, cache_rule, cache_index (the cached lengths
+                  from an index of the instances' cache events; serving/router/cache_feed.py),
+                  control_period_s,
                   request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
                   metrics_port, max_in_flight (requests admitted at once), ttft_slo_s
                   (refuse a request whose predicted TTFT exceeds it, policy/admission.py; 0 = off)

@@ -149,6 +149,9 @@ class RouterSection:
     # The prefix-cache rule (policy/routing.py): "auto" picks per request from the link's
     # utilisation and the predicted move vs recompute time; "scarce" / "abundant" fix it.
     cache_rule: str = "auto"
+    # Answer the rule's cached lengths from an index of the instances' cache events
+    # (serving/router/cache_feed.py); false: ask every prefill instance per request.
+    cache_index: bool = True
     control_period_s: float = 0.5
     request_timeout_s: float = 120.0
     max_attempts: int = 4  # per request: the first attempt and up to 3 retries after faults

@@ -119,6 +119,14 @@ def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
         metrics = urllib.request.urlopen(f"http://{ready['metrics']}/metrics", timeout=10).read()
         lines = set(metrics.decode().splitlines())
         assert "prfaas_cached_tokens_total 216" in lines and "prfaas_prefix_moves_total 1" in lines
+        # The router's cache index follows all three workers (the decode one's cache too) and
+        # gave or asked both prefill instances' lengths for each of the three turns.
+        index = router.GetStats(pb.GetStatsRequest()).cache_index
+        assert index.enabled and (index.instances, index.current) == (3, 3)
+        assert index.answered + index.asked == 2 * 3 and index.overestimates == 0
+        assert index.snapshots >= 3 and index.events > 0 and index.block_entries > 0
+        answered = f'prfaas_cache_index_lookups_total{{source="index"}} {index.answered}'
+        assert answered in lines
 
 
 def test_the_auto_rule_moves_the_prefix_when_the_link_beats_recomputing_it(tmp_path):

@@ -85,7 +85,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class RouterStats(_message.Message):
     TCP_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_RULES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_INDEX_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -152,7 +153,32 @@ class RouterStats(_message.Message):
     tcp_retransmitted_segments: int
     saved_bytes: int
     cache_rules: _containers.ScalarMap[str, int]
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    cache_index: CacheIndexStats
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ...) -> None: ...
+
+class CacheIndexStats(_message.Message):
+    __slots__ = ("enabled", "instances", "current", "block_entries", "checkpoint_entries", "events", "snapshots", "answered", "asked", "overestimates")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    INSTANCES_FIELD_NUMBER: _ClassVar[int]
+    CURRENT_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    ASKED_FIELD_NUMBER: _ClassVar[int]
+    OVERESTIMATES_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    instances: int
+    current: int
+    block_entries: int
+    checkpoint_entries: int
+    events: int
+    snapshots: int
+    answered: int
+    asked: int
+    overestimates: int
+    def __init__(self, enabled: _Optional[bool] = ..., instances: _Optional[int] = ..., current: _Optional[int] = ..., block_entries: _Optional[int] = ..., checkpoint_entries: _Optional[int] = ..., events: _Optional[int] = ..., snapshots: _Optional[int] = ..., answered: _Optional[int] = ..., asked: _Optional[int] = ..., overestimates: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "seed", "first_index")
@@ -295,7 +321,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ..., decode_cached_len: _Optional[int] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
-    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes")
+    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes", "cache_seq")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -306,6 +332,7 @@ class PrefillReply(_message.Message):
     SHAPED_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SEQ_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     state_bytes: int
     wire_bytes: int
@@ -316,7 +343,8 @@ class PrefillReply(_message.Message):
     shaped: bool
     cached_len: int
     prefix_bytes: int
-    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ...) -> None: ...
+    cache_seq: int
+    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., cache_seq: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender")
@@ -381,6 +409,48 @@ class DecodeResponse(_message.Message):
     finished: bool
     state_bytes: int
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., state_bytes: _Optional[int] = ...) -> None: ...
+
+class PrefixEventsRequest(_message.Message):
+    __slots__ = ("after",)
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    after: int
+    def __init__(self, after: _Optional[int] = ...) -> None: ...
+
+class PrefixEvent(_message.Message):
+    __slots__ = ("kind", "key", "parent", "tail")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        KIND_UNSPECIFIED: _ClassVar[PrefixEvent.Kind]
+        BLOCK_STORED: _ClassVar[PrefixEvent.Kind]
+        BLOCK_EVICTED: _ClassVar[PrefixEvent.Kind]
+        CHECKPOINT_STORED: _ClassVar[PrefixEvent.Kind]
+        CHECKPOINT_EVICTED: _ClassVar[PrefixEvent.Kind]
+    KIND_UNSPECIFIED: PrefixEvent.Kind
+    BLOCK_STORED: PrefixEvent.Kind
+    BLOCK_EVICTED: PrefixEvent.Kind
+    CHECKPOINT_STORED: PrefixEvent.Kind
+    CHECKPOINT_EVICTED: PrefixEvent.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: PrefixEvent.Kind
+    key: bytes
+    parent: bytes
+    tail: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, kind: _Optional[_Union[PrefixEvent.Kind, str]] = ..., key: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., tail: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PrefixEventBatch(_message.Message):
+    __slots__ = ("snapshot", "last_seq", "block_size", "events")
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    snapshot: bool
+    last_seq: int
+    block_size: int
+    events: _containers.RepeatedCompositeFieldContainer[PrefixEvent]
+    def __init__(self, snapshot: _Optional[bool] = ..., last_seq: _Optional[int] = ..., block_size: _Optional[int] = ..., events: _Optional[_Iterable[_Union[PrefixEvent, _Mapping]]] = ...) -> None: ...
 
 class PrefixLookupRequest(_message.Message):
     __slots__ = ("prompt_token_ids",)

@@ -562,6 +562,11 @@ class PrefixCacheStub:
                 request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixExportRequest.SerializeToString,
                 response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixChunk.FromString,
                 _registered_method=True)
+        self.Events = channel.unary_stream(
+                '/prfaas.v1.PrefixCache/Events',
+                request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixEventsRequest.SerializeToString,
+                response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixEventBatch.FromString,
+                _registered_method=True)
 
 
 class PrefixCacheServicer:
@@ -584,6 +589,17 @@ class PrefixCacheServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Events(self, request, context):
+        """Every change of this worker's cache, as it happens (the router's cache index): first a
+        snapshot of the whole content, unless the events after `after` are all still held, then
+        each new batch of events. A batch that is not the next one in order never comes: when the
+        reader falls too far behind, the stream sends a new snapshot instead. FAILED_PRECONDITION
+        on a worker without a prefix cache.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PrefixCacheServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -596,6 +612,11 @@ def add_PrefixCacheServicer_to_server(servicer, server):
                     servicer.Export,
                     request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixExportRequest.FromString,
                     response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixChunk.SerializeToString,
+            ),
+            'Events': grpc.unary_stream_rpc_method_handler(
+                    servicer.Events,
+                    request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixEventsRequest.FromString,
+                    response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixEventBatch.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -652,6 +673,33 @@ class PrefixCache:
             '/prfaas.v1.PrefixCache/Export',
             prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixExportRequest.SerializeToString,
             prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Events(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/prfaas.v1.PrefixCache/Events',
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixEventsRequest.SerializeToString,
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PrefixEventBatch.FromString,
             options,
             channel_credentials,
             insecure,

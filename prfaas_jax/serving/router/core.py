@@ -6,8 +6,10 @@ serving/router/handles.py.
 already in flight: ids are idempotency keys, so a client retrying one never runs it twice at
 once), admits it (`policy.admission`: RESOURCE_EXHAUSTED beyond `max_in_flight` requests, or,
 with `ttft_slo_s` set, when its predicted TTFT on the chosen instances misses the SLO), asks
-every live prefill instance how much of the prompt its prefix cache holds (`lookup_prefixes`,
-serving/worker/prefix.py; skipped when `[prefix_cache]` is off), asks the policy where to
+every live prefill instance how much of the prompt its prefix cache holds — answered by the
+router's index of their cache events where it is in step (serving/router/cache_feed.py), asked
+with `lookup_prefixes` (serving/worker/prefix.py) where not; skipped when `[prefix_cache]` is
+off — asks the policy where to
 prefill (`policy.routing.route` on the uncached length — the bandwidth case chosen per request
 by serving/router/cache_rule.py, cache affinity against load, the PrfaaS queue guard) and where
 to decode (`pick_decode`), then opens the decode worker's token stream and calls the prefill
@@ -73,6 +75,7 @@ from prfaas_jax.policy.routing import (
 from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.router.cache_feed import CacheFeed
 from prfaas_jax.serving.router.cache_rule import CacheRule
 from prfaas_jax.serving.router.handles import (
     TtftPredictor,
@@ -135,6 +138,18 @@ class RouterCore:
         self.cache_rule = CacheRule(config, cfg)
         self.predictor = TtftPredictor(config, cfg)
         self.watchdog = Watchdog()
+        # Prefills that reused less than the cached length routing used (an eviction raced).
+        self.overestimates = 0
+        self.cache_feed: CacheFeed | None = None
+        if config.prefix_cache.enabled and config.router.cache_index:
+            self.cache_feed = CacheFeed(config.prefix_cache.block_size, cfg.vocab_size)
+            for worker in self.workers.values():
+                self.cache_feed.follow(worker.name, worker.prefix)
+
+    def close(self) -> None:
+        """Stop following the instances' cache events."""
+        if self.cache_feed is not None:
+            self.cache_feed.close()
 
     # --- bookkeeping ----------------------------------------------------------------------
 
@@ -151,7 +166,8 @@ class RouterCore:
         self.finished[key] = self.finished.get(key, 0) + 1
 
     def _lookup(self, prompt: list[int]) -> dict[str, int]:
-        """Each live prefill instance's cached prefix of `prompt` (none without a cache);
+        """Each live prefill instance's cached prefix of `prompt` (none without a cache), from
+        the cache index where it is in step (serving/router/cache_feed.py), else asked;
         `_decide` reads only the instances that take requests."""
         if not self.config.prefix_cache.enabled:
             return {}
@@ -159,6 +175,8 @@ class RouterCore:
             stubs = {
                 w.name: w.prefix for w in self.workers.values() if w.role.is_prefill and not w.down
             }
+        if self.cache_feed is not None:
+            return self.cache_feed.lookup(prompt, stubs)
         return lookup_prefixes(stubs, prompt)
 
     def _claim(self, request_id: str) -> None:
@@ -365,6 +383,8 @@ class RouterCore:
             self._prefill_done(prefill, decision.uncached_len)
             if not call.cancelled() and call.exception() is not None:
                 decode_call.cancel()  # its state will never come
+            elif not call.cancelled() and self.cache_feed is not None:
+                self.cache_feed.saw_reply(prefill.name, call.result().cache_seq)
 
         prefill_call.add_done_callback(prefill_finished)
         record.track(decode_call, prefill_call)
@@ -464,6 +484,12 @@ class RouterCore:
         with self.lock:
             self.prompt_tokens += decision.cached_len + decision.uncached_len
             self.cached_tokens += cached
+            overestimated = cached < decision.cached_len
+            self.overestimates += overestimated
+        if overestimated and self.cache_feed is not None:
+            # The holder's prefix was gone (an eviction raced the lookup, or the index is wrong).
+            holder = decision.prefix_source if decision.moves_prefix else decision.instance
+            self.cache_feed.resync(holder or decision.instance)
         return cached
 
     # --- workers coming and going ---------------------------------------------------------
@@ -480,6 +506,9 @@ class RouterCore:
                     continue
                 self.workers[name] = WorkerHandle.connect(name, address, role, self.config.security)
                 changed.append(name)
+        if self.cache_feed is not None:
+            for name in changed:  # a restarted instance: a new cache, numbered from 1 again
+                self.cache_feed.follow(name, self.workers[name].prefix)
         return changed
 
 

@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.5):
         pass
     control.stop()
+    core.close()
     metrics.stop()
     server.stop()
     return 0

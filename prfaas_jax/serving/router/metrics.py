@@ -95,6 +95,8 @@ class RouterSnapshot:
     tcp_retransmitted_segments: int = 0
     # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # the router's cache index: CacheIndexStats fields (empty without one)
+    cache_index: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _number(value: float) -> str:
@@ -156,6 +158,29 @@ def render_metrics(s: RouterSnapshot) -> str:
         "Requests the two prefix-cache rules would route differently, by the rule chosen.",
         [(_labels(rule=r), n) for r, n in sorted(s.cache_rules.items())],
     )
+    if s.cache_index:
+        index = s.cache_index
+        metric(
+            "prfaas_cache_index_lookups_total",
+            "counter",
+            "Per-instance cached lengths, by source: the router's cache index or a Lookup RPC.",
+            [
+                (_labels(source="index"), index["answered"]),
+                (_labels(source="asked"), index["asked"]),
+            ],
+        )
+        metric(
+            "prfaas_cache_index_overestimates_total",
+            "counter",
+            "Requests whose prefill reused less than the cached length routing used.",
+            [("", index["overestimates"])],
+        )
+        metric(
+            "prfaas_cache_index_instances_current",
+            "gauge",
+            "Instances the cache index is in step with.",
+            [("", index["current"])],
+        )
     metric(
         "prfaas_link_saved_bytes_total",
         "counter",

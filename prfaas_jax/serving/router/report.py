@@ -72,7 +72,15 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             rejected=core.rejected,
             saved_bytes=core.saved_bytes,
             cache_rules=core.cache_rule.counts,
+            cache_index=_index_stats(core),
         )
+
+
+def _index_stats(core: RouterCore) -> pb.CacheIndexStats:
+    """The cache index's counters (``enabled`` false without one); under the core's lock."""
+    stats = pb.CacheIndexStats() if core.cache_feed is None else core.cache_feed.stats()
+    stats.overestimates = core.overestimates
+    return stats
 
 
 def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapshot:
@@ -117,4 +125,11 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
                 for w in workers
                 if w.stats is not None and w.stats.HasField("prefix_cache")
             },
+            cache_index=_index_fields(_index_stats(core)),
         )
+
+
+def _index_fields(stats: pb.CacheIndexStats) -> dict[str, int]:
+    if not stats.enabled:
+        return {}
+    return {f.name: int(getattr(stats, f.name)) for f in pb.CacheIndexStats.DESCRIPTOR.fields}

@@ -243,6 +243,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 result = self._prefill(
                     tokens, prefix, sampling=sampling, on_chunk=on_chunk, on_layers=on_layers
                 )
+                # The cache has kept this prompt: an index that has seen this event knows it.
+                cache_seq = self.prefixes.cache_seq() if self.prefixes is not None else 0
                 # Reads the state; frames are built as they are sent.
                 tail = encoder.finish(shipped(result.state))
         except _AbandonedError:
@@ -288,6 +290,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             transfer_s=time.perf_counter() - prefilled,  # the part of the transfer after prefill
             shaped=self.shaper is not None,
             cached_len=result.prefix_len,
+            cache_seq=cache_seq,
             prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
         )
 

@@ -2,15 +2,17 @@
 `Export`; and `fetch`, the importing side) and `build_prefix_cache` (the `[prefix_cache]`
 section → `PrefixCache`, with the log line that says what can hit).
 
-Lookup — how the router learns each cluster's cached prefix. Per request, the router asks every
-serving prefill instance `Lookup(prompt)` in parallel and waits at most `LOOKUP_TIMEOUT_S`
-(`lookup_prefixes`, serving/router/handles.py); an instance that does not answer counts as
-holding nothing (it may still hit when it prefills). The answer is exact and current: the
-instance runs the same `match` its prefill will (KV blocks *and* a linear checkpoint at exactly
-that length), read-only. A router-side mirror of block
-hashes would save the round trip but go stale on every eviction and would have to mirror the
-exact-length checkpoints too, whose tails are not block aligned; on loopback a lookup costs
-well under a millisecond against a prefill of tens.
+Lookup and Events — how the router learns each cluster's cached prefix. `Events` streams every
+change of the cache (blocks and linear checkpoints stored and evicted; prfaas_jax/prefix_events.py):
+a snapshot first, then each batch as it happens, and a fresh snapshot when the reader has fallen
+behind the log. The router keeps an index of them (serving/router/cache_feed.py) and answers the
+cached lengths itself. `Lookup(prompt)` asks directly: the router sends it to every instance its
+index is not in step with (`lookup_prefixes`, serving/router/handles.py, waiting at most
+`LOOKUP_TIMEOUT_S`; one that does not answer counts as holding nothing), or to every instance
+with `[router] cache_index = false`. The answer is exact and current: the instance runs the same
+`match` its prefill will (KV blocks *and* a linear checkpoint at exactly that length),
+read-only. A prefill's reply carries the number of the cache's last event once the prompt was
+kept (`cache_seq`), so the router knows when its index is behind that instance.
 
 Transfer — when the router picks an instance whose own prefix is shorter than another
 instance's (the bandwidth-abundant case across clusters, or a busy holder inside one), it names
@@ -47,10 +49,12 @@ from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport import security as transport
+from prfaas_jax.serving.transport.cache_events import batch_to_proto
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS
 
 log = logging.getLogger("prfaas.prefix")
+EVENTS_POLL_S = 0.5  # how often an idle event stream checks that its reader is still there
 
 
 def build_prefix_cache(cfg: ModelConfig, config: ClusterConfig) -> PrefixCache | None:
@@ -161,6 +165,34 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
             yield pb.PrefixChunk(frame=frame)
         self._add("exports", 1)
         self._add("export_bytes", state_nbytes(self.cfg, hit.length))
+
+    def Events(  # noqa: N802
+        self, request: pb.PrefixEventsRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.PrefixEventBatch]:
+        if self.cache is None:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this worker has no prefix cache")
+        assert self.cache is not None
+        cache, seq = self.cache, request.after
+        events = cache.events_since(seq) if seq else None
+        while context.is_active():
+            if events is None:  # a new reader, or one the log has left behind
+                seq, stored = cache.snapshot()
+                yield batch_to_proto(
+                    stored, snapshot=True, last_seq=seq, block_size=cache.block_size
+                )
+            elif events:
+                seq = events[-1][0]
+                yield batch_to_proto(
+                    [event for _, event in events],
+                    snapshot=False,
+                    last_seq=seq,
+                    block_size=cache.block_size,
+                )
+            events = cache.wait_events(seq, EVENTS_POLL_S)
+
+    def cache_seq(self) -> int:
+        """The number of the cache's last event (0: no cache), for `PrefillReply.cache_seq`."""
+        return 0 if self.cache is None else self.cache.events.last_seq
 
     # --- the importer's side --------------------------------------------------------------
 
