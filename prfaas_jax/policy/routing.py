@@ -27,7 +27,17 @@ means the remote cluster is lagging and the local prefill finishes sooner.
 
 Within the chosen cluster the instance is the one with the least estimated work after this
 request, queued tokens + (l_total − its cached prefix): cache affinity, weighed against load in
-the same unit (tokens to prefill). Ties go to the earlier instance in the view.
+the same unit (tokens to prefill). Ties go to the earlier instance in the view. The prefix the
+request reuses is taken from the instance holding it, so an instance picked by load fetches it
+(`Decision.prefix_source`) and keeps it.
+
+Hot-prefix replication (`ClusterView.replicate_prefixes`): the work of every instance is counted
+as if it held that prefix already, since it will be copied there — queued tokens + (l_total −
+the reused prefix), ties to an instance that holds it itself. A prefix most requests share then
+spreads to a second instance as soon as its holder has more queued work than another instance,
+and from there by load, instead of queueing on its holder until the queue outweighs recomputing
+the prefix. (The simulator's caches are one pool per cluster, so there every instance of a
+cluster holds what the cluster holds: replication is implicit.)
 """
 
 from __future__ import annotations
@@ -91,6 +101,9 @@ class ClusterView:
     pd_prefill: tuple[InstanceLoad, ...]
     prfaas_max_queue: int = 4
     bandwidth_abundant: bool = False
+    # Weigh every instance of the chosen cluster as holding the prefix the request will reuse:
+    # it is copied to whichever instance is picked (hot-prefix replication, module docstring).
+    replicate_prefixes: bool = False
 
     def __post_init__(self) -> None:
         if not self.pd_prefill and not self.prfaas:
@@ -126,9 +139,15 @@ def _best_cached(instances: Sequence[InstanceLoad]) -> InstanceLoad | None:
     return best
 
 
-def _least_work(instances: Sequence[InstanceLoad], prompt_len: int) -> InstanceLoad:
-    def work(inst: InstanceLoad) -> int:
-        return inst.queued_tokens + prompt_len - min(inst.cached_len, prompt_len)
+def _least_work(
+    instances: Sequence[InstanceLoad], prompt_len: int, movable: int = 0
+) -> InstanceLoad:
+    """The instance with the least queued + uncached tokens, counting a ``movable`` prefix as
+    every instance's own; on a tie, one that holds the prefix itself (nothing to copy)."""
+
+    def work(inst: InstanceLoad) -> tuple[int, bool]:
+        own = min(inst.cached_len, prompt_len)
+        return inst.queued_tokens + prompt_len - max(own, movable), own < movable
 
     return min(instances, key=work)
 
@@ -146,16 +165,21 @@ def route(prompt_len: int, view: ClusterView, now: float) -> Decision:
         prefix: InstanceLoad | None,
         why: RouteReason,
     ) -> Decision:
-        target = _least_work(pool, prompt_len)
-        if prefix is None or min(prefix.cached_len, cap) == 0:
-            # Reuse the chosen instance's own prefix, if any (affinity already weighed it).
-            prefix = target if min(target.cached_len, cap) > 0 else None
+        movable = (
+            min(prefix.cached_len, cap) if prefix is not None and view.replicate_prefixes else 0
+        )
+        target = _least_work(pool, prompt_len, movable)
+        own = min(target.cached_len, cap)
+        if prefix is None or own >= min(prefix.cached_len, cap):
+            # Reuse the chosen instance's own prefix, if any and as long (nothing to move).
+            prefix = target if own > 0 else None
         cached = 0 if prefix is None else min(prefix.cached_len, cap)
         source = None if prefix is None else prefix.name
         return Decision(cluster, target.name, source, cached, prompt_len - cached, why, now)
 
     if not view.prfaas:
-        return decide(ClusterKind.PD, view.pd_prefill, None, RouteReason.NO_PRFAAS)
+        best = _best_cached(view.pd_prefill)
+        return decide(ClusterKind.PD, view.pd_prefill, best, RouteReason.NO_PRFAAS)
     if not view.pd_prefill:
         best = _best_cached(view.prfaas)
         return decide(ClusterKind.PRFAAS, view.prfaas, best, RouteReason.NO_PD_PREFILL)

@@ -19,6 +19,7 @@ except `[model] preset` (docs/serving.md explains each):
                   "bf16", "int8", "fp8_e4m3" or per kind, "state=bf16,kv=int8")
     [router]      threshold, prfaas_max_queue, cache_rule, cache_index (the cached lengths
                   from an index of the instances' cache events; serving/router/cache_feed.py),
+                  replicate_prefixes (a hot prefix is copied to the instance load picks),
                   control_period_s,
                   request_timeout_s, max_attempts, retry_wait_s, stall_timeout_s,
                   metrics_port, max_in_flight (requests admitted at once), ttft_slo_s

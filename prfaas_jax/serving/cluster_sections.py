@@ -152,6 +152,9 @@ class RouterSection:
     # Answer the rule's cached lengths from an index of the instances' cache events
     # (serving/router/cache_feed.py); false: ask every prefill instance per request.
     cache_index: bool = True
+    # Count a prefix as copied to whichever instance of its cluster is picked, so a hot prefix
+    # spreads by load (policy/routing.py, hot-prefix replication); false: by own cache only.
+    replicate_prefixes: bool = True
     control_period_s: float = 0.5
     request_timeout_s: float = 120.0
     max_attempts: int = 4  # per request: the first attempt and up to 3 retries after faults

@@ -183,6 +183,31 @@ def test_affinity_against_load_inside_a_cluster_with_cached_prefixes():
     assert (d.instance, d.prefix_source, d.moves_prefix) == ("r0", "r0", False)
 
 
+def test_hot_prefix_replication_weighs_every_instance_as_holding_the_prefix():
+    # r0 holds 900 tokens of a 1000-token prompt and has 800 tokens queued; r1 is idle.
+    # By own cache: r0 = 800 + 100 = 900 < r1 = 0 + 1000 → r0 (the case above).
+    # Replicating: r1 = 0 + (1000 − 900) = 100 < 900 → r1, fetching r0's prefix.
+    prfaas = (InstanceLoad("r0", 1, 800, cached_len=900), InstanceLoad("r1"))
+    replicating = ClusterView(200, prfaas, (InstanceLoad("p0"),), replicate_prefixes=True)
+    d = route(1000, replicating, 0.0)
+    assert (d.instance, d.prefix_source, d.cached_len, d.uncached_len) == ("r1", "r0", 900, 100)
+    # One queued token is enough: r0 = 1 + 100 > r1 = 100.
+    prfaas = (InstanceLoad("r0", 1, 1, cached_len=900), InstanceLoad("r1"))
+    d = route(1000, ClusterView(200, prfaas, (), replicate_prefixes=True), 0.0)
+    assert (d.instance, d.prefix_source) == ("r1", "r0")
+    # A tie goes to the holder, listed second: nothing to copy.
+    pd = (InstanceLoad("p0"), InstanceLoad("p1", cached_len=50))
+    d = route(60, view(pd=pd, replicate_prefixes=True), 0.0)
+    assert (d.instance, d.moves_prefix, d.uncached_len) == ("p1", False, 10)
+    # Two holders: load decides between them, each reusing its own copy.
+    pd = (InstanceLoad("p0", 1, 30, cached_len=50), InstanceLoad("p1", 1, 20, cached_len=50))
+    d = route(60, view(pd=pd, replicate_prefixes=True), 0.0)
+    assert (d.instance, d.prefix_source) == ("p1", "p1")
+    # Nothing cached anywhere: least queued, as without replication.
+    pd = (InstanceLoad("p0", 1, 30), InstanceLoad("p1", 1, 20))
+    assert route(60, view(pd=pd, replicate_prefixes=True), 0.0).instance == "p1"
+
+
 def test_queue_guard_keeps_a_cached_request_local_with_pd_prefix():
     # 1000 − 300 = 700 > 200 would go to PrfaaS, but its only instance has 4 queued.
     view = ClusterView(

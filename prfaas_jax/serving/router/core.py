@@ -222,6 +222,7 @@ class RouterCore:
                 bandwidth_abundant=self.cache_rule.abundant(
                     request_len, prfaas, pd_prefill, self.link
                 ),
+                replicate_prefixes=self.config.router.replicate_prefixes,
             )
             decision = route(request_len, view, now)
             slots = self.config.engine.max_slots
