@@ -184,7 +184,9 @@ class FakePrefillEngine:
     """`PrefillEngineLike`: the fake state of the prefix's tokens and the prompt. With
     ``layer_groups > 1`` and an ``on_layers`` callback it streams by groups of layers as the
     JAX engine does, its compute time (``seconds_per_token``) spread evenly over the layers:
-    each group's callback runs once that group's share of the time has passed."""
+    each group's callback runs once that group's share of the time has passed. With
+    ``chunk_len`` > 0, ``on_chunk`` sees the state at every ``chunk_len`` tokens past the prefix
+    and at the prompt's end, as the JAX engine's chunks; with 0, once, at the end."""
 
     def __init__(
         self,
@@ -193,10 +195,12 @@ class FakePrefillEngine:
         seconds_per_token: float = 0.0,
         sleep: Callable[[float], None] = time.sleep,
         layer_groups: int = 1,
+        chunk_len: int = 0,
     ) -> None:
         _check_model(cfg)
         self.cfg, self.seconds_per_token, self._sleep = cfg, seconds_per_token, sleep
         self.groups = split_layers(cfg.num_layers, layer_groups)
+        self.chunk_len = chunk_len
 
     def prefill(
         self,
@@ -228,7 +232,12 @@ class FakePrefillEngine:
         elif compute_s:
             self._sleep(compute_s)
         if on_chunk is not None:
-            on_chunk(state, len(ids))  # one chunk: the whole prompt
+            step = self.chunk_len or len(new)
+            for end in range(len(head) + step, len(ids), step):
+                on_chunk(
+                    state_from_arrays(self.cfg, end, _arrays(self.cfg, ids[:end]), capacity), end
+                )
+            on_chunk(state, len(ids))
         first = next_token(sum(ids), len(ids), self.cfg.vocab_size)
         return FakePrefillResult(state, first, len(new), len(head))
 

@@ -11,7 +11,7 @@ except `[model] preset` (docs/serving.md explains each):
                   prefill's last chunk streams by groups of layers), max_prefill_queue
                   (per prefill worker: requests waiting for or on its engine), max_pending_states
                   (per decode worker: states held outside a slot; 0 = router.max_in_flight)
-    [fake]        prefill_s_per_token, decode_step_s          (engine = "fake" only)
+    [fake]        prefill_s_per_token, decode_step_s, chunk_len  (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
                   PrfaaS instance, sharing its mesh: engine/spmd.py)
     [link]        bandwidth_mbps, latency_ms, burst_kib, schedule ([[at_s, factor], …]), repeat_s,

@@ -81,10 +81,14 @@ class EngineSection:
 class FakeSection:
     prefill_s_per_token: float = 0.0
     decode_step_s: float = 0.0
+    # Prefill hands its state over in chunks of this many tokens, as the JAX engine does with
+    # [engine] chunk_len (so a prefix cache gets checkpoints inside a prompt); 0: one chunk.
+    chunk_len: int = 0
 
     def __post_init__(self) -> None:
         ok = min(self.prefill_s_per_token, self.decode_step_s) >= 0
         _check(ok, "fake", "prefill_s_per_token and decode_step_s must be ≥ 0")
+        _check(self.chunk_len >= 0, "fake.chunk_len", "must be ≥ 0")
 
 
 @dataclass(frozen=True)

@@ -237,3 +237,34 @@ def test_a_prefix_hit_with_the_wrong_checkpoint_is_refused(name, wrong):
     first_fixed = next(s for s in canonical_tensors(cfg, 16) if not s.kind.has_growing_state)
     with pytest.raises(EngineError, match=re.escape(f"{STATE_MISMATCH}: {first_fixed} ")):
         reuse.prefill(engine, follow_up, max_len=64)
+
+
+def test_chunked_prefill_hands_over_each_prefix_state():
+    """With ``chunk_len``, ``on_chunk`` sees the state at every chunk end past the prefix, each
+    bit-equal to a prefill of just those tokens; a prefix cache then holds checkpoints inside
+    the prompt (at its stride), which one chunk would not give it."""
+    prompt = [(5 * i + 2) % 256 for i in range(20)]
+    seen = []
+    result = FakePrefillEngine(CFG, chunk_len=8).prefill(
+        prompt, on_chunk=lambda state, n: seen.append((n, state)), max_len=64
+    )
+    assert [n for n, _ in seen] == [8, 16, 20] and seen[-1][1] is result.state
+    for n, state in seen:
+        alone = FakePrefillEngine(CFG).prefill(prompt[:n], max_len=64).state
+        for (_, got), (_, want) in zip(canonical(CFG, state), canonical(CFG, alone), strict=True):
+            np.testing.assert_array_equal(got, want)
+    # After a 4-token prefix the chunks are counted from it: 12, 20.
+    prefix = FakePrefillEngine(CFG).prefill(prompt[:4], max_len=64).state
+    ends = []
+    FakePrefillEngine(CFG, chunk_len=8).prefill(
+        prompt[4:], prefix=prefix, on_chunk=lambda _, n: ends.append(n), max_len=64
+    )
+    assert ends == [12, 20]
+
+    def cached_after(chunk_len: int) -> int:
+        cache = PrefixCache(CFG, capacity_bytes=1 << 20, block_size=4, checkpoint_every=2)
+        reuse = CachedPrefill(cache)
+        reuse.prefill(FakePrefillEngine(CFG, chunk_len=chunk_len), prompt, max_len=64)
+        return reuse.cached_len([*prompt[:16], 7, 7])
+
+    assert (cached_after(8), cached_after(0)) == (16, 0)

@@ -101,6 +101,7 @@ class EngineFactory:
                 self.cfg,
                 seconds_per_token=self.config.fake.prefill_s_per_token,
                 layer_groups=engine_cfg.layer_groups,
+                chunk_len=self.config.fake.chunk_len,
             )
         from prfaas_jax.engine.prefill import PrefillEngine
         from prfaas_jax.model.sharding import make_mesh
