@@ -247,6 +247,19 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
         help="paper: scale of the 128..131072-token distribution (default: fit max_len)",
     )
     p.add_argument("--output-len", type=int, default=16, help="new tokens each (default 16)")
+    p.add_argument(
+        "--prefix-len",
+        type=int,
+        default=0,
+        help="open every prompt with a shared random prefix of this many tokens, before the "
+        "drawn length (default 0: none)",
+    )
+    p.add_argument(
+        "--num-prefixes",
+        type=int,
+        default=1,
+        help="distinct shared prefixes, one picked uniformly per prompt (default 1)",
+    )
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument(
         "--metric-percentiles",
@@ -320,6 +333,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         lognormal_sigma=args.lognormal_sigma,
         length_scale=args.length_scale,
         output_len=args.output_len,
+        prefix_len=args.prefix_len,
+        num_prefixes=args.num_prefixes,
         seed=args.seed,
         percentiles=tuple(float(p) for p in args.metric_percentiles),
         goodput=_parse_goodput(args.goodput),

@@ -244,3 +244,6 @@ def test_bench_cli_against_the_cluster(fake_cluster, capsys):
     assert 0 < summary["offload_fraction"] < 1 and summary["egress_bytes"] > 0
     assert summary["model"] == "tiny" and summary["ttft"]["p99_ms"] > 0
     assert "\x1b[" not in err  # progress is drawn on a terminal only
+    # The router's side: its CPU per request; no lookups, its prefix caches being off.
+    assert summary["router"]["cpu_ms_per_request"] > 0
+    assert summary["router"]["lookup_mean_ms"] is None and not summary["router"]["cache_index"]

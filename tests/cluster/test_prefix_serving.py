@@ -17,12 +17,15 @@ The conversation: turn 1 is 100 tokens (> t = 64: PrfaaS, cold); turn 2 = turn 1
 from __future__ import annotations
 
 import contextlib
+import json
 import urllib.request
 from collections.abc import Iterator
 
 import grpc
+import pytest
 from serving_support import fake_config, generate
 
+from prfaas_jax.cli import main as prfaas
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.model.state import state_nbytes
@@ -127,6 +130,10 @@ def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
         assert index.snapshots >= 3 and index.events > 0 and index.block_entries > 0
         answered = f'prfaas_cache_index_lookups_total{{source="index"}} {index.answered}'
         assert answered in lines
+        # One timed lookup per turn; the router's CPU time is its own process's.
+        stats = router.GetStats(pb.GetStatsRequest())
+        assert stats.lookups == 3 and 0 < stats.lookup_s < 3.0 and stats.router_cpu_s > 0
+        assert "prfaas_router_lookup_seconds_count 3" in lines
 
 
 def test_the_auto_rule_moves_the_prefix_when_the_link_beats_recomputing_it(tmp_path):
@@ -156,3 +163,26 @@ def test_disabled_cache_computes_everything(tmp_path):
         assert (report.cached_len, report.uncached_len, report.route) == (0, 116, "prfaas")
         stats = worker_stats(processes.ready, "prfaas-0").prefix_cache
         assert not stats.enabled and (stats.prompt_tokens, stats.computed_tokens) == (216, 216)
+
+
+def test_bench_with_a_shared_prefix_reports_the_routers_side(tmp_path, capsys):
+    """`prfaas bench --prefix-len 64` one request at a time, the fake engines handing over
+    their state every 8 tokens: the first 72-token prompt computes everything (> t: PrfaaS) and
+    leaves a checkpoint at 64, so each of the other 11 reuses exactly the 64-token prefix,
+    704 of 864 prompt tokens; the index answers for both prefill instances each time."""
+    config = fake_config(
+        tmp_path / "cluster.toml",
+        prefix_cache={"enabled": True, "capacity_mib": 4.0, "block_size": 8},
+        fake={"chunk_len": 8},
+    )
+    with ClusterProcesses(config, log_dir=tmp_path / "logs") as processes:
+        argv = ["bench", "--router", processes.start()["router"], "--num-prompts", "12"]
+        argv += ["--max-concurrency", "1", "--input-dist", "fixed", "--input-len", "8"]
+        argv += ["--prefix-len", "64", "--output-len", "4", "--json"]
+        code = prfaas(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    router = json.loads(out)["router"]
+    assert router["token_hit_rate"] == pytest.approx(704 / 864)
+    assert router["cache_index"] and router["index_answered"] + router["index_asked"] == 24
+    assert router["cpu_ms_per_request"] > 0 and router["lookup_mean_ms"] > 0

@@ -13,11 +13,14 @@ from prfaas_jax.serving.loadgen.bench import (
     BenchOptions,
     BenchResult,
     LinkDevice,
+    _router_costs,
     arrival_times,
     format_summary,
     input_lengths,
+    make_prompts,
     summarize,
 )
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 
 def test_arrivals_span_n_over_rate_and_burstiness_shapes_the_gaps():
@@ -57,6 +60,21 @@ def test_input_lengths():
     assert default_scale.max() <= 497
 
 
+def test_shared_prefixes_open_the_prompts():
+    lengths = np.array([3, 5, 1, 4] * 50)
+    plain = make_prompts(BenchOptions("x"), lengths, 1000, np.random.default_rng(7))
+    assert [len(p) for p in plain] == lengths.tolist()
+    opts = BenchOptions("x", prefix_len=6, num_prefixes=3)
+    shared = make_prompts(opts, lengths, 1000, np.random.default_rng(7))
+    # The suffixes are the plain workload's draws (same seed, drawn first), after a prefix.
+    assert [p[6:] for p in shared] == plain
+    heads = {tuple(p[:6]) for p in shared}
+    assert len(heads) == 3 and all(len(h) == 6 for h in heads)
+    # Picked uniformly: each of the 3 opens a third of 200 prompts, give or take.
+    counts = [sum(tuple(p[:6]) == h for p in shared) for h in heads]
+    assert sum(counts) == 200 and min(counts) > 40
+
+
 def test_options_are_validated():
     with pytest.raises(UserError):
         BenchOptions("x", num_prompts=0)
@@ -64,6 +82,10 @@ def test_options_are_validated():
         BenchOptions("x", goodput={"itl": 5.0})
     with pytest.raises(UserError):
         BenchOptions("x", request_rate=0.0)
+    with pytest.raises(UserError):
+        BenchOptions("x", prefix_len=-1)
+    with pytest.raises(UserError):
+        BenchOptions("x", prefix_len=8, num_prefixes=0)
 
 
 def test_metrics_on_literal_records():
@@ -119,6 +141,37 @@ def test_metrics_on_literal_records():
     text = format_summary(s, opts)
     assert "Egress on the link device (bytes)" in text and "26250000" in text
     assert "+5.0%" in text
+    assert "router" not in s and "Router CPU" not in text
+
+
+def test_router_costs_from_the_routers_counters():
+    """The bench's router rows are differences of the router's counters over the run."""
+    before = pb.RouterStats(prompt_tokens=1_000, cached_tokens=100, lookups=5, lookup_s=0.01)
+    before.router_cpu_s = 2.0
+    before.cache_index.CopyFrom(pb.CacheIndexStats(enabled=True, answered=8, asked=2))
+    after = pb.RouterStats(prompt_tokens=5_000, cached_tokens=3_100, lookups=45, lookup_s=0.03)
+    after.router_cpu_s = 2.5
+    after.cache_index.CopyFrom(
+        pb.CacheIndexStats(
+            enabled=True, answered=88, asked=2, block_entries=300, checkpoint_entries=20
+        )
+    )
+    costs = _router_costs(before, after)
+    assert costs["cpu_s"] == pytest.approx(0.5) and costs["lookups"] == 40
+    assert (costs["index_answered"], costs["index_asked"], costs["index_entries"]) == (80, 0, 320)
+    assert costs["hit_rate"] == pytest.approx(3_000 / 4_000)
+    records = [BenchResult(10, ttft=0.1, e2el=0.2, itl=[0.1], output_tokens=2, route="pd")] * 40
+    context = {"duration_s": 4.0, "egress_bytes": 0, "model": "tiny", "router": costs}
+    context.update(threshold_start=64.0, threshold_end=64.0)
+    opts = BenchOptions("x")
+    s = summarize(records, context, opts)
+    # 0.5 CPU-s over 40 requests; 20 ms of lookups over 40.
+    assert s["router"]["cpu_ms_per_request"] == pytest.approx(12.5)
+    assert s["router"]["lookup_mean_ms"] == pytest.approx(0.5)
+    text = format_summary(s, opts)
+    assert "Router CPU per request (ms)" in text and "12.50" in text
+    assert "Cache index: answered / asked" in text and "80 / 0" in text
+    assert "Prompt tokens reused from a cache" in text and "75.0%" in text
 
 
 def test_link_device_names():

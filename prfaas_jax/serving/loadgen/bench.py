@@ -1,7 +1,7 @@
 """`prfaas bench`: a load generator for a running router, with `vllm bench serve` conventions.
 
 Exposes `BenchOptions`, `LinkDevice`, `InputDist`, `arrival_times`, `input_lengths`,
-`run_bench`, `summarize` and `format_summary`.
+`make_prompts`, `run_bench`, `summarize` and `format_summary`.
 
 Arrivals (vLLM's `get_request`): inter-arrival gaps ~ Gamma(shape = burstiness,
 scale = 1 / (rate · burstiness)), so the mean gap is 1/rate for any burstiness (1: Poisson,
@@ -12,7 +12,9 @@ Input lengths: `fixed`, `uniform` (input_len · [1 − r, 1 + r]), `lognormal` (
 truncated to [1, max]), or `paper`: the PrfaaS case study's truncated log-normal
 (μ = 9.90, σ = 1.00 on [128, 131072], arXiv 2604.15039 §4.1) scaled by `length_scale`:
 μ + ln(scale) on [128·scale, 131072·scale], so its shape survives on a toy model. Prompts are
-random token ids.
+random token ids. With `prefix_len` P, each prompt opens with one of `num_prefixes` shared
+random P-token prefixes, picked uniformly (a system prompt, a few-shot header: what prefix
+caches and the router's cache index are for), and the length drawn is the rest's.
 
 Metrics, per vLLM's definitions: TTFT (send → first token), TPOT = (E2EL − TTFT)/(n − 1),
 ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chosen percentiles;
@@ -106,6 +108,8 @@ class BenchOptions:
     lognormal_sigma: float = 1.0
     length_scale: float | None = None  # paper: default fits the router's max_len
     output_len: int = 16
+    prefix_len: int = 0  # shared prefix opening every prompt (0: none)
+    num_prefixes: int = 1  # distinct shared prefixes
     seed: int = 0
     percentiles: tuple[float, ...] = (50.0, 90.0, 99.0)
     goodput: dict[str, float] = dataclasses.field(default_factory=dict)  # metric → SLO in ms
@@ -124,6 +128,8 @@ class BenchOptions:
         if self.input_dist not in tuple(InputDist):
             choices = ", ".join(InputDist)
             raise UserError(f"unknown --input-dist {self.input_dist!r} (choices: {choices})")
+        if self.prefix_len < 0 or self.num_prefixes < 1:
+            raise UserError("--prefix-len must be ≥ 0 and --num-prefixes ≥ 1")
         if not 0 <= self.range_ratio < 1:
             raise UserError("--range-ratio must be in [0, 1)")
         for name in self.goodput:
@@ -170,6 +176,18 @@ def input_lengths(opts: BenchOptions, max_prompt: int, rng: np.random.Generator)
         lengths = np.rint(lengths)
     lengths = np.clip(lengths.astype(int), 1, max_prompt)
     return lengths
+
+
+def make_prompts(
+    opts: BenchOptions, lengths: np.ndarray, vocab_size: int, rng: np.random.Generator
+) -> list[list[int]]:
+    """Random token ids, `lengths[i]` of them after prompt i's shared prefix (if any)."""
+    prompts = [rng.integers(0, vocab_size, size=int(n)).tolist() for n in lengths]
+    if opts.prefix_len:
+        prefixes = rng.integers(0, vocab_size, size=(opts.num_prefixes, opts.prefix_len))
+        picks = rng.integers(0, opts.num_prefixes, size=len(prompts))
+        prompts = [[*prefixes[k].tolist(), *p] for k, p in zip(picks, prompts, strict=True)]
+    return prompts
 
 
 @dataclasses.dataclass
@@ -257,17 +275,18 @@ def run_bench(
             # The details say why (e.g. a refused token or TLS handshake); they hold no secret.
             why = f"{err.code().name}: {err.details()}"
             raise UserError(f"cannot reach the router at {opts.router}: {why}") from None
-        max_prompt = before.max_len - opts.output_len + 1
+        max_prompt = before.max_len - opts.output_len + 1 - opts.prefix_len
         if max_prompt < 1:
             raise UserError(
-                f"--output-len {opts.output_len} leaves no room in max_len {before.max_len}"
+                f"--output-len {opts.output_len} and --prefix-len {opts.prefix_len} leave no "
+                f"room in max_len {before.max_len}"
             )
         link = opts.link_device
         link_before = link.tx_bytes() if link is not None else 0
         lengths = input_lengths(opts, max_prompt, rng)
         offsets = arrival_times(opts.num_prompts, opts.request_rate, opts.burstiness, rng)
-        prompts = [rng.integers(0, before.vocab_size, size=int(n)).tolist() for n in lengths]
-        records = [BenchResult(int(n)) for n in lengths]
+        prompts = make_prompts(opts, lengths, before.vocab_size, rng)
+        records = [BenchResult(len(p)) for p in prompts]
         done = itertools.count(1)
         lock = threading.Lock()
 
@@ -309,8 +328,27 @@ def run_bench(
             after.requests_prfaas - before.requests_prfaas,
             after.requests_pd - before.requests_pd,
         ),
+        "router": _router_costs(before, after),
     }
     return records, context
+
+
+def _router_costs(before: pb.RouterStats, after: pb.RouterStats) -> dict:
+    """What the run cost the router, from its counters: its process's CPU time, its cached-
+    prefix lookups (count, wall time, and how many per-instance lengths its cache index gave
+    or had to ask), and the token hit rate."""
+    index_before, index_after = before.cache_index, after.cache_index
+    prompt = after.prompt_tokens - before.prompt_tokens
+    return {
+        "cpu_s": after.router_cpu_s - before.router_cpu_s,
+        "lookups": after.lookups - before.lookups,
+        "lookup_s": after.lookup_s - before.lookup_s,
+        "cache_index": index_after.enabled,
+        "index_answered": index_after.answered - index_before.answered,
+        "index_asked": index_after.asked - index_before.asked,
+        "index_entries": index_after.block_entries + index_after.checkpoint_entries,
+        "hit_rate": (after.cached_tokens - before.cached_tokens) / prompt if prompt else 0.0,
+    }
 
 
 def _stats(values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
@@ -366,6 +404,18 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
         "threshold_start": context["threshold_start"],
         "threshold_end": context["threshold_end"],
     }
+    router = context.get("router")
+    if router is not None:
+        lookups = router["lookups"]
+        summary["router"] = {
+            "cpu_ms_per_request": 1e3 * router["cpu_s"] / len(done) if done else 0.0,
+            "lookup_mean_ms": 1e3 * router["lookup_s"] / lookups if lookups else None,
+            "cache_index": router["cache_index"],
+            "index_answered": router["index_answered"],
+            "index_asked": router["index_asked"],
+            "index_entries": router["index_entries"],
+            "token_hit_rate": router["hit_rate"],
+        }
     for name in METRICS:
         summary[name] = _stats(values[name], opts.percentiles)
     # Per route, of the requests served in one attempt: the transfer compute did not hide.
@@ -406,6 +456,18 @@ def format_summary(s: dict, opts: BenchOptions) -> str:
     rows += [
         ("Threshold t (start → end)", f"{s['threshold_start']:.0f} → {s['threshold_end']:.0f}"),
     ]
+    router = s.get("router")
+    if router is not None:
+        rows.append(("Router CPU per request (ms)", f"{router['cpu_ms_per_request']:.2f}"))
+        if router["lookup_mean_ms"] is not None:
+            rows.append(
+                ("Mean prefix lookup at the router (ms)", f"{router['lookup_mean_ms']:.3f}")
+            )
+            rows.append(("Prompt tokens reused from a cache", f"{router['token_hit_rate']:.1%}"))
+        if router["cache_index"]:
+            answered, asked = router["index_answered"], router["index_asked"]
+            rows.append(("Cache index: answered / asked", f"{answered} / {asked}"))
+            rows.append(("Cache index: (key, instance) entries", str(router["index_entries"])))
     titles = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)"}
     titles.update({"itl": "Inter-token Latency", "e2el": "End-to-end Latency"})
     lines = ["{:=^56}".format(" Serving Benchmark Result ")]

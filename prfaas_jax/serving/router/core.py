@@ -84,7 +84,7 @@ from prfaas_jax.serving.router.handles import (
     prefill_reply,
     reserve_kv,
 )
-from prfaas_jax.serving.router.metrics import Histogram
+from prfaas_jax.serving.router.metrics import LOOKUP_BUCKETS, Histogram
 from prfaas_jax.serving.router.record import Failure, RequestRecord, Route, backoff_s
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
@@ -127,6 +127,7 @@ class RouterCore:
         self.in_flight: set[str] = set()
         self.finished: dict[tuple[str, str], int] = {}
         self.ttft = Histogram()
+        self.lookup_time = Histogram(LOOKUP_BUCKETS, [0] * len(LOOKUP_BUCKETS))
         # Prefill end → first token, per route ("prfaas", "pd"): the transfer compute did not hide.
         self.exposed_transfer = {route: Histogram() for route in ("prfaas", "pd")}
         self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0
@@ -171,13 +172,18 @@ class RouterCore:
         `_decide` reads only the instances that take requests."""
         if not self.config.prefix_cache.enabled:
             return {}
+        start = time.perf_counter()
         with self.lock:
             stubs = {
                 w.name: w.prefix for w in self.workers.values() if w.role.is_prefill and not w.down
             }
         if self.cache_feed is not None:
-            return self.cache_feed.lookup(prompt, stubs)
-        return lookup_prefixes(stubs, prompt)
+            cached = self.cache_feed.lookup(prompt, stubs)
+        else:
+            cached = lookup_prefixes(stubs, prompt)
+        with self.lock:
+            self.lookup_time.observe(time.perf_counter() - start)
+        return cached
 
     def _claim(self, request_id: str) -> None:
         """Admit a new request id into the in-flight set, or refuse it (a duplicate id, or the

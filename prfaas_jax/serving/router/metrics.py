@@ -26,6 +26,11 @@
     prfaas_role_changes_total                    counter
     prfaas_ttft_seconds                          histogram
     prfaas_exposed_transfer_seconds{route}       histogram prefill end → first token
+    prfaas_router_lookup_seconds                 histogram a request's cached-prefix lookup
+    prfaas_router_cpu_seconds_total              counter  the router process's CPU time
+    prfaas_cache_index_lookups_total{source}     counter  per-instance lengths: "index" | "asked"
+    prfaas_cache_index_overestimates_total       counter  prefills that reused less than routed on
+    prfaas_cache_index_instances_current         gauge    instances the index is in step with
     prfaas_prompt_tokens_total                   counter  prompt tokens of finished requests
     prfaas_cached_tokens_total                   counter  of those, reused from a cached prefix
     prfaas_prefix_moves_total                    counter  prefixes fetched from another instance
@@ -50,6 +55,7 @@ import threading
 from collections.abc import Callable
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+LOOKUP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 @dataclasses.dataclass
@@ -97,6 +103,8 @@ class RouterSnapshot:
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # the router's cache index: CacheIndexStats fields (empty without one)
     cache_index: dict[str, int] = dataclasses.field(default_factory=dict)
+    lookup_time: Histogram | None = None  # each request's cached-prefix lookup, seconds
+    router_cpu_s: float = 0.0  # the router process's CPU time
 
 
 def _number(value: float) -> str:
@@ -233,6 +241,19 @@ def render_metrics(s: RouterSnapshot) -> str:
     metric("prfaas_instances_down", "gauge", "Instances left out of routing.", [("", s.down)])
     _prefix_metrics(s, metric)
     _histograms(lines, "prfaas_ttft_seconds", "Time to first token at the router.", {"": s.ttft})
+    if s.lookup_time is not None:
+        _histograms(
+            lines,
+            "prfaas_router_lookup_seconds",
+            "A request's lookup of every prefill instance's cached prefix at the router.",
+            {"": s.lookup_time},
+        )
+    metric(
+        "prfaas_router_cpu_seconds_total",
+        "counter",
+        "CPU time of the router process.",
+        [("", s.router_cpu_s)],
+    )
     _histograms(
         lines,
         "prfaas_exposed_transfer_seconds",

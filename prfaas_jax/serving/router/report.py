@@ -9,6 +9,7 @@ module only reads them, under the core's lock, and renders them.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -73,6 +74,9 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             saved_bytes=core.saved_bytes,
             cache_rules=core.cache_rule.counts,
             cache_index=_index_stats(core),
+            lookups=core.lookup_time.count,
+            lookup_s=core.lookup_time.total,
+            router_cpu_s=time.process_time(),
         )
 
 
@@ -126,6 +130,8 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
                 if w.stats is not None and w.stats.HasField("prefix_cache")
             },
             cache_index=_index_fields(_index_stats(core)),
+            lookup_time=core.lookup_time if core.config.prefix_cache.enabled else None,
+            router_cpu_s=time.process_time(),
         )
 
 
