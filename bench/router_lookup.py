@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prfaas_jax.cli.flags import parse_int_list
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.engine.prefix_cache import PrefixCache
@@ -176,16 +177,13 @@ def run(instances: int, conversations: int, requests: int, rng: random.Random) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--instances", default="4,16,32,64")
+    parser.add_argument("--instances", type=parse_int_list, default=[4, 16, 32, 64])
     parser.add_argument("--conversations", type=int, default=4)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
-    try:
-        counts = [int(n) for n in args.instances.split(",")]
-    except ValueError:
-        parser.error(f"--instances: expected comma-separated integers, got {args.instances!r}")
-    if min(counts) < 1 or args.conversations < 1 or args.requests < 21:
+    counts = args.instances
+    if not counts or min(counts) < 1 or args.conversations < 1 or args.requests < 21:
         parser.error("--instances and --conversations must be ≥ 1, --requests ≥ 21")
     rows = [run(n, args.conversations, args.requests, random.Random(n)) for n in counts]
     if not args.json:

@@ -25,11 +25,11 @@ Each worker process imports JAX: about 150 MB and a CPU-second or two to start.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
 
+from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.loadgen.bench import BenchOptions, InputDist, run_bench, summarize
 from prfaas_jax.tables import table
@@ -88,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--instances", default="4,16,32", help="prefill instances per cluster")
+    parser.add_argument(
+        "--instances",
+        type=parse_int_list,
+        default=[4, 16, 32],
+        help="prefill instances of each cluster, comma-separated (default 4,16,32)",
+    )
     parser.add_argument("--decode", type=int, default=2, help="decode instances (default 2)")
     parser.add_argument("--prompts", type=int, default=300, help="requests per run (default 300)")
     parser.add_argument("--rate", type=float, default=30.0, help="arrivals/s (default 30)")
@@ -98,11 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=4, help="new tokens (default 4)")
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
-    try:
-        counts = [int(n) for n in args.instances.split(",")]
-    except ValueError:
-        parser.error(f"--instances: expected comma-separated integers, got {args.instances!r}")
-    if min(counts) < 2 or args.decode < 1 or args.prompts < 1:
+    counts = args.instances
+    if not counts or min(counts) < 2 or args.decode < 1 or args.prompts < 1:
         parser.error("--instances must be ≥ 2, --decode and --prompts ≥ 1")
     rows = [run(n, index, args) for n in counts for index in (True, False)]
     if not args.json:
@@ -125,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(table(body, header))
         print()
-    json.dump({"rows": rows, "options": vars(args)}, sys.stdout, indent=2)
-    print()
+    print_json({"rows": rows, "options": vars(args)})
     return 0
 
 

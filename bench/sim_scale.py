@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.sim.config import load_sim_config, with_overrides
 from prfaas_jax.sim.simulator import Simulator
 from prfaas_jax.tables import table
@@ -99,15 +99,17 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--scales", default="1,8,42", help="instance multipliers (default 1,8,42)")
+    parser.add_argument(
+        "--scales",
+        type=parse_int_list,
+        default=[1, 8, 42],
+        help="instance multipliers, comma-separated (default 1,8,42)",
+    )
     parser.add_argument("--requests", type=int, default=4000, help="requests per run")
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
-    try:
-        scales = [int(k) for k in args.scales.split(",")]
-    except ValueError:
-        parser.error(f"--scales: expected comma-separated integers, got {args.scales!r}")
-    if min(scales) < 1 or args.requests < 100:
+    scales = args.scales
+    if not scales or min(scales) < 1 or args.requests < 100:
         parser.error("--scales must be ≥ 1 and --requests ≥ 100")
     rows = [run(k, args.requests) for k in scales]
     if not args.json:
@@ -129,8 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         print(table(body, header))
         print()
-    json.dump({"rows": rows, "options": vars(args)}, sys.stdout, indent=2)
-    print()
+    print_json({"rows": rows, "options": vars(args)})
     return 0
 
 
