@@ -17,7 +17,7 @@ Compile time (lower + compile) is measured once and reported apart; each row is 
 are checked against jnp-chunk (relative RMS), so the rows provably compute the same thing.
 Timings on a shared machine are noisy: rerun on a quiet one before quoting them.
 
-    python bench/kernels.py [--json] [--lengths 1024,4096,16384] [--repeats 3] [--budget 30]
+    python bench/linear_ops.py [--json] [--lengths 1024,4096,16384] [--repeats 3] [--budget 30]
                             [--ops kda,lightning] [--no-torch] [--pallas]
 """
 
