@@ -3,6 +3,8 @@
 ``SamplingParams`` is per request; ``sample`` takes per-row arrays so one compiled function
 serves a batch of slots with different settings. Temperature 0 means greedy (argmax).
 
+``greedy_tokens`` is the argmax as XLA:CPU runs it fast.
+
 Sampling keys. Token ``i`` of a request (``i = 0`` is prefill's first token, ``i ≥ 1`` the decode
 steps) is drawn with ``fold_in(request_key(seed), i)`` (``draw_tokens``): a request's tokens
 depend on its own seed and logits only, never on the batch it shares or the step it was
@@ -20,6 +22,17 @@ from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import EngineError
 
 
+def greedy_tokens(logits_BV: jax.Array) -> jax.Array:
+    """``argmax`` over the last axis ``[B]`` int32, the first of equal maxima (and of NaNs, as
+    ``jnp.argmax``), as two reductions XLA vectorises: a max, then the least index holding it.
+    XLA:CPU runs ``argmax``'s (value, index) reduction element by element: over 32K logits it
+    took 160 / 610 / 2,300 µs at B = 1 / 8 / 32 where this takes 21 / 105 / 251 (2 cores)."""
+    top = jnp.max(logits_BV, axis=-1, keepdims=True)
+    hit = (logits_BV == top) | (jnp.isnan(top) & jnp.isnan(logits_BV))
+    index = jax.lax.broadcasted_iota(jnp.int32, logits_BV.shape, logits_BV.ndim - 1)
+    return jnp.min(jnp.where(hit, index, logits_BV.shape[-1]), axis=-1)
+
+
 def sample(
     logits_BV: jax.Array,
     keys_B: jax.Array,
@@ -30,7 +43,7 @@ def sample(
     """One token per row ``[B]`` int32. Rows with temperature 0 take the argmax."""
     logits = logits_BV.astype(jnp.float32)
     vocab = logits.shape[-1]
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = greedy_tokens(logits)
 
     order = jnp.argsort(-logits, axis=-1)
     sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
@@ -75,7 +88,7 @@ def draw_tokens(
         return sample(logits, keys, temperature_B, top_k_B, top_p_B)
 
     def greedy(logits):
-        return jnp.argmax(logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
+        return greedy_tokens(logits.astype(jnp.float32))
 
     return jax.lax.cond(jnp.any(temperature_B > 0), draw, greedy, logits_BV)
 

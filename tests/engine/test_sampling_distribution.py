@@ -29,9 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
-from prfaas_jax.engine.sampling import draw_tokens, request_key
+from prfaas_jax.engine.sampling import draw_tokens, greedy_tokens, request_key
 
 LOGITS = np.array([1.2, -0.3, 2.0, 0.4, -1.5, 0.9, 0.0, -0.8], np.float32)
 VOCAB = LOGITS.size
@@ -143,3 +145,26 @@ def test_the_check_rejects_a_nearby_wrong_distribution():
     boundary = np.flatnonzero((expected(1.0, 0, 0.8) > 0) & (exclusive == 0))
     assert boundary.size == 1 and nucleus[boundary[0]] > 0  # the token that reaches p is drawn
     assert chi_square_p_value(nucleus, exclusive) == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(
+            st.sampled_from([0.0, 1.0, -1.0, 2.5, np.inf, -np.inf, np.nan, 1e30, -0.0]),
+            min_size=1,
+            max_size=12,
+        ),
+        min_size=1,
+        max_size=4,
+    ).filter(lambda rows: len({len(r) for r in rows}) == 1)
+)
+def test_greedy_tokens_equal_numpys_argmax(rows):
+    """The first index of the maximum, ties, infinities and NaNs (the first NaN wins) included,
+    as `np.argmax` gives it."""
+    logits = np.array(rows, np.float32)
+    got = np.asarray(_greedy(logits))
+    assert got.dtype == np.int32 and got.tolist() == np.argmax(logits, axis=-1).tolist()
+
+
+_greedy = jax.jit(greedy_tokens)
