@@ -1,0 +1,213 @@
+"""Where a small-batch decode step's time goes: each part of the step compiled and timed alone,
+against the time its bytes take at this machine's read bandwidth.
+
+The model is bench/engine.py's (``PRESET``: the random Kimi-Linear checkpoint, KDA, KDA, KDA,
+MLA, a dense first MLP then MoE, vocab 32,000, fp32, loaded by ``load_hf``), its engines with
+``impl = reference``. For each B in ``--batches``, B prompts of ``--context`` tokens fill a
+``DecodeEngine``'s B slots, then:
+
+    engine.step()   what bench/engine.py times: the compiled step plus the host's per-slot work
+    compiled step   the engine's jitted step (decode + sampling) alone, its state fed back
+    parts           each compiled on its own, on the step's real inputs (the slots' state):
+                      embed       the B rows of the embedding table
+                      L<i> mixer  RMSNorm + the layer's decode step (KDA recurrence or
+                                  absorbed MLA) on its state
+                      L<i> mlp    RMSNorm + SwiGLU or MoE
+                      head        final RMSNorm + LM head
+                      sample      the all-greedy argmax
+    dispatch        an empty jitted call: the floor each separately compiled part pays
+
+Each time is the median of ``--calls`` calls after a warm-up. A part's bytes are what it must
+read once: its parameters (an MoE layer only the experts B tokens route to in expectation,
+planning/decode_cost.py) and its layer's state at ``--context`` tokens for B rows; its bound is
+those bytes at the read bandwidth measured in the same run (bench/roofline.py). The parts' sum
+beside the compiled step shows what XLA gains by compiling them together; each part's time
+beside its bound shows which of them stands between the step and the weight-streaming bound.
+
+    python bench/decode_profile.py [--batches 1,8] [--context 512] [--calls 200] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from prfaas_jax.cli.flags import parse_int_list, print_json
+from prfaas_jax.config import MlpKind
+from prfaas_jax.engine.decode import _STEP, DecodeEngine
+from prfaas_jax.engine.prefill import PrefillEngine
+from prfaas_jax.engine.sampling import draw_tokens
+from prfaas_jax.model.hf import load_hf
+from prfaas_jax.model.hybrid import bind
+from prfaas_jax.model.mixers.context import StepContext
+from prfaas_jax.model.norms import rms_norm
+from prfaas_jax.ops.dispatch import Impl
+from prfaas_jax.planning.decode_cost import decode_step_bytes, experts_touched
+from prfaas_jax.state_bytes import layer_nbytes
+from prfaas_jax.tables import table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
+import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
+from engine import IMPL, PRESET  # bench/ is the script's own directory
+from roofline import ceilings
+
+
+def _median_s(call: Callable[[], object], calls: int) -> float:
+    jax.block_until_ready(call())  # compile and warm up
+    jax.block_until_ready(call())
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(call())
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _nbytes(tree) -> int:
+    return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
+
+
+def _context(state, impl: Impl) -> StepContext:
+    batch = state.lengths.shape[0]
+    valid = jnp.ones((batch,), jnp.int32)
+    return StepContext(lengths=state.lengths, valid_len=valid, seq_len=1, impl=impl, decode=True)
+
+
+def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwidth: float):
+    cfg, params, impl = prefill.cfg, prefill.params, Impl(prefill.impl)
+    engine = DecodeEngine(cfg, params, max_slots=batch, max_len=context + 4 * calls + 16, impl=impl)
+    rng = np.random.default_rng(batch)
+    for _ in range(batch):
+        result = prefill.prefill(rng.integers(0, cfg.vocab_size, context))
+        engine.insert(result.state, result.first_token, max_new_tokens=4 * calls + 8)
+    rows: list[dict] = []
+
+    def add(name: str, seconds: float, nbytes: float | None) -> None:
+        bound_s = None if nbytes is None else nbytes / bandwidth
+        rows.append({"part": name, "us": 1e6 * seconds, "bytes": nbytes, "bound_us": bound_s})
+        if bound_s is not None:
+            rows[-1]["bound_us"] = 1e6 * bound_s
+
+    step_bytes = decode_step_bytes(cfg, batch, context)
+    add("engine.step()", _median_s(engine.step, calls), step_bytes)
+
+    controls = tuple(jnp.asarray(a) for a in (engine._tokens, np.ones(batch, bool), engine._keys))
+    controls += (jnp.asarray(engine._index),)
+    knobs = tuple(jnp.asarray(a) for a in (engine._temperature, engine._top_k, engine._top_p))
+    held = {"state": engine._state}
+
+    def compiled_step():
+        held["state"], tokens = _STEP(params, held["state"], *controls, *knobs, cfg=cfg, impl=impl)
+        return tokens
+
+    add("compiled step", _median_s(compiled_step, calls), step_bytes)
+    state = held["state"]
+
+    empty = jax.jit(lambda x: x)
+    one = jnp.zeros(())
+    dispatch_s = _median_s(lambda: empty(one), calls)
+
+    tokens = controls[0]
+    embed = jax.jit(lambda p, t: p["embed"][t][:, None])
+    h = embed(params, tokens)
+    row_bytes = batch * cfg.hidden_dim * 4
+    add("embed", _median_s(lambda: embed(params, tokens), calls), row_bytes)
+
+    def mixer_part(p, h, layer_state, state, index):
+        block = bind(cfg, p).layers[index]
+        normed = rms_norm(h, block.mixer_norm[...], cfg.norm_eps)
+        return block.mixer(normed, layer_state, _context(state, impl))
+
+    def mlp_part(p, h, index):
+        block = bind(cfg, p).layers[index]
+        return block.mlp(rms_norm(h, block.mlp_norm[...], cfg.norm_eps))
+
+    mixer = jax.jit(mixer_part, static_argnames="index")
+    mlp = jax.jit(mlp_part, static_argnames="index")
+    moe = cfg.moe
+    for index, kind in enumerate(cfg.layers):
+        layer = params["layers"][index]
+        layer_state = state.layers[index]
+        nbytes = _nbytes(layer["mixer"]) + batch * layer_nbytes(cfg, kind, context)
+
+        def run_mixer(index=index, layer_state=layer_state):
+            return mixer(params, h, layer_state, state, index=index)
+
+        add(f"L{index} {kind.value} mixer", _median_s(run_mixer, calls), nbytes)
+        weights = _nbytes(layer["mlp"])
+        if cfg.mlps[index] is MlpKind.MOE:
+            expert = 3 * cfg.hidden_dim * moe.expert_dim * 4
+            untouched = moe.num_experts - experts_touched(moe.num_experts, moe.top_k, batch)
+            weights -= untouched * expert
+            name = f"L{index} MoE mlp"
+        else:
+            name = f"L{index} dense mlp"
+        add(name, _median_s(lambda index=index: mlp(params, h, index=index), calls), weights)
+
+    head = jax.jit(lambda p, h: bind(cfg, p).head(h)[:, 0])
+    head_bytes = _nbytes(params["lm_head"] if "lm_head" in params else params["embed"])
+    add("head", _median_s(lambda: head(params, h), calls), head_bytes)
+    logits = head(params, h)
+    sample = jax.jit(draw_tokens)
+    add("sample", _median_s(lambda: sample(logits, *controls[2:], *knobs), calls), None)
+    parts_s = sum(r["us"] for r in rows[2:]) / 1e6
+    add("sum of the parts", parts_s, step_bytes)
+    add("dispatch (empty jit)", dispatch_s, None)
+    add("sum less a dispatch each", parts_s - (len(rows) - 4) * dispatch_s, step_bytes)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--batches", type=parse_int_list, default=[1, 8], help="rows (1,8)")
+    parser.add_argument("--context", type=int, default=512, help="prompt tokens (512)")
+    parser.add_argument("--calls", type=int, default=200, help="timed calls per part (200)")
+    parser.add_argument("--json", action="store_true", help="JSON only")
+    args = parser.parse_args(argv)
+    if not args.batches or min(args.batches) < 1 or args.context < 1 or args.calls < 1:
+        parser.error("--batches, --context and --calls must be ≥ 1")
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
+        cfg, params = load_hf(hf_fixtures.make_tiny_kimi_linear(tmp, **PRESET), name="bench")
+    machine = ceilings()
+    prefill = PrefillEngine(cfg, params, impl=IMPL, chunk_len=args.context)
+    result = {"ceilings": machine, "options": vars(args), "batches": {}}
+    for batch in args.batches:
+        rows = profile(prefill, batch, args.context, args.calls, machine["read_bytes_s"])
+        result["batches"][batch] = rows
+        if args.json:
+            continue
+        print(
+            f"decode B = {batch}, {args.context}-token context; read bandwidth "
+            f"{machine['read_bytes_s'] / 1e9:.1f} GB/s"
+        )
+        body = [
+            [
+                r["part"],
+                f"{r['us']:.0f}",
+                "" if r["bytes"] is None else f"{r['bytes'] / 1e6:.2f}",
+                "" if r["bound_us"] is None else f"{r['bound_us']:.0f}",
+                "" if r["bound_us"] is None else f"{r['bound_us'] / r['us']:.0%}",
+            ]
+            for r in rows
+        ]
+        print(table(body, ["part", "µs", "MB to read", "bound µs", "of bound"]))
+        print()
+    print_json(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
