@@ -75,29 +75,37 @@ def attention(
     num_groups = k_BSGD.shape[2]
     per_group = num_heads // num_groups
     f32 = compute_dtype(q_BTHD, k_BSGD, v_BSGV)
+    # The queries of a group's heads stacked along one axis, (r, t): every product is a batched
+    # matmul over (b, g), which XLA:CPU differentiates without the transposes a 5-D einsum
+    # costs (the backward at 16 × 256 tokens: 54 → 10 ms with the stopped peak below).
     q = q_BTHD.astype(f32).reshape(batch, seq_len, num_groups, per_group, -1)
-    logits = jnp.einsum("btgrd,bsgd->bgrts", q, k_BSGD.astype(f32), precision=_HIGHEST) * scale
+    q = q.transpose(0, 2, 3, 1, 4).reshape(batch, num_groups, per_group * seq_len, -1)
+    logits = jnp.einsum("bgqd,bsgd->bgqs", q, k_BSGD.astype(f32), precision=_HIGHEST) * scale
 
     qp = q_pos[:, :, None]
     kp = kv_pos[:, None, :]
     visible = (kp >= 0) & (kp <= qp)
     if window:
         visible &= qp - kp < window
-    logits = jnp.where(visible[:, None, None], logits, -jnp.inf)
+    logits = jnp.where(jnp.tile(visible, (1, per_group, 1))[:, None], logits, -jnp.inf)
 
     if sinks is None:
         peak = jnp.max(logits, axis=-1, keepdims=True)
     else:
         sink = sinks.astype(f32).reshape(1, num_groups, per_group, 1, 1)
+        sink = jnp.broadcast_to(sink, (1, num_groups, per_group, seq_len, 1))
+        sink = sink.reshape(1, num_groups, per_group * seq_len, 1)
         peak = jnp.maximum(jnp.max(logits, axis=-1, keepdims=True), sink)
-    # A query with nothing visible (only possible for padding rows) must not produce NaN.
-    peak = jnp.where(jnp.isfinite(peak), peak, 0.0)
+    # The shift cancels in the ratio, so its gradient is zero: stopped, the backward skips the
+    # max's. A query with nothing visible (only possible for padding rows) must not give NaN.
+    peak = jax.lax.stop_gradient(jnp.where(jnp.isfinite(peak), peak, 0.0))
     weights = jnp.exp(logits - peak)
     denom = jnp.sum(weights, axis=-1, keepdims=True)
     if sinks is not None:
         denom = denom + jnp.exp(sink - peak)
     probs = weights / jnp.maximum(denom, jnp.finfo(f32).tiny)
-    out = jnp.einsum("bgrts,bsgv->btgrv", probs, v_BSGV.astype(f32), precision=_HIGHEST)
+    out = jnp.einsum("bgqs,bsgv->bgqv", probs, v_BSGV.astype(f32), precision=_HIGHEST)
+    out = out.reshape(batch, num_groups, per_group, seq_len, -1).transpose(0, 3, 1, 2, 4)
     return out.reshape(batch, seq_len, num_heads, -1).astype(v_BSGV.dtype)
 
 
