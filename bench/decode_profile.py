@@ -23,6 +23,10 @@ planning/decode_cost.py) and its layer's state at ``--context`` tokens for B row
 those bytes at the read bandwidth measured in the same run (bench/roofline.py). The parts' sum
 beside the compiled step shows what XLA gains by compiling them together; each part's time
 beside its bound shows which of them stands between the step and the weight-streaming bound.
+A part timed alone returns a new copy of its layer's state (the step donates it and writes in
+place), so the mixers' times are upper bounds; the timed steps grow the context from
+``--context`` by up to 2·``--calls`` + 4 tokens, which the bytes (counted at ``--context``)
+leave out.
 
     python bench/decode_profile.py [--batches 1,8] [--context 512] [--calls 200] [--json]
 """
@@ -93,10 +97,8 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
     rows: list[dict] = []
 
     def add(name: str, seconds: float, nbytes: float | None) -> None:
-        bound_s = None if nbytes is None else nbytes / bandwidth
-        rows.append({"part": name, "us": 1e6 * seconds, "bytes": nbytes, "bound_us": bound_s})
-        if bound_s is not None:
-            rows[-1]["bound_us"] = 1e6 * bound_s
+        bound_us = None if nbytes is None else 1e6 * nbytes / bandwidth
+        rows.append({"part": name, "us": 1e6 * seconds, "bytes": nbytes, "bound_us": bound_us})
 
     step_bytes = decode_step_bytes(cfg, batch, context)
     add("engine.step()", _median_s(engine.step, calls), step_bytes)
