@@ -168,3 +168,27 @@ def test_no_live_instance_waits_retry_wait_s_then_unavailable(tmp_path):
         assert computed(engines) == before
         stats = cluster.stats()
         assert (stats.requests_failed, stats.requests_in_flight) == (2, 0)
+
+
+def test_a_stopping_router_refuses_new_requests_and_finishes_those_in_flight(tmp_path):
+    """`RouterCore.stop_admitting` (the router's first step on SIGTERM): a request in flight
+    streams to its end, every new one fails UNAVAILABLE at once, with no attempt made."""
+    config = load_cluster_config(fake_config(tmp_path / "cluster.toml"))
+    engines = instances(decode_step_s=0.02)
+    long = prompt(20, 9)
+    with serve_in_process(config, engines) as cluster:
+        request = pb.GenerateRequest(prompt_token_ids=long, max_new_tokens=40)
+        call = cluster.router.Generate(request, timeout=WAIT_S)
+        first = next(call)
+        cluster.core.stop_admitting()
+        before = computed(engines)
+        for n in (20, 100):  # PD, PrfaaS
+            new = pb.GenerateRequest(prompt_token_ids=prompt(n, n), max_new_tokens=4)
+            with pytest.raises(grpc.RpcError) as err:
+                list(cluster.router.Generate(new, timeout=WAIT_S))
+            assert err.value.code() is grpc.StatusCode.UNAVAILABLE
+            assert err.value.details() == "the router is stopping"
+        assert computed(engines) == before
+        tokens = [*first.token_ids, *(t for m in call for t in m.token_ids)]
+        assert tokens == expected(long, 40, VOCAB)
+        assert cluster.core.finished == {("pd", "ok"): 1}

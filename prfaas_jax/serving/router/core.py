@@ -111,6 +111,10 @@ class _RejectedError(Exception):
     """Admission control refused the request (`policy.admission`); the message says why."""
 
 
+class _StoppingError(Exception):
+    """The router is stopping: it takes no new request (`stop_admitting`)."""
+
+
 class RouterCore:
     """Request dispatch and the counters every other part of the router reads."""
 
@@ -125,6 +129,7 @@ class RouterCore:
         self.threshold = config.router.threshold
         self.traffic = TrafficWindow(config.controller.window)
         self.in_flight: set[str] = set()
+        self.stopping = False  # `stop_admitting` was called: new requests are refused
         self.finished: dict[tuple[str, str], int] = {}
         self.ttft = Histogram()
         self.lookup_time = Histogram(LOOKUP_BUCKETS, [0] * len(LOOKUP_BUCKETS))
@@ -146,6 +151,13 @@ class RouterCore:
             self.cache_feed = CacheFeed(config.prefix_cache.block_size, cfg.vocab_size)
             for worker in self.workers.values():
                 self.cache_feed.follow(worker.name, worker.prefix)
+
+    def stop_admitting(self) -> None:
+        """Refuse every new request from now on (UNAVAILABLE, "the router is stopping"); the
+        requests in flight go on. The first step of stopping: the door closes at once, while
+        the rest of the router winds down, not when its server stops."""
+        with self.lock:
+            self.stopping = True
 
     def close(self) -> None:
         """Stop following the instances' cache events."""
@@ -186,9 +198,11 @@ class RouterCore:
         return cached
 
     def _claim(self, request_id: str) -> None:
-        """Admit a new request id into the in-flight set, or refuse it (a duplicate id, or the
-        router's bound on requests in flight)."""
+        """Admit a new request id into the in-flight set, or refuse it (the router stopping, a
+        duplicate id, or the router's bound on requests in flight)."""
         with self.lock:
+            if self.stopping:
+                raise _StoppingError
             if request_id in self.in_flight:
                 raise _InFlightError(request_id)
             limit = self.config.router.max_in_flight
@@ -286,6 +300,8 @@ class RouterCore:
         request_id = request.request_id or uuid.uuid4().hex
         try:
             self._claim(request_id)
+        except _StoppingError:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the router is stopping")
         except _InFlightError:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is in flight")
         except _RejectedError as err:

@@ -5,8 +5,9 @@ Reads the cluster config and the launcher's workers file, builds the request pat
 serving/router/control.py), serves the ``Router`` API on the front door (TLS and bearer token
 when ``[security]`` sets them) and Prometheus metrics, and writes its address file.
 
-SIGTERM or SIGINT stops it within a short grace, not a drain: the control loop and the metrics
-endpoint stop, the front door closes (a new ``Generate`` fails UNAVAILABLE), requests in flight
+SIGTERM or SIGINT stops it within a short grace, not a drain: a new ``Generate`` fails
+UNAVAILABLE from then on, the control loop and the metrics endpoint stop, the front door
+closes (a new call of any kind fails UNAVAILABLE), requests in flight
 get ``STOP_GRACE_S`` (2 s, serving/transport/server.py) to finish, and a stream still running
 then ends UNAVAILABLE for its client, its calls to the workers cancelled (they free the slot).
 Then the process exits 0.
@@ -91,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("front door: %s", front_door_summary(config.security))
     while not stop.wait(0.5):
         pass
+    core.stop_admitting()
     control.stop()
     core.close()
     metrics.stop()
