@@ -132,7 +132,7 @@ class RouterCore:
         self.stopping = False  # `stop_admitting` was called: new requests are refused
         self.finished: dict[tuple[str, str], int] = {}
         self.ttft = Histogram()
-        self.lookup_time = Histogram(LOOKUP_BUCKETS, [0] * len(LOOKUP_BUCKETS))
+        self.lookup_time = Histogram(LOOKUP_BUCKETS)
         # Prefill end → first token, per route ("prfaas", "pd"): the transfer compute did not hide.
         self.exposed_transfer = {route: Histogram() for route in ("prfaas", "pd")}
         self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0

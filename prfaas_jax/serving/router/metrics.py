@@ -61,9 +61,13 @@ LOOKUP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1
 @dataclasses.dataclass
 class Histogram:
     buckets: tuple[float, ...] = TTFT_BUCKETS
-    counts: list[int] = dataclasses.field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    counts: list[int] = dataclasses.field(default_factory=list)  # per bucket; [] → zeros
     total: float = 0.0
     count: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
 
     def observe(self, value: float) -> None:
         for i, bound in enumerate(self.buckets):
