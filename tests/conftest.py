@@ -6,9 +6,13 @@ than running it, and XLA is told to skip most optimization work
 (``jax_disable_most_optimizations``, the JAX flag made for that case; about 40 % less compile
 time), and XLA:CPU emits fused loops with its older, simpler emitters
 (``--xla_cpu_use_fusion_emitters=false``; another ~20 % of a model's compile time, the same
-programs). Both variables are set before JAX is imported, so every process a test starts
-compiles the same way; ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` and an ``XLA_FLAGS`` that names
-``--xla_cpu_use_fusion_emitters=true`` run the suite with the compiler users get. Child
+programs), each program in one piece (``--xla_cpu_parallel_codegen_split_count=1``: XLA:CPU
+splits a module 32 ways to compile the pieces on parallel threads, which buys nothing when four
+pytest processes share two cores and costs ~6 % of the suite's CPU time in per-piece work).
+Both variables are set before JAX is imported, so every process a test starts compiles the
+same way; ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` and an ``XLA_FLAGS`` that names
+``--xla_cpu_use_fusion_emitters=true`` (or another split count) run the suite with the
+compiler users get. Child
 processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one persistent
 compilation cache with the pytest processes, made for the session
 (``child_cache_home``): the first process to compile a program stores it and the others load
@@ -45,6 +49,8 @@ if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(
         filter(None, [os.environ.get("XLA_FLAGS"), "--xla_cpu_use_fusion_emitters=false"])
     )
+if "xla_cpu_parallel_codegen_split_count" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " --xla_cpu_parallel_codegen_split_count=1"
 
 import jax
 import pytest
