@@ -1,4 +1,5 @@
-"""Counted parameters and prefill FLOPs of a model config: `count_params`, `prefill_flops`.
+"""Counted parameters and prefill FLOPs of a model config: `count_params`, `prefill_flops` (and
+`prefill_flops_by_part`, the same count per layer's mixer and MLP and the LM head).
 
 Pure Python over `ModelConfig` (no JAX), so the planner and `prfaas kv` can estimate T_prefill for
 any preset without building it. For one sequence of L tokens (batch 1):
@@ -151,6 +152,37 @@ def _layer_flops(cfg: ModelConfig, kind: LayerKind, length: int) -> int:
     if kind is not LayerKind.LIGHTNING:
         per_token += 2 * lin.conv_kernel * lin.conv_channels
     return per_token * length
+
+
+@dataclass(frozen=True)
+class PrefillFlops:
+    """`prefill_flops` by part: per layer its mixer (projections and attention or linear
+    state) and its MLP (active weights only), and the LM head at the last position.
+    ``cores[i]`` is the part of ``mixers[i]`` beyond the projections: softmax attention, or
+    the linear-attention state and the short convolutions."""
+
+    mixers: tuple[int, ...]
+    cores: tuple[int, ...]
+    mlps: tuple[int, ...]
+    head: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.mixers) + sum(self.mlps) + self.head
+
+
+def prefill_flops_by_part(cfg: ModelConfig, length: int) -> PrefillFlops:
+    """Counted FLOPs of prefilling one sequence of ``length`` tokens, part by part."""
+    if length < 1:
+        raise ValueError(f"length must be ≥ 1, got {length}")
+    cores = tuple(_layer_flops(cfg, kind, length) for kind in cfg.layers)
+    mixers = tuple(
+        2 * _mixer_params(cfg, kind)[0] * length + core
+        for kind, core in zip(cfg.layers, cores, strict=True)
+    )
+    mlps = tuple(2 * _mlp_params(cfg, kind)[1] * length for kind in cfg.mlps)
+    head = 2 * cfg.hidden_dim * cfg.vocab_size
+    return PrefillFlops(mixers=mixers, cores=cores, mlps=mlps, head=head)
 
 
 def prefill_flops(cfg: ModelConfig, length: int) -> int:

@@ -38,7 +38,12 @@ from prfaas_jax.planning.paper_tables import (
     cluster_egress_gbps,
     kv_gbps,
 )
-from prfaas_jax.planning.prefill_cost import attention_pairs, count_params, prefill_flops
+from prfaas_jax.planning.prefill_cost import (
+    attention_pairs,
+    count_params,
+    prefill_flops,
+    prefill_flops_by_part,
+)
 from prfaas_jax.wire_precision import WirePrecision
 
 FP32_KDA_32 = 32 * 128 * 128 * 4  # 2,097,152 B: 32 heads of 128×128 fp32
@@ -159,6 +164,22 @@ def test_prefill_flops_by_hand():
     assert prefill_flops(cfg, length) == 2 * count_params(cfg).active * length + attention + head
     assert attention_pairs(5, 3) == 1 + 2 + 3 + 3 + 3
     assert attention_pairs(3, 8) == 6
+    parts = prefill_flops_by_part(cfg, length)
+    assert parts.head == head
+    assert parts.mixers == (parts.mixers[0],) * 94  # every layer has the same GQA mixer
+    q_kv_o = 4096 * (64 * 128 + 2 * 4 * 128) + 64 * 128 * 4096
+    assert parts.cores == (attention // 94,) * 94
+    assert parts.mixers[0] == 2 * q_kv_o * length + attention // 94
+
+
+@pytest.mark.parametrize("name", ["kimi-linear-48b", "qwen3-next-80b", "mimo-v2-flash", "tiny"])
+@pytest.mark.parametrize("length", [1, 1000, 131072])
+def test_prefill_flops_by_part_add_up(name, length):
+    cfg = load_model_config(name)
+    parts = prefill_flops_by_part(cfg, length)
+    assert len(parts.mixers) == len(parts.cores) == len(parts.mlps) == cfg.num_layers
+    assert all(0 < core < mixer for core, mixer in zip(parts.cores, parts.mixers, strict=True))
+    assert parts.total == prefill_flops(cfg, length)
 
 
 def test_prfaas_1t_is_within_2_percent_of_table5():
