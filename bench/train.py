@@ -19,13 +19,19 @@ measured in the same run (bench/roofline.py): a step counts 3 × the forward's F
 × forward) — planning/prefill_cost.py's count of B sequences of L, with the LM head at every
 position, as the loss computes logits everywhere.
 
+Each length gets a prfaas row per ``--impls`` entry: the token scans (``reference``, what
+``prfaas train`` runs on a CPU) and the chunked ops (``chunk``, its choice on an accelerator),
+against one HF measurement.
+
     python bench/train.py [--json] [--batch-size 16] [--seq-lens 64,256] [--steps 10]
+                          [--impls chunk,reference]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -37,10 +43,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from prfaas_jax.errors import UserError
 from prfaas_jax.model.hf import load_hf
 from prfaas_jax.planning.prefill_cost import prefill_flops
 from prfaas_jax.tables import table
-from prfaas_jax.train.loop import TrainConfig, optimizer, train_step
+from prfaas_jax.train.loop import TRAINABLE_IMPLS, TrainConfig, optimizer, train_step
 from prfaas_jax.train.tasks import TaskSpec, make_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
@@ -124,8 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-lens", default="64,256", help="tokens per example, per row")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument(
+        "--impls",
+        default=",".join(impl.value for impl in TRAINABLE_IMPLS),
+        help="the ops prfaas trains with, a row each (chunk,reference)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
+    try:
+        impls = [TrainConfig(impl=name).impl for name in args.impls.split(",") if name]
+    except (ValueError, UserError) as err:
+        parser.error(f"--impls: {err}")
     load_start = _load()
     _log(f"load average at start: {load_start}")
     rows = []
@@ -139,32 +155,38 @@ def main(argv: list[str] | None = None) -> int:
         for seq_len in [int(n) for n in args.seq_lens.split(",") if n]:
             spec = TaskSpec(vocab_size=cfg.vocab_size, seq_len=seq_len, num_pairs=4)
             config = TrainConfig(steps=1000, batch_size=args.batch_size)
-            ours, our_losses, first_s = bench_prfaas(
-                cfg, params, spec, config, args.warmup, args.steps
-            )
             theirs, their_losses = bench_hf(path, spec, config, args.warmup, args.steps)
             tokens = args.batch_size * seq_len
             forward = prefill_flops(cfg, seq_len) + 2 * cfg.hidden_dim * cfg.vocab_size * (
                 seq_len - 1
             )
             flops = 3 * args.batch_size * forward
-            rows.append(
-                {
-                    "seq_len": seq_len,
-                    "batch_size": args.batch_size,
-                    "prfaas_tok_s": tokens / float(np.median(ours)),
-                    "hf_tok_s": tokens / float(np.median(theirs)),
-                    "ratio": float(np.median(theirs) / np.median(ours)),
-                    "prfaas_step_s": float(np.median(ours)),
-                    "hf_step_s": float(np.median(theirs)),
-                    "prfaas_compile_s": max(first_s - float(np.median(ours)), 0.0),
-                    "first_loss": {"prfaas": our_losses[0], "hf": their_losses[0]},
-                    "flops": flops,
-                    "achieved_flops_s": flops / float(np.median(ours)),
-                    "fraction_of_matmul_peak": flops / float(np.median(ours)) / peak,
-                }
-            )
-            _log(f"  L={seq_len}: prfaas {np.median(ours):.3f} s/step, HF {np.median(theirs):.3f}")
+            for impl in impls:
+                config = dataclasses.replace(config, impl=impl)
+                ours, our_losses, first_s = bench_prfaas(
+                    cfg, params, spec, config, args.warmup, args.steps
+                )
+                rows.append(
+                    {
+                        "seq_len": seq_len,
+                        "batch_size": args.batch_size,
+                        "impl": impl.value,
+                        "prfaas_tok_s": tokens / float(np.median(ours)),
+                        "hf_tok_s": tokens / float(np.median(theirs)),
+                        "ratio": float(np.median(theirs) / np.median(ours)),
+                        "prfaas_step_s": float(np.median(ours)),
+                        "hf_step_s": float(np.median(theirs)),
+                        "prfaas_compile_s": max(first_s - float(np.median(ours)), 0.0),
+                        "first_loss": {"prfaas": our_losses[0], "hf": their_losses[0]},
+                        "flops": flops,
+                        "achieved_flops_s": flops / float(np.median(ours)),
+                        "fraction_of_matmul_peak": flops / float(np.median(ours)) / peak,
+                    }
+                )
+                _log(
+                    f"  L={seq_len} {impl.value}: prfaas {np.median(ours):.3f} s/step, "
+                    f"HF {np.median(theirs):.3f}"
+                )
     result = {
         "train": rows,
         "ceilings": machine,
@@ -177,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average (1, 5, 15 min) at start {load_start}, at end {end}")
     print(f"matmul peak measured in this run: {peak / 1e9:,.0f} GFLOP/s")
     headers = (
-        "B×L", "prfaas tok/s", "HF tok/s", "ratio", "GFLOP/s", "of peak", "compile s",
+        "B×L", "ops", "prfaas tok/s", "HF tok/s", "ratio", "GFLOP/s", "of peak", "compile s",
         "first loss (prfaas / HF)",
     )  # fmt: skip
     print(
@@ -185,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             [
                 (
                     f"{r['batch_size']}×{r['seq_len']}",
+                    r["impl"],
                     f"{r['prfaas_tok_s']:,.0f}",
                     f"{r['hf_tok_s']:,.0f}",
                     f"{r['ratio']:.1f}×",
@@ -196,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 for r in rows
             ],
             headers,
-            align="lrrrrrrr",
+            align="llrrrrrrr",
         )
     )
     print(json.dumps(result))

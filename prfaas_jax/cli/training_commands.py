@@ -70,9 +70,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--impl",
-        default="chunk",
         choices=["chunk", "reference", "pallas"],
-        help="op implementation; training runs chunk (the others are refused)",
+        help="op implementation: reference (token scans, the faster on a CPU) or chunk (the "
+        "default on an accelerator); pallas is refused (its kernels have no backward pass)",
     )
     p.add_argument("--plot", metavar="PNG", help="save loss and accuracy curves (needs matplotlib)")
     add_compile_cache_flag(p)

@@ -36,7 +36,15 @@ from prfaas_jax.model.seeded_weights import seeded_params
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.tasks import Batch, TaskSpec, make_batch
 
-TRAINABLE_IMPLS = (Impl.CHUNK,)
+TRAINABLE_IMPLS = (Impl.CHUNK, Impl.REFERENCE)
+
+
+def default_train_impl() -> Impl:
+    """The ops a run trains with unless told: on a CPU the token scans (``reference``), whose
+    forward and backward through KDA and GDN layers run 2-5x faster there than the chunked
+    form's at the sizes this project trains (bench/train.py, bench/train_profile.py); on an
+    accelerator the chunked form, which is made for it."""
+    return Impl.REFERENCE if jax.default_backend() == "cpu" else Impl.CHUNK
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,15 +61,16 @@ class TrainConfig:
     seed: int = 0
     eval_examples: int = 512
     eval_every: int = 100
-    impl: Impl = Impl.CHUNK
+    impl: Impl | None = None  # None: `default_train_impl()`
     init_from: str | None = None  # a model checkpoint to start from instead of random weights
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "impl", Impl(self.impl))
-        if self.impl not in TRAINABLE_IMPLS:
+        impl = default_train_impl() if self.impl is None else Impl(self.impl)
+        object.__setattr__(self, "impl", impl)
+        if impl not in TRAINABLE_IMPLS:
             raise UserError(
-                f"training runs the chunk ops; --impl {self.impl.value} is for serving (its "
-                "gradients are not checked, and Pallas kernels define no backward pass)"
+                f"training runs the chunk or reference ops; --impl {impl.value} is for serving "
+                "(Pallas kernels define no backward pass)"
             )
         for name in ("steps", "batch_size", "eval_examples", "eval_every"):
             if getattr(self, name) < 1:

@@ -75,7 +75,7 @@ def test_train_writes_a_checkpoint_that_generate_loads(model_toml, tmp_path, cap
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--impl", "pallas"], "training runs the chunk ops"),
+        (["--impl", "pallas"], "training runs the chunk or reference ops"),
         (["--num-pairs", "0"], "--num-pairs"),
         (["--steps", "0"], "--steps"),
         (["--task", "retrieval", "--seq-len", "16"], "--seq-len ≥"),

@@ -7,8 +7,9 @@ with central differences along random directions over *all* parameters at once. 
 (ops/precision.py), so float64 operands stay float64 and the check is not drowned in float32
 rounding. Two-block cuts of the four toy presets cover every layer kind — KDA, GDN, Lightning,
 MLA (NoPE and RoPE), GQA (partial RoPE, q/k norms, output gate), SWA with sinks — and both MLP
-kinds (SwiGLU and MoE, in ``tiny``), with the ``chunk`` ops that training runs; 70 tokens cross
-a 64-token chunk boundary, so the gradient flows through a carried chunk state.
+kinds (SwiGLU and MoE, in ``tiny``), with both kinds of ops training runs: the ``chunk`` ops
+(70 tokens cross a 64-token chunk boundary, so the gradient flows through a carried chunk
+state) and, for the linear layers, the ``reference`` token scans.
 """
 
 from __future__ import annotations
@@ -37,9 +38,16 @@ def _float64(tree):
 CUTS = {"tiny": (0, 3), "tiny-gdn": (0, 3), "tiny-lightning": (0, 7), "tiny-swa": (0, 1)}
 
 
+# Training runs the chunked ops on accelerators and the token scans on a CPU (train/loop.py):
+# both are checked wherever they differ, in the linear layers.
+CASES = [(name, "chunk") for name in CUTS] + [
+    (name, "reference") for name in ("tiny", "tiny-gdn", "tiny-lightning")
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(CUTS))
-def test_gradients_match_finite_differences(name):
+@pytest.mark.parametrize("name, impl", CASES)
+def test_gradients_match_finite_differences(name, impl):
     full = load_model_config(name)
     keep = CUTS[name]
     cfg = dataclasses.replace(
@@ -59,7 +67,7 @@ def test_gradients_match_finite_differences(name):
 
         @jax.jit
         def loss(p):
-            logits, _ = prefill(p, cfg, tokens, state, impl="chunk")
+            logits, _ = prefill(p, cfg, tokens, state, impl=impl)
             assert logits.dtype == jnp.float64
             return jnp.sum(logits * projection) / SEQ_LEN
 

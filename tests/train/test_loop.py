@@ -16,6 +16,7 @@ import pytest
 
 from prfaas_jax.config import LayerKind, MlpKind, load_model_config
 from prfaas_jax.errors import UserError
+from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.checkpoints import RunDir
 from prfaas_jax.train.loop import TrainConfig, Trainer, initial_state
 from prfaas_jax.train.tasks import TaskSpec
@@ -92,11 +93,17 @@ def test_the_loss_goes_down():
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.1
 
 
-@pytest.mark.parametrize("impl", ["pallas", "reference"])
-def test_other_impls_are_refused_in_one_line(impl):
-    with pytest.raises(UserError, match="training runs the chunk ops") as info:
-        TrainConfig(impl=impl)
+def test_pallas_is_refused_in_one_line():
+    with pytest.raises(UserError, match="training runs the chunk or reference ops") as info:
+        TrainConfig(impl="pallas")
     assert "\n" not in str(info.value)
+
+
+def test_the_default_ops_are_the_backends():
+    """The token scans on this CPU; an explicit choice is kept."""
+    assert jax.default_backend() == "cpu" and TrainConfig().impl is Impl.REFERENCE
+    assert TrainConfig(impl="chunk").impl is Impl.CHUNK
+    assert TrainConfig(impl="chunk").for_step().impl is Impl.CHUNK
 
 
 def test_init_from_starts_at_the_checkpoint_weights(tmp_path):
@@ -113,3 +120,15 @@ def test_init_from_starts_at_the_checkpoint_weights(tmp_path):
     save_checkpoint(tmp_path / "other", other, init_params(jax.random.PRNGKey(0), other))
     with pytest.raises(UserError, match="another layout"):
         initial_state(CFG, dataclasses.replace(CONFIG, init_from=str(tmp_path / "other")))
+
+
+def test_both_trainable_ops_train_the_same_run():
+    """Eight steps with the token scans and with the chunked ops: the same losses to float32
+    rounding (each op's gradient is checked against finite differences in
+    tests/model/test_gradients.py; here they agree on a whole optimised run)."""
+    scans, _ = _run(dataclasses.replace(CONFIG, impl="reference"))
+    chunks, _ = _run(dataclasses.replace(CONFIG, impl="chunk"))
+    assert len(scans.history) == len(chunks.history) == CONFIG.steps
+    np.testing.assert_allclose(
+        [r.loss for r in scans.history], [r.loss for r in chunks.history], rtol=1e-4
+    )
