@@ -11,8 +11,8 @@ splits a module 32 ways to compile the pieces on parallel threads, which buys no
 pytest processes share two cores and costs ~6 % of the suite's CPU time in per-piece work).
 Both variables are set before JAX is imported, so every process a test starts compiles the
 same way; ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` and an ``XLA_FLAGS`` that names
-``--xla_cpu_use_fusion_emitters=true`` (or another split count) run the suite with the
-compiler users get. Child
+``--xla_cpu_use_fusion_emitters=true`` (which leaves the split count alone too) run the suite
+with the compiler users get. Child
 processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one persistent
 compilation cache with the pytest processes, made for the session
 (``child_cache_home``): the first process to compile a program stores it and the others load
@@ -47,10 +47,15 @@ from pathlib import Path
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")  # before JAX reads it
 if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(
-        filter(None, [os.environ.get("XLA_FLAGS"), "--xla_cpu_use_fusion_emitters=false"])
+        filter(
+            None,
+            [
+                os.environ.get("XLA_FLAGS"),
+                "--xla_cpu_use_fusion_emitters=false",
+                "--xla_cpu_parallel_codegen_split_count=1",
+            ],
+        )
     )
-if "xla_cpu_parallel_codegen_split_count" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_cpu_parallel_codegen_split_count=1"
 
 import jax
 import pytest
