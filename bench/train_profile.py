@@ -3,12 +3,13 @@ and forward + backward, at one batch shape.
 
 The model is the ``tiny`` preset (KDA, KDA, KDA, MLA; a dense first MLP, then MoE; the layout
 bench/train.py trains), seeded weights, on ``--batch-size`` × ``--seq-len`` tokens of random
-hidden states, prefilled from an empty state with the ops training runs (``impl = chunk``):
+hidden states, prefilled from an empty state with the ops training runs (``--impl``: by default
+``train.loop.default_train_impl``, the token scans on a CPU):
 
     L<i> mixer      the layer's mixer (KDA: projections, short conv, the chunked delta rule,
                     output norm and gate; MLA: projections, rope, cache write, attention)
     L<i> mlp        SwiGLU or MoE
-    delta rule      ``ops.delta_rule.kda_chunk`` alone at the KDA mixers' shapes
+    delta rule      the KDA op of ``--impl`` alone at the KDA mixers' shapes
     attention       ``ops.attention.reference.attention`` alone at the MLA mixer's shapes
     loss            the LM head and the cross-entropy of bench/train.py's step
 
@@ -17,7 +18,8 @@ Each time is the median of ``--calls`` calls after a warm-up; forward + backward
 parameters and inputs. A backward several times its forward marks the piece that holds the step
 back from ~3× its forward pass.
 
-    python bench/train_profile.py [--batch-size 16] [--seq-len 256] [--calls 8] [--json]
+    python bench/train_profile.py [--batch-size 16] [--seq-len 256] [--calls 8] [--impl IMPL]
+                                  [--json]
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ from prfaas_jax.model.hybrid import bind, init_params
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.state import init_state
 from prfaas_jax.ops.attention.reference import attention
-from prfaas_jax.ops.delta_rule.chunk import kda_chunk
-from prfaas_jax.ops.dispatch import Impl
+from prfaas_jax.ops.dispatch import Impl, linear_op
 from prfaas_jax.tables import table
+from prfaas_jax.train.loop import TRAINABLE_IMPLS, default_train_impl
 
 
 def _median_ms(call: Callable[[], object], calls: int) -> float:
@@ -63,7 +65,7 @@ def _time(name: str, f: Callable, args: tuple, calls: int) -> dict:
     return {"piece": name, "forward_ms": fwd, "forward_backward_ms": total}
 
 
-def profile(batch: int, seq_len: int, calls: int) -> list[dict]:
+def profile(batch: int, seq_len: int, calls: int, impl: Impl) -> list[dict]:
     cfg = load_model_config("tiny")
     params = init_params(jax.random.PRNGKey(0), cfg)
     keys = iter(jax.random.split(jax.random.PRNGKey(1), 16))
@@ -73,7 +75,7 @@ def profile(batch: int, seq_len: int, calls: int) -> list[dict]:
         lengths=jnp.zeros(batch, jnp.int32),
         valid_len=jnp.full(batch, seq_len, jnp.int32),
         seq_len=seq_len,
-        impl=Impl.CHUNK,
+        impl=impl,
         decode=False,
     )
     rows = []
@@ -99,8 +101,9 @@ def profile(batch: int, seq_len: int, calls: int) -> list[dict]:
     v = jax.random.normal(next(keys), (batch, seq_len, heads, v_dim))
     g = -jax.nn.softplus(jax.random.normal(next(keys), (batch, seq_len, heads, k_dim)))
     beta = jax.nn.sigmoid(jax.random.normal(next(keys), (batch, seq_len, heads)))
-    rule = lambda q, k, v, g, beta: kda_chunk(q, k, v, g, beta)[0]  # noqa: E731
-    rows.append(_time("delta rule (kda_chunk)", rule, (q, k, v, g, beta), calls))
+    op = linear_op("kda", impl)
+    rule = lambda q, k, v, g, beta: op(q, k, v, g, beta)[0]  # noqa: E731
+    rows.append(_time(f"delta rule (kda, {impl.value})", rule, (q, k, v, g, beta), calls))
 
     if LayerKind.MLA in cfg.layers:
         mla = cfg.mla
@@ -147,11 +150,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=16, help="sequences (16)")
     parser.add_argument("--seq-len", type=int, default=256, help="tokens each (256)")
     parser.add_argument("--calls", type=int, default=8, help="timed calls per piece (8)")
+    parser.add_argument(
+        "--impl",
+        choices=[impl.value for impl in TRAINABLE_IMPLS],
+        default=default_train_impl().value,
+        help="the ops the pieces run (default: what training runs on this backend)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
     if min(args.batch_size, args.seq_len, args.calls) < 1:
         parser.error("--batch-size, --seq-len and --calls must be ≥ 1")
-    rows = profile(args.batch_size, args.seq_len, args.calls)
+    rows = profile(args.batch_size, args.seq_len, args.calls, Impl(args.impl))
     if not args.json:
         print(f"tiny, {args.batch_size} × {args.seq_len} tokens, median of {args.calls} calls")
         body = [
