@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import sys
 import tempfile
@@ -54,7 +55,6 @@ from prfaas_jax.engine.sampling import draw_tokens
 from prfaas_jax.model.hf import load_hf
 from prfaas_jax.model.hybrid import bind
 from prfaas_jax.model.mixers.context import StepContext
-from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.planning.decode_cost import decode_step_bytes, experts_touched
 from prfaas_jax.state_bytes import layer_nbytes
@@ -63,6 +63,7 @@ from prfaas_jax.tables import table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 from engine import IMPL, PRESET  # bench/ is the script's own directory
+from layer_parts import mixer_part, mlp_part
 from roofline import ceilings
 
 
@@ -125,17 +126,11 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
     row_bytes = batch * cfg.hidden_dim * 4
     add("embed", _median_s(lambda: embed(params, tokens), calls), row_bytes)
 
-    def mixer_part(p, h, layer_state, state, index):
-        block = bind(cfg, p).layers[index]
-        normed = rms_norm(h, block.mixer_norm[...], cfg.norm_eps)
-        return block.mixer(normed, layer_state, _context(state, impl))
+    def run_mixer_part(p, h, layer_state, state, index):
+        return mixer_part(cfg, p, h, layer_state, _context(state, impl), index)
 
-    def mlp_part(p, h, index):
-        block = bind(cfg, p).layers[index]
-        return block.mlp(rms_norm(h, block.mlp_norm[...], cfg.norm_eps))
-
-    mixer = jax.jit(mixer_part, static_argnames="index")
-    mlp = jax.jit(mlp_part, static_argnames="index")
+    mixer = jax.jit(run_mixer_part, static_argnames="index")
+    mlp = jax.jit(functools.partial(mlp_part, cfg), static_argnames="index")
     moe = cfg.moe
     for index, kind in enumerate(cfg.layers):
         layer = params["layers"][index]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import sys
 import tempfile
 import time
@@ -51,7 +52,6 @@ from prfaas_jax.model import init_state
 from prfaas_jax.model.hf import load_hf
 from prfaas_jax.model.hybrid import bind
 from prfaas_jax.model.mixers.context import StepContext
-from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.ops.dispatch import Impl, linear_op
 from prfaas_jax.planning.prefill_cost import prefill_flops_by_part
 from prfaas_jax.tables import table
@@ -59,6 +59,7 @@ from prfaas_jax.tables import table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 from engine import IMPL, PRESET  # bench/ is the script's own directory
+from layer_parts import mixer_part, mlp_part
 from roofline import ceilings
 
 
@@ -128,17 +129,11 @@ def profile(engine: PrefillEngine, length: int, impls: list[Impl], repeats: int,
     h = embed(params, tokens)
     add("embed", _best_s(lambda: embed(params, tokens), repeats), None)
 
-    def mixer_part(p, h, layer_state, index, impl):
-        block = bind(cfg, p).layers[index]
-        normed = rms_norm(h, block.mixer_norm[...], cfg.norm_eps)
-        return block.mixer(normed, layer_state, _context(length, impl))
+    def run_mixer_part(p, h, layer_state, index, impl):
+        return mixer_part(cfg, p, h, layer_state, _context(length, impl), index)
 
-    def mlp_part(p, h, index):
-        block = bind(cfg, p).layers[index]
-        return block.mlp(rms_norm(h, block.mlp_norm[...], cfg.norm_eps))
-
-    mixer = jax.jit(mixer_part, static_argnames=("index", "impl"))
-    mlp = jax.jit(mlp_part, static_argnames="index")
+    mixer = jax.jit(run_mixer_part, static_argnames=("index", "impl"))
+    mlp = jax.jit(functools.partial(mlp_part, cfg), static_argnames="index")
     for index, kind in enumerate(cfg.layers):
         layer_state = fresh.layers[index]
         forms = impls if kind.is_linear else [engine.impl]
