@@ -58,12 +58,11 @@ from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.planning.decode_cost import decode_step_bytes, experts_touched
 from prfaas_jax.state_bytes import layer_nbytes
-from prfaas_jax.tables import table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 from engine import IMPL, PRESET  # bench/ is the script's own directory
-from layer_parts import mixer_part, mlp_part
+from layer_parts import mixer_part, mlp_part, parts_table
 from roofline import ceilings
 
 
@@ -190,17 +189,9 @@ def main(argv: list[str] | None = None) -> int:
             f"decode B = {batch}, {args.context}-token context; read bandwidth "
             f"{machine['read_bytes_s'] / 1e9:.1f} GB/s"
         )
-        body = [
-            [
-                r["part"],
-                f"{r['us']:.0f}",
-                "" if r["bytes"] is None else f"{r['bytes'] / 1e6:.2f}",
-                "" if r["bound_us"] is None else f"{r['bound_us']:.0f}",
-                "" if r["bound_us"] is None else f"{r['bound_us'] / r['us']:.0%}",
-            ]
-            for r in rows
-        ]
-        print(table(body, ["part", "µs", "MB to read", "bound µs", "of bound"]))
+        scale = {"time": 1.0, "digits": 0, "work": 1e6}
+        headers = ["part", "µs", "MB to read", "bound µs", "of bound"]
+        print(parts_table(rows, work="bytes", scale=scale, headers=headers))
         print()
     print_json(result)
     return 0

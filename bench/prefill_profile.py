@@ -54,12 +54,11 @@ from prfaas_jax.model.hybrid import bind
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.ops.dispatch import Impl, linear_op
 from prfaas_jax.planning.prefill_cost import prefill_flops_by_part
-from prfaas_jax.tables import table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 from engine import IMPL, PRESET  # bench/ is the script's own directory
-from layer_parts import mixer_part, mlp_part
+from layer_parts import mixer_part, mlp_part, parts_table
 from roofline import ceilings
 
 
@@ -199,17 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             f"prefill T = {length}, batch 1, impl {IMPL}; matmul peak "
             f"{machine['matmul_flops'] / 1e9:.0f} GFLOP/s"
         )
-        body = [
-            [
-                r["part"] + ("" if r.get("in_sum", True) else "  ·"),
-                f"{r['us'] / 1e3:.2f}",
-                "" if r["flops"] is None else f"{r['flops'] / 1e9:.3f}",
-                "" if r["bound_us"] is None else f"{r['bound_us'] / 1e3:.2f}",
-                "" if r["bound_us"] is None else f"{r['bound_us'] / r['us']:.0%}",
-            ]
-            for r in rows
-        ]
-        print(table(body, ["part", "ms", "GFLOP", "bound ms", "of peak"]))
+        scale = {"time": 1e3, "digits": 2, "work": 1e9}
+        headers = ["part", "ms", "GFLOP", "bound ms", "of peak"]
+        print(parts_table(rows, work="flops", scale=scale, headers=headers))
         print("· not in the sum of the parts (another form, or a piece of the row above)")
         print()
     print_json(result)
