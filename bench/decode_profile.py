@@ -34,11 +34,9 @@ leave out.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,17 +50,17 @@ from prfaas_jax.config import MlpKind
 from prfaas_jax.engine.decode import _STEP, DecodeEngine
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.engine.sampling import draw_tokens
-from prfaas_jax.model.hf import load_hf
 from prfaas_jax.model.hybrid import bind
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.planning.decode_cost import decode_step_bytes, experts_touched
 from prfaas_jax.state_bytes import layer_nbytes
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
-import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
-from engine import IMPL, PRESET  # bench/ is the script's own directory
-from layer_parts import mixer_part, mlp_part, parts_table
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf")
+)  # hf_fixtures
+from engine import IMPL  # bench/ is the script's own directory
+from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings
 
 
@@ -175,8 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.batches or min(args.batches) < 1 or args.context < 1 or args.calls < 1:
         parser.error("--batches, --context and --calls must be ≥ 1")
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
-        cfg, params = load_hf(hf_fixtures.make_tiny_kimi_linear(tmp, **PRESET), name="bench")
+    cfg, params = bench_model()
     machine = ceilings()
     prefill = PrefillEngine(cfg, params, impl=IMPL, chunk_len=args.context)
     result = {"ceilings": machine, "options": vars(args), "batches": {}}

@@ -1,12 +1,17 @@
 """What the step profiles share (bench/decode_profile.py, bench/prefill_profile.py): one block's
 mixer and MLP as functions of their own inputs, so each compiles and times apart from the rest
-of a step, and the table of parts against their bounds."""
+of a step, the table of parts against their bounds, and bench/engine.py's model."""
 
 from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
 
 import jax
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.model.hf import load_hf
 from prfaas_jax.model.hybrid import bind
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.norms import rms_norm
@@ -41,3 +46,13 @@ def parts_table(rows: list[dict], *, work: str, scale: dict, headers: list[str])
         for r in rows
     ]
     return table(body, headers)
+
+
+def bench_model():
+    """``(cfg, params)`` of bench/engine.py's random Kimi-Linear checkpoint (``PRESET``),
+    written by the tests' builder and loaded by ``load_hf``."""
+    import hf_fixtures  # tests/model/hf, on the path the scripts set
+    from engine import PRESET  # bench/ is the scripts' own directory
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
+        return load_hf(hf_fixtures.make_tiny_kimi_linear(tmp, **PRESET), name="bench")

@@ -33,10 +33,8 @@ chunked form whichever form runs, so the token scan's fraction is of the same wo
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,16 +47,16 @@ from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.config import LayerKind, MlpKind
 from prfaas_jax.engine.prefill import PrefillEngine, _prefill_block
 from prfaas_jax.model import init_state
-from prfaas_jax.model.hf import load_hf
 from prfaas_jax.model.hybrid import bind
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.ops.dispatch import Impl, linear_op
 from prfaas_jax.planning.prefill_cost import prefill_flops_by_part
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
-import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
-from engine import IMPL, PRESET  # bench/ is the script's own directory
-from layer_parts import mixer_part, mlp_part, parts_table
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf")
+)  # hf_fixtures
+from engine import IMPL  # bench/ is the script's own directory
+from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings
 
 
@@ -184,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--impls: {err}")
     if not impls:
         parser.error("--impls names no form")
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sys.stderr):
-        cfg, params = load_hf(hf_fixtures.make_tiny_kimi_linear(tmp, **PRESET), name="bench")
+    cfg, params = bench_model()
     machine = ceilings()
     result = {"ceilings": machine, "options": vars(args), "lengths": {}}
     for length in args.lengths:
