@@ -56,9 +56,8 @@ from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.planning.decode_cost import decode_step_bytes, experts_touched
 from prfaas_jax.state_bytes import layer_nbytes
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf")
-)  # hf_fixtures
+# tests/model/hf holds the checkpoint builder bench_model uses (hf_fixtures; not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 from engine import IMPL  # bench/ is the script's own directory
 from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings

@@ -52,9 +52,8 @@ from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.ops.dispatch import Impl, linear_op
 from prfaas_jax.planning.prefill_cost import prefill_flops_by_part
 
-sys.path.insert(
-    0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf")
-)  # hf_fixtures
+# tests/model/hf holds the checkpoint builder bench_model uses (hf_fixtures; not a package).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 from engine import IMPL  # bench/ is the script's own directory
 from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings
