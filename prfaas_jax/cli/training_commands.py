@@ -71,8 +71,9 @@ def add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--impl",
         choices=["chunk", "reference", "pallas"],
-        help="op implementation: reference (token scans, the faster on a CPU) or chunk (the "
-        "default on an accelerator); pallas is refused (its kernels have no backward pass)",
+        help="op implementation: reference (token scans; the default on a CPU, where they are "
+        "faster) or chunk (the default on an accelerator); pallas is refused (its kernels have "
+        "no backward pass)",
     )
     p.add_argument("--plot", metavar="PNG", help="save loss and accuracy curves (needs matplotlib)")
     add_compile_cache_flag(p)
