@@ -73,8 +73,9 @@ class RunDir:
         for part in ("model", "task", "train"):
             if stored.get(part) != mine[part]:
                 raise UserError(
-                    f"{self.path} holds a run with another {part} configuration; resume it with "
-                    "the flags it was started with, or pass a new --out"
+                    f"{self.path} holds a run with another {part} configuration"
+                    f"{_differences(stored.get(part), mine[part])}; resume it with the flags it "
+                    "was started with, or pass a new --out"
                 )
         step = self.manager.latest_step()
         if step is None:
@@ -107,3 +108,11 @@ class RunDir:
             json.dumps({**self._identity(), "results": results}, indent=2) + "\n"
         )
         return self.path
+
+
+def _differences(stored: object, mine: object) -> str:
+    """`` (lr: 0.003 there, 0.001 here)`` for the fields two configurations differ in."""
+    if not (isinstance(stored, dict) and isinstance(mine, dict)):
+        return ""
+    fields = sorted(k for k in stored.keys() | mine.keys() if stored.get(k) != mine.get(k))
+    return " (" + "; ".join(f"{k}: {stored.get(k)} there, {mine.get(k)} here" for k in fields) + ")"

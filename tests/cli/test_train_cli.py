@@ -70,6 +70,7 @@ def test_train_writes_a_checkpoint_that_generate_loads(model_toml, tmp_path, cap
     assert code == 0 and json.loads(out)["resumed_from"] == 6
     code, _, err = _run([*argv[:-1], "--lr", "1e-3"], capsys)
     assert code == 2 and "another train configuration" in err and err.count("\n") == 1
+    assert "(lr: 0.003 there, 0.001 here)" in err
 
 
 @pytest.mark.parametrize(
