@@ -35,10 +35,7 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -61,17 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" /
 from engine import IMPL  # bench/ is the script's own directory
 from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings
-
-
-def _median_s(call: Callable[[], object], calls: int) -> float:
-    jax.block_until_ready(call())  # compile and warm up
-    jax.block_until_ready(call())
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from timing import median_s
 
 
 def _nbytes(tree) -> int:
@@ -98,7 +85,7 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
         rows.append({"part": name, "us": 1e6 * seconds, "bytes": nbytes, "bound_us": bound_us})
 
     step_bytes = decode_step_bytes(cfg, batch, context)
-    add("engine.step()", _median_s(engine.step, calls), step_bytes)
+    add("engine.step()", median_s(engine.step, calls), step_bytes)
 
     controls = tuple(jnp.asarray(a) for a in (engine._tokens, np.ones(batch, bool), engine._keys))
     controls += (jnp.asarray(engine._index),)
@@ -109,18 +96,18 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
         held["state"], tokens = _STEP(params, held["state"], *controls, *knobs, cfg=cfg, impl=impl)
         return tokens
 
-    add("compiled step", _median_s(compiled_step, calls), step_bytes)
+    add("compiled step", median_s(compiled_step, calls), step_bytes)
     state = held["state"]
 
     empty = jax.jit(lambda x: x)
     one = jnp.zeros(())
-    dispatch_s = _median_s(lambda: empty(one), calls)
+    dispatch_s = median_s(lambda: empty(one), calls)
 
     tokens = controls[0]
     embed = jax.jit(lambda p, t: p["embed"][t][:, None])
     h = embed(params, tokens)
     row_bytes = batch * cfg.hidden_dim * 4
-    add("embed", _median_s(lambda: embed(params, tokens), calls), row_bytes)
+    add("embed", median_s(lambda: embed(params, tokens), calls), row_bytes)
 
     def run_mixer_part(p, h, layer_state, state, index):
         return mixer_part(cfg, p, h, layer_state, _context(state, impl), index)
@@ -136,7 +123,7 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
         def run_mixer(index=index, layer_state=layer_state):
             return mixer(params, h, layer_state, state, index=index)
 
-        add(f"L{index} {kind.value} mixer", _median_s(run_mixer, calls), nbytes)
+        add(f"L{index} {kind.value} mixer", median_s(run_mixer, calls), nbytes)
         weights = _nbytes(layer["mlp"])
         if cfg.mlps[index] is MlpKind.MOE:
             expert = 3 * cfg.hidden_dim * moe.expert_dim * 4
@@ -145,14 +132,14 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
             name = f"L{index} MoE mlp"
         else:
             name = f"L{index} dense mlp"
-        add(name, _median_s(lambda index=index: mlp(params, h, index=index), calls), weights)
+        add(name, median_s(lambda index=index: mlp(params, h, index=index), calls), weights)
 
     head = jax.jit(lambda p, h: bind(cfg, p).head(h)[:, 0])
     head_bytes = _nbytes(params["lm_head"] if "lm_head" in params else params["embed"])
-    add("head", _median_s(lambda: head(params, h), calls), head_bytes)
+    add("head", median_s(lambda: head(params, h), calls), head_bytes)
     logits = head(params, h)
     sample = jax.jit(draw_tokens)
-    add("sample", _median_s(lambda: sample(logits, *controls[2:], *knobs), calls), None)
+    add("sample", median_s(lambda: sample(logits, *controls[2:], *knobs), calls), None)
     parts_s = sum(r["us"] for r in rows[2:]) / 1e6
     add("sum of the parts", parts_s, step_bytes)
     add("dispatch (empty jit)", dispatch_s, None)

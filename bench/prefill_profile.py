@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -57,16 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" /
 from engine import IMPL  # bench/ is the script's own directory
 from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings
-
-
-def _best_s(call: Callable[[], object], repeats: int) -> float:
-    jax.block_until_ready(call())  # compile and warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        times.append(time.perf_counter() - start)
-    return min(times)
+from timing import best_s
 
 
 def _context(length: int, impl: Impl) -> StepContext:
@@ -108,7 +98,7 @@ def profile(engine: PrefillEngine, length: int, impls: list[Impl], repeats: int,
         bound_us = None if part_flops is None else 1e6 * part_flops / peak
         rows.append({"part": name, "us": 1e6 * seconds, "flops": part_flops, "bound_us": bound_us})
 
-    add("engine.prefill()", _best_s(lambda: engine.prefill(ids).state, repeats), flops.total)
+    add("engine.prefill()", best_s(lambda: engine.prefill(ids).state, repeats), flops.total)
 
     tokens = jnp.asarray(ids, jnp.int32)[None]
     valid = jnp.full((1,), length, jnp.int32)
@@ -118,12 +108,12 @@ def profile(engine: PrefillEngine, length: int, impls: list[Impl], repeats: int,
     def run_block():  # not donated, so one fresh state serves every call
         return block(params, tokens, valid, fresh, cfg=cfg, impl=engine.impl)
 
-    add("compiled block", _best_s(run_block, repeats), flops.total)
+    add("compiled block", best_s(run_block, repeats), flops.total)
     parts_from = len(rows)
 
     embed = jax.jit(lambda p, t: p["embed"][t])
     h = embed(params, tokens)
-    add("embed", _best_s(lambda: embed(params, tokens), repeats), None)
+    add("embed", best_s(lambda: embed(params, tokens), repeats), None)
 
     def run_mixer_part(p, h, layer_state, index, impl):
         return mixer_part(cfg, p, h, layer_state, _context(length, impl), index)
@@ -139,21 +129,21 @@ def profile(engine: PrefillEngine, length: int, impls: list[Impl], repeats: int,
             def run_mixer(index=index, layer_state=layer_state, impl=impl):
                 return mixer(params, h, layer_state, index=index, impl=impl)
 
-            seconds = _best_s(run_mixer, repeats)
+            seconds = best_s(run_mixer, repeats)
             # The engine's own form counts toward the sum of the parts; others are shown beside.
             add(name, seconds, flops.mixers[index])
             rows[-1]["in_sum"] = impl is engine.impl
             if kind in (LayerKind.KDA, LayerKind.GDN):
-                op_s = _best_s(_delta_rule_call(cfg, kind, impl, length), repeats)
+                op_s = best_s(_delta_rule_call(cfg, kind, impl, length), repeats)
                 add(f"  of which the delta rule ({impl.value})", op_s, flops.cores[index])
                 rows[-1]["in_sum"] = False
         kind_name = "MoE" if cfg.mlps[index] is MlpKind.MOE else "dense"
         run_mlp = lambda index=index: mlp(params, h, index=index)  # noqa: E731
-        add(f"L{index} {kind_name} mlp", _best_s(run_mlp, repeats), flops.mlps[index])
+        add(f"L{index} {kind_name} mlp", best_s(run_mlp, repeats), flops.mlps[index])
 
     last = jnp.full((1,), length - 1, jnp.int32)
     head = jax.jit(lambda p, h: bind(cfg, p).head(h, last_B=last))
-    add("head", _best_s(lambda: head(params, h), repeats), flops.head)
+    add("head", best_s(lambda: head(params, h), repeats), flops.head)
     parts_s = sum(r["us"] for r in rows[parts_from:] if r.get("in_sum", True)) / 1e6
     add("sum of the parts", parts_s, flops.total)
     return rows

@@ -12,29 +12,18 @@ or byte-bound by its arithmetic intensity against the ridge point, peak FLOP/s Ã
 
 from __future__ import annotations
 
-import time
-
 import jax
 import jax.numpy as jnp
-
-
-def _best(fn, *args, repeats: int) -> float:
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    times = []
-    for _ in range(max(repeats, 1)):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return min(times)
+from timing import best_s  # bench/ is the scripts' own directory
 
 
 def ceilings(*, n: int = 2048, read_bytes: int = 400_000_000, repeats: int = 5) -> dict:
     """``{"matmul_flops", "read_bytes_s", "ridge_flops_per_byte"}`` of this machine."""
+    matmul, total = jax.jit(jnp.matmul), jax.jit(jnp.sum)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    matmul_s = _best(jax.jit(jnp.matmul), a, a, repeats=repeats)
+    matmul_s = best_s(lambda: matmul(a, a), repeats)
     x = jnp.ones(read_bytes // 4, jnp.float32)
-    read_s = _best(jax.jit(jnp.sum), x, repeats=repeats)
-    del x
+    read_s = best_s(lambda: total(x), repeats)
     peak, bandwidth = 2 * n**3 / matmul_s, read_bytes / read_s
     return {
         "matmul_flops": peak,
