@@ -9,7 +9,8 @@ hidden states, prefilled from an empty state with the ops training runs (``--imp
     L<i> mixer      the layer's mixer (KDA: projections, short conv, the chunked delta rule,
                     output norm and gate; MLA: projections, rope, cache write, attention)
     L<i> mlp        SwiGLU or MoE
-    delta rule      the KDA op of ``--impl`` alone at the KDA mixers' shapes
+    delta rule      the KDA and GDN ops of ``--impl`` alone at the KDA mixers' shapes
+    lightning       the Lightning op of ``--impl`` alone at the same shapes
     attention       ``ops.attention.reference.attention`` alone at the MLA mixer's shapes
     loss            the LM head and the cross-entropy of bench/train.py's step
 
@@ -25,14 +26,14 @@ back from ~3× its forward pass.
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import sys
-import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import optax
+from timing import median_s  # bench/ is the script's own directory
 
 from prfaas_jax.cli.flags import print_json
 from prfaas_jax.config import LayerKind, load_model_config
@@ -45,23 +46,12 @@ from prfaas_jax.tables import table
 from prfaas_jax.train.loop import TRAINABLE_IMPLS, default_train_impl
 
 
-def _median_ms(call: Callable[[], object], calls: int) -> float:
-    jax.block_until_ready(call())  # compile and warm up
-    jax.block_until_ready(call())
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        jax.block_until_ready(call())
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def _time(name: str, f: Callable, args: tuple, calls: int) -> dict:
     """``f(*args)`` → an array; forward, and value_and_grad of its summed squares."""
     forward = jax.jit(f)
     both = jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a) ** 2), tuple(range(len(args)))))
-    fwd = _median_ms(lambda: forward(*args), calls)
-    total = _median_ms(lambda: both(*args), calls)
+    fwd = 1e3 * median_s(lambda: forward(*args), calls)
+    total = 1e3 * median_s(lambda: both(*args), calls)
     return {"piece": name, "forward_ms": fwd, "forward_backward_ms": total}
 
 
@@ -101,9 +91,14 @@ def profile(batch: int, seq_len: int, calls: int, impl: Impl) -> list[dict]:
     v = jax.random.normal(next(keys), (batch, seq_len, heads, v_dim))
     g = -jax.nn.softplus(jax.random.normal(next(keys), (batch, seq_len, heads, k_dim)))
     beta = jax.nn.sigmoid(jax.random.normal(next(keys), (batch, seq_len, heads)))
-    op = linear_op("kda", impl)
-    rule = lambda q, k, v, g, beta: op(q, k, v, g, beta)[0]  # noqa: E731
+    # Each linear op alone at these shapes: what --impl changes (the mixers above run KDA only).
+    kda, gdn = linear_op("kda", impl), linear_op("gdn", impl)
+    rule = lambda q, k, v, g, beta: kda(q, k, v, g, beta)[0]  # noqa: E731
     rows.append(_time(f"delta rule (kda, {impl.value})", rule, (q, k, v, g, beta), calls))
+    rule = lambda q, k, v, g, beta: gdn(q, k, v, g, beta)[0]  # noqa: E731
+    rows.append(_time(f"delta rule (gdn, {impl.value})", rule, (q, k, v, g[..., 0], beta), calls))
+    lightning = functools.partial(linear_op("lightning", impl), decay=-jnp.linspace(0.1, 1, heads))
+    rows.append(_time(f"lightning ({impl.value})", lambda *a: lightning(*a)[0], (q, k, v), calls))
 
     if LayerKind.MLA in cfg.layers:
         mla = cfg.mla
@@ -129,8 +124,8 @@ def profile(batch: int, seq_len: int, calls: int, impl: Impl) -> list[dict]:
     rows.append(
         {
             "piece": "loss (LM head + cross-entropy)",
-            "forward_ms": _median_ms(lambda: forward(params, h), calls),
-            "forward_backward_ms": _median_ms(lambda: both(params, h), calls),
+            "forward_ms": 1e3 * median_s(lambda: forward(params, h), calls),
+            "forward_backward_ms": 1e3 * median_s(lambda: both(params, h), calls),
         }
     )
     return rows

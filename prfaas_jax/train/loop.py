@@ -41,7 +41,7 @@ TRAINABLE_IMPLS = (Impl.CHUNK, Impl.REFERENCE)
 
 def default_train_impl() -> Impl:
     """The ops a run trains with unless told: on a CPU the token scans (``reference``), whose
-    forward and backward through KDA and GDN layers run 3-5x faster there than the chunked
+    forward and backward through KDA and GDN layers run 2-5x faster there than the chunked
     form's at the sizes this project trains (bench/train.py, bench/train_profile.py); on an
     accelerator the chunked form, which is made for it."""
     return Impl.REFERENCE if jax.default_backend() == "cpu" else Impl.CHUNK
