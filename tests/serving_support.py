@@ -32,6 +32,7 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.core import RouterCore, RouterService
+from prfaas_jax.serving.transport.data_path import DataListener
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
@@ -225,6 +226,7 @@ def serve_in_process(
     decode: dict[str, DecodeService] = {}
     servers: dict[str, ServingServer] = {}
     prefixes: dict[str, PrefixService] = {}
+    listeners: dict[str, DataListener | None] = {}
     for name, (role, engine) in engines.items():
         if role.is_prefill and prefix_caches:
             prefixes[name] = PrefixService(
@@ -249,14 +251,18 @@ def serve_in_process(
                 precision=config.link.wire_precision
                 if role is Role.PRFAAS_PREFILL
                 else WIRE_NATIVE,
+                data_path=config.link.data_path,
             )
         else:
+            # As a worker process does: a data port beside the decode service.
+            listeners[name] = DataListener() if config.link.data_path else None
             decode[name] = DecodeService(
                 engine=lambda engine=engine: engine,
                 cfg=cfg,
                 max_len=config.engine.max_len,
                 admit=lambda context: None,
                 state_timeout_s=state_timeout_s,
+                data_path=listeners[name],
             )
         servers[name] = serve_workers(
             prefill.get(name), decode.get(name), controls.get(name), prefixes.get(name)
@@ -285,6 +291,9 @@ def serve_in_process(
         for name, server in servers.items():
             if name != "router":
                 server.stop(grace_s=0.5)
+        for listener in listeners.values():
+            if listener is not None:
+                listener.close()
 
 
 # Malformed `GenerateRequest`s (for max_len 512, vocabulary 256) and a word of each refusal: the

@@ -120,6 +120,10 @@ class LinkSection:
     # wire_precision.py): "native", one encoding for every tensor ("bf16"), or per kind
     # ("state=bf16,kv=int8"). Prefix-cache exports stay exact: their copies are reused.
     precision: str = "native"
+    # Every push (PrfaaS and PD) sends its frames on a TCP connection of its own beside
+    # PushState, which then carries only the control (serving/transport/data_path.py); false:
+    # the frames go as PushState's messages.
+    data_path: bool = True
 
     def __post_init__(self) -> None:
         _check(self.bandwidth_mbps > 0, "link.bandwidth_mbps", "must be positive")

@@ -53,6 +53,19 @@ def test_routes_outputs_and_state_bytes(router):
     assert (stats.model, stats.vocab_size, stats.max_len) == ("tiny", CFG.vocab_size, 512)
 
 
+def test_every_push_takes_the_data_path(fake_cluster, router):
+    """Both routes' states reach the decode worker on its data port (`[link] data_path`, on by
+    default), one data connection per push."""
+    address = fake_cluster["workers"]["pd-1"]["address"]
+    with grpc.insecure_channel(address) as channel:
+        decode = pb_grpc.WorkerControlStub(channel)
+        before = decode.GetStats(pb.GetStatsRequest()).data_path_pushes
+        for n in (5, 100, 64, 65):  # PD, PrfaaS, PD, PrfaaS
+            reply = generate(router, prompt(n, 7), 3)
+            assert reply.tokens == fake_tokens(prompt(n, 7), 3, CFG.vocab_size)
+        assert decode.GetStats(pb.GetStatsRequest()).data_path_pushes == before + 4
+
+
 def test_one_token_and_longest_requests(router):
     assert generate(router, prompt(7), 1).tokens == fake_tokens(prompt(7), 1, CFG.vocab_size)
     longest = prompt(500)

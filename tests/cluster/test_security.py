@@ -12,7 +12,9 @@ second cluster, without a token, wants a client certificate at the router instea
 
 from __future__ import annotations
 
+import contextlib
 import json
+import ssl
 import stat
 
 import grpc
@@ -29,6 +31,7 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport import security
 from prfaas_jax.serving.transport.certs import make_ca, make_node_cert
+from prfaas_jax.serving.transport.data_path import DataSender
 from prfaas_jax.serving.transport.server import health_status
 
 CFG = load_model_config("tiny")
@@ -118,6 +121,11 @@ def test_tls_and_token_are_served(cluster, creds):
     with security.channel(pd_0, section(creds, client="creds")) as channel:
         stats = pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
     assert (stats.prefix_cache.imports, stats.prefix_cache.import_failures) == (1, 0)
+    # Both states' frames came on pd-1's data port, over mutual TLS as its gRPC port.
+    pd_1 = cluster["workers"]["pd-1"]["address"]
+    with security.channel(pd_1, section(creds, client="creds")) as channel:
+        stats = pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+    assert stats.data_path_pushes >= 3
 
 
 def test_missing_or_wrong_token_is_unauthenticated(cluster, creds):
@@ -166,6 +174,21 @@ def test_workers_require_a_certificate_from_the_cluster_ca(cluster, creds):
     with security.channel(address, section(creds, client="creds")) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert check.status == health_pb2.HealthCheckResponse.SERVING
+    # So is its data port: a connection without a certificate from the CA is dropped
+    # before any push can claim it.
+    with security.channel(address, section(creds, client="creds")) as channel:
+        port = pb_grpc.DecodeWorkerStub(channel).DataPath(pb.DataPathRequest(), timeout=10).port
+    host = address.rsplit(":", 1)[0]
+    for client in (None, section(creds), section(creds, client="other")):
+        try:
+            conn = DataSender.connect(host, port, client, timeout_s=5)
+        except OSError:  # refused in the handshake
+            continue
+        conn._conn.settimeout(5)
+        # The worker closed it: an end of stream, a reset, or a TLS alert.
+        with contextlib.suppress(ConnectionResetError, ssl.SSLError):
+            assert conn._conn.recv(1) == b""
+        conn.close()
 
 
 def test_no_secret_in_logs_or_ready_info(cluster, creds):

@@ -23,6 +23,7 @@ from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import ChaosSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.data_path import DataListener
 from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.transport.server import ServingServer
 from prfaas_jax.serving.worker.decode import DecodeService
@@ -146,13 +147,17 @@ def test_a_drop_cuts_between_the_header_and_the_handoff():
 # --- a prefill worker with faults on ----------------------------------------------------------
 
 
-@pytest.fixture(params=["pd", "prfaas"])
+@pytest.fixture(params=["pd", "prfaas", "pd+data", "prfaas+data"])
 def workers(request):
+    """`start(chaos)`: a PD or PrfaaS (shaped) prefill worker and a decode worker; "+data":
+    the pushes' frames take the data path (serving/transport/data_path.py)."""
+    kind, _, via = request.param.partition("+")
+
     def start(section: ChaosSection) -> tuple[str, DecodeService, FaultInjector]:
         shaper = None
-        if request.param == "prfaas":
+        if kind == "prfaas":
             shaper = LinkShaper(LinkProfile(bandwidth_bytes_per_s=50e6, latency_s=0.002))
-        injector = FaultInjector(section, request.param)
+        injector = FaultInjector(section, kind)
         prefill = PrefillService(
             engine=lambda: FakePrefillEngine(CFG),
             cfg=CFG,
@@ -167,16 +172,20 @@ def workers(request):
             cfg=CFG,
             max_len=512,
             admit=lambda context: None,
+            data_path=DataListener() if via else None,
         )
         server = serve_workers(prefill, decode)
         started.append((server, decode))
         return server.address, decode, injector
 
     started: list[tuple[ServingServer, DecodeService]] = []
-    yield start, request.param
+    yield start, kind
     for server, decode in started:
         decode.stop()
         server.stop(grace_s=0.5)
+        if decode.data_path is not None:
+            assert decode.data_path.claimed > 0  # the pushes took the data path
+            decode.data_path.close()
 
 
 def prefill(address: str, request_id: str) -> pb.PrefillReply:

@@ -47,6 +47,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.data_path import DataListener, DataSender, push_messages
 from prfaas_jax.serving.transport.messages import (
     MAX_REQUEST_ID_LEN,
     check_prompt,
@@ -305,6 +306,7 @@ def workers():
         max_len=MAX_LEN,
         admit=lambda context: None,
         state_timeout_s=10.0,
+        data_path=DataListener(),
     )
     server = serve_workers(prefill, decode, max_workers=16)
     channel = grpc.insecure_channel(server.address)
@@ -317,6 +319,7 @@ def workers():
     channel.close()
     decode.stop()
     server.stop(grace_s=0.5)
+    decode.data_path.close()
 
 
 def fresh_id() -> str:
@@ -333,17 +336,26 @@ def stream_for(prompt: list[int], first_token: int | None = None) -> list[bytes]
     return [*frames, pack_handoff(handoff, frames[0])]
 
 
-def push_status(w: Workers, request_id: str, frames: list[bytes]) -> tuple[grpc.StatusCode, str]:
-    chunks = [pb.StateChunk(request_id=request_id), *(pb.StateChunk(frame=f) for f in frames)]
+def push_status(
+    w: Workers, request_id: str, frames: list[bytes], via: str = "stream"
+) -> tuple[grpc.StatusCode, str]:
+    """The decode worker's answer to `frames` pushed as messages of the stream (`via`
+    "stream"), or on a data connection beside it ("data": serving/transport/data_path.py)."""
+    first = pb.StateChunk(request_id=request_id)
+    if via == "data":
+        sender = DataSender.connect("127.0.0.1", w.decode.data_path.port)
+        chunks = push_messages(first, ((f, False) for f in frames), sender)
+    else:
+        chunks = iter([first, *(pb.StateChunk(frame=f) for f in frames)])
     try:
-        w.decode_stub.PushState(iter(chunks), timeout=10)
+        w.decode_stub.PushState(chunks, timeout=10)
     except grpc.RpcError as err:
         return err.code(), err.details()
     return grpc.StatusCode.OK, ""
 
 
-def push(w: Workers, request_id: str, frames: list[bytes]) -> grpc.StatusCode:
-    return push_status(w, request_id, frames)[0]
+def push(w: Workers, request_id: str, frames: list[bytes], via: str = "stream") -> grpc.StatusCode:
+    return push_status(w, request_id, frames, via)[0]
 
 
 def decode_tokens(w: Workers, request_id: str, prompt_len: int, n: int) -> list[int]:
@@ -490,12 +502,15 @@ def mutated_streams(draw: st.DrawFn) -> tuple[list[int], list[bytes], list[str]]
     return prompt, frames, applied
 
 
+@pytest.mark.parametrize("via", ["stream", "data"])
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=mutated_streams())
-def test_mutated_state_streams(workers, case):
+def test_mutated_state_streams(workers, via, case):
+    """Every way a stream can be damaged, as messages of the stream or on the data path: the
+    same checks refuse it either way."""
     prompt, frames, applied = case
     rid = fresh_id()
-    code, details = push_status(workers, rid, frames)
+    code, details = push_status(workers, rid, frames, via)
     event(code.name)  # `--hypothesis-show-statistics` shows how many streams got through
     if code is grpc.StatusCode.OK:
         # Only harmless mutations pass (e.g. data frames reordered): the state is then intact.
@@ -506,7 +521,8 @@ def test_mutated_state_streams(workers, case):
         assert_discarded(workers, rid)
 
 
-def test_worker_serves_after_every_kind_of_bad_stream(workers):
+@pytest.mark.parametrize("via", ["stream", "data"])
+def test_worker_serves_after_every_kind_of_bad_stream(workers, via):
     good = stream_for(prompt_of(20))
     bad = {
         "empty": [],
@@ -522,11 +538,11 @@ def test_worker_serves_after_every_kind_of_bad_stream(workers):
     }
     for name, frames in bad.items():
         rid = fresh_id()
-        assert push(workers, rid, frames) is grpc.StatusCode.INVALID_ARGUMENT, name
+        assert push(workers, rid, frames, via) is grpc.StatusCode.INVALID_ARGUMENT, name
         assert_discarded(workers, rid)
     rid = fresh_id()
-    assert push(workers, rid, good) is grpc.StatusCode.OK
-    assert push(workers, rid, good) is grpc.StatusCode.ALREADY_EXISTS
+    assert push(workers, rid, good, via) is grpc.StatusCode.OK
+    assert push(workers, rid, good, via) is grpc.StatusCode.ALREADY_EXISTS
     assert decode_tokens(workers, rid, 20, 3) == fake_tokens(prompt_of(20), 3, VOCAB)
     assert_serves(workers)
 

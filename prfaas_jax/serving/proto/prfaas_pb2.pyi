@@ -201,7 +201,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received", "prefix_cache")
+    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received", "prefix_cache", "data_path_pushes")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -214,6 +214,7 @@ class WorkerStats(_message.Message):
     TOKENS_GENERATED_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
+    DATA_PATH_PUSHES_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: Role
     queue_depth: int
@@ -226,7 +227,8 @@ class WorkerStats(_message.Message):
     tokens_generated: int
     state_bytes_received: int
     prefix_cache: PrefixCacheStats
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ...) -> None: ...
+    data_path_pushes: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., data_path_pushes: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStats(_message.Message):
     __slots__ = ("enabled", "block_size", "checkpoint_every", "capacity_bytes", "used_bytes", "blocks", "checkpoints", "lookups", "hits", "evictions", "prompt_tokens", "reused_tokens", "computed_tokens", "exports", "export_bytes", "imports", "import_bytes", "import_failures")
@@ -353,7 +355,7 @@ class PrefillReply(_message.Message):
     def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., cache_seq: _Optional[int] = ...) -> None: ...
 
 class StateChunk(_message.Message):
-    __slots__ = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender")
+    __slots__ = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender", "data_ticket")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     FRAME_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
@@ -361,6 +363,7 @@ class StateChunk(_message.Message):
     STRIPES_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    DATA_TICKET_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     frame: bytes
     queued: bool
@@ -368,7 +371,18 @@ class StateChunk(_message.Message):
     stripes: int
     last: bool
     sender: str
-    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ..., queued: _Optional[bool] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ..., last: _Optional[bool] = ..., sender: _Optional[str] = ...) -> None: ...
+    data_ticket: bytes
+    def __init__(self, request_id: _Optional[str] = ..., frame: _Optional[bytes] = ..., queued: _Optional[bool] = ..., stripe: _Optional[int] = ..., stripes: _Optional[int] = ..., last: _Optional[bool] = ..., sender: _Optional[str] = ..., data_ticket: _Optional[bytes] = ...) -> None: ...
+
+class DataPathRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataPathReply(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
 
 class KvReserveRequest(_message.Message):
     __slots__ = ("request_id", "prompt_token_ids")

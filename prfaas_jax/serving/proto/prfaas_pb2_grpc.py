@@ -395,6 +395,11 @@ class DecodeWorkerStub:
                 request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.StateChunk.SerializeToString,
                 response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PushStateReply.FromString,
                 _registered_method=True)
+        self.DataPath = channel.unary_unary(
+                '/prfaas.v1.DecodeWorker/DataPath',
+                request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DataPathRequest.SerializeToString,
+                response_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DataPathReply.FromString,
+                _registered_method=True)
         self.ReserveKv = channel.unary_unary(
                 '/prfaas.v1.DecodeWorker/ReserveKv',
                 request_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.KvReserveRequest.SerializeToString,
@@ -411,7 +416,16 @@ class DecodeWorkerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def PushState(self, request_iterator, context):
-        """A client stream: the first message names the request, the rest carry one frame each.
+        """A client stream: the first message names the request, the rest carry one frame each;
+        or, when the first message has a data_ticket, the frames come on the data path.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DataPath(self, request, context):
+        """Where this worker takes a push's frames on a TCP connection beside PushState (the data
+        path, docs/wire-format.md): its port on the worker's host, 0 when it does not.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -439,6 +453,11 @@ def add_DecodeWorkerServicer_to_server(servicer, server):
                     servicer.PushState,
                     request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.StateChunk.FromString,
                     response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PushStateReply.SerializeToString,
+            ),
+            'DataPath': grpc.unary_unary_rpc_method_handler(
+                    servicer.DataPath,
+                    request_deserializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DataPathRequest.FromString,
+                    response_serializer=prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DataPathReply.SerializeToString,
             ),
             'ReserveKv': grpc.unary_unary_rpc_method_handler(
                     servicer.ReserveKv,
@@ -478,6 +497,33 @@ class DecodeWorker:
             '/prfaas.v1.DecodeWorker/PushState',
             prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.StateChunk.SerializeToString,
             prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.PushStateReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DataPath(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prfaas.v1.DecodeWorker/DataPath',
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DataPathRequest.SerializeToString,
+            prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2.DataPathReply.FromString,
             options,
             channel_credentials,
             insecure,

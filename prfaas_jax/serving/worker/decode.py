@@ -63,6 +63,7 @@ from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.policy.link_capacity import FrameArrival, backlog_sample
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.data_path import DataListener, DataReceiver, TransferCutError
 from prfaas_jax.serving.transport.messages import check_prompt
 from prfaas_jax.serving.worker.decode_cache import DecodeKvCache
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
@@ -89,11 +90,14 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         max_pending_states: int = 256,
         max_waiting: int = 512,
         kv_cache: DecodeKvCache | None = None,
+        data_path: DataListener | None = None,
     ) -> None:
         """`kv_cache`: the received KV this node keeps, so PrfaaS states can ship increments
-        (serving/worker/decode_cache.py; None: every state comes whole)."""
+        (serving/worker/decode_cache.py; None: every state comes whole); `data_path`: where
+        pushes may send their frames beside the stream (serving/transport/data_path.py; None:
+        only on the stream)."""
         self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
-        self.kv_cache = kv_cache
+        self.kv_cache, self.data_path = kv_cache, data_path
         self.stripes = StripeSet(state_timeout_s)  # striped pushes in progress
         self.state_timeout_s = state_timeout_s
         self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
@@ -122,6 +126,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 "completed": self.completed,
                 "tokens_generated": self.tokens_generated,
                 "state_bytes_received": self.state_bytes_received,
+                "data_path_pushes": 0 if self.data_path is None else self.data_path.claimed,
             }
 
     @property
@@ -156,24 +161,47 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"stripe {first.stripe} of {stripes}: at most {MAX_STRIPES}, numbered from 0",
             )
+        receiver = self._claim(first, context) if first.data_ticket else None
+        chunks = request_iterator if receiver is None else receiver.chunks()
         stream = object()
-        with self._cv:
-            full = self._held_states() >= self.max_pending_states
-            if not full:
-                self._receiving.add(stream)
-        if full:  # refused before reading a frame: nothing of this stream is buffered
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{first.request_id}: {self.max_pending_states} states already wait here "
-                "for a Generate or a slot, this node's limit",
-            )
         try:
+            with self._cv:
+                full = self._held_states() >= self.max_pending_states
+                if not full:
+                    self._receiving.add(stream)
+            if full:  # refused before reading a frame: nothing of this stream is buffered
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{first.request_id}: {self.max_pending_states} states already wait here "
+                    "for a Generate or a slot, this node's limit",
+                )
             if first.stripe > 0:
-                return self._receive_stripe(first, request_iterator, context)
-            return self._receive(first, request_iterator, context, stream)
+                return self._receive_stripe(first, chunks, context)
+            return self._receive(first, chunks, context, stream)
         finally:
             with self._cv:
                 self._receiving.discard(stream)
+            if receiver is not None:
+                receiver.close()
+
+    def _claim(self, first: pb.StateChunk, context: grpc.ServicerContext) -> DataReceiver:
+        """The data connection whose ticket ``first`` names; a cancelled call closes it."""
+        if self.data_path is None:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{first.request_id}: this worker has no data path (DataPath port 0)",
+            )
+        try:
+            receiver = self.data_path.claim(first.data_ticket)
+        except TransferCutError as err:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{first.request_id}: {err}")
+        context.add_callback(receiver.interrupt)
+        return receiver
+
+    def DataPath(  # noqa: N802
+        self, request: pb.DataPathRequest, context: grpc.ServicerContext
+    ) -> pb.DataPathReply:
+        return pb.DataPathReply(port=0 if self.data_path is None else self.data_path.port)
 
     def _receive(
         self,
@@ -266,6 +294,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             self._reject(context, first.request_id, f"{too_long}{self.max_len}-token state of it")
         except UserError as err:
             self._reject(context, first.request_id, str(err))
+        except TransferCutError as err:  # a cut transfer: it fails nothing here
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"{first.request_id}: {err}")
 
     def _receive_stripe(
         self,

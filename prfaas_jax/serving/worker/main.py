@@ -47,6 +47,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.data_path import DataListener
 from prfaas_jax.serving.transport.kernel_link import KernelLink, KernelLinkError, tcp_segments
 from prfaas_jax.serving.transport.lifecycle import (
     die_with_parent,
@@ -91,10 +92,12 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         *,
         kernel_link: str | None = None,
         group: ProcessGroup | None = None,
+        data_path: DataListener | None = None,
     ) -> None:
         """``kernel_link``: the veth (in this process's namespace) whose `tbf` shapes the
         inter-cluster link (`--netns`); None shapes it in this process. ``group``: this node
-        leads a multi-process instance (engine/spmd.py)."""
+        leads a multi-process instance (engine/spmd.py). ``data_path``: its decode side's
+        data port (serving/transport/data_path.py; None: pushes come on their streams)."""
         self.name, self.config = name, config
         self._role, self._role_lock = role, threading.Lock()
         self.factory = EngineFactory(config, group, prfaas=role is Role.PRFAAS_PREFILL)
@@ -134,6 +137,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             streams=config.link.streams,
             name=name,
             precision=config.link.wire_precision if prfaas else WIRE_NATIVE,
+            data_path=config.link.data_path,
         )
         self.decode = DecodeService(
             engine=self.factory.decode_engine,
@@ -146,6 +150,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             # attempts it gave up on whose cancellation has not arrived yet.
             max_waiting=2 * config.router.max_in_flight,
             kv_cache=None if prfaas else build_decode_kv_cache(cfg, config),
+            data_path=data_path,
         )
 
     @property
@@ -194,6 +199,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             completed=self.prefill.completed + decode["completed"],
             tokens_generated=decode["tokens_generated"],
             state_bytes_received=decode["state_bytes_received"],
+            data_path_pushes=decode["data_path_pushes"],
         )
         stats.prefix_cache.CopyFrom(self.prefixes.stats())
         if self.shaper is not None:
@@ -308,7 +314,16 @@ def main(argv: list[str] | None = None) -> int:
         enable_weights_cache()
     if group is not None and not group.leader:
         return _follow(config, group, args.address_file, stop)
-    node = WorkerNode(args.name, Role(args.role), config, kernel_link=args.kernel_link, group=group)
+    # Pushes to this node's decode side may send their frames here, beside PushState.
+    data_path = DataListener(args.host, config.security) if config.link.data_path else None
+    node = WorkerNode(
+        args.name,
+        Role(args.role),
+        config,
+        kernel_link=args.kernel_link,
+        group=group,
+        data_path=data_path,
+    )
     server = ServingServer(
         [
             (pb_grpc.add_WorkerControlServicer_to_server, node, full_service_name("WorkerControl")),
@@ -355,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.5):  # a timed wait, so the signal handler gets to run
         pass
     server.stop()
+    if data_path is not None:
+        data_path.close()
     node.decode.stop()
     node.factory.close()
     return 0

@@ -48,6 +48,7 @@ decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled push). Wi
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,7 @@ from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport import security as transport
+from prfaas_jax.serving.transport.data_path import DataSender, push_messages
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import check_prompt, sampling_from_proto
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, abort_for
@@ -75,15 +77,49 @@ from prfaas_jax.serving.worker.outbox import Outbox, striped_sample
 from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
+log = logging.getLogger("prfaas.prefill")
+
 
 class DecodeChannels:
     """One channel per decode address, shared by every request of the process (mutual TLS when
-    `security` has certificates)."""
+    `security` has certificates), and the data connections of its pushes (`data_sender`;
+    `data_path` False: none)."""
 
-    def __init__(self, security: SecuritySection | None = None) -> None:
-        self.security = security
+    def __init__(self, security: SecuritySection | None = None, *, data_path: bool = True) -> None:
+        self.security, self.data_path = security, data_path
         self._stubs: dict[str, DecodeWorkerStub] = {}
+        self._data_ports: dict[str, int] = {}  # by decode address; 0: it has no data path
         self._lock = threading.Lock()
+
+    def data_sender(self, address: str) -> DataSender | None:
+        """A new connection to the data port of the decode worker at ``address`` (one per
+        push: serving/transport/data_path.py), or None — no data path here or there, or it
+        cannot be reached — and the push carries its frames on its stream."""
+        port = self._data_port(address) if self.data_path else 0
+        if not port:
+            return None
+        host = address.rsplit(":", 1)[0].strip("[]")
+        try:
+            return DataSender.connect(host, port, self.security)
+        except OSError as err:  # asked again at the next push: the worker may have moved
+            with self._lock:
+                self._data_ports.pop(address, None)
+            log.warning("data path of %s (:%d): %s; frames go on the stream", address, port, err)
+            return None
+
+    def _data_port(self, address: str) -> int:
+        with self._lock:
+            if address in self._data_ports:
+                return self._data_ports[address]
+        try:
+            port = self.stub(address).DataPath(pb.DataPathRequest(), timeout=10).port
+        except grpc.RpcError as err:
+            if err.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                return 0  # not known yet: this push goes on the stream, the next one asks
+            port = 0
+        with self._lock:
+            self._data_ports[address] = port
+        return port
 
     def stub(self, address: str, lane: int = 0) -> DecodeWorkerStub:
         """The stub of ``address``; each ``lane`` > 0 (a stripe of a striped push) has a
@@ -120,6 +156,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         streams: int = 1,
         name: str = "",
         precision: WirePrecision = WIRE_NATIVE,
+        data_path: bool = True,
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
@@ -129,11 +166,13 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         (more are RESOURCE_EXHAUSTED at once); `streams`: the pushes a state crossing the
         link is striped over (serving/worker/stripes.py); `name`: this worker's, which its
         pushes carry (the decode worker times the link per sender); `precision`: how its
-        pushes encode a state (`[link] precision` for a PrfaaS worker, else native)."""
+        pushes encode a state (`[link] precision` for a PrfaaS worker, else native);
+        `data_path`: whether pushes send their frames on a data connection where the decode
+        worker has a data port (`[link] data_path`, serving/transport/data_path.py)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
-        self._channels = DecodeChannels(security)
+        self._channels = DecodeChannels(security, data_path=data_path)
         self.faults, self.max_queue, self.streams = faults, max_queue, streams
         self.name, self.precision = name, precision
         # A PrfaaS worker learns its link's rate from its own transfers (never from the shaper).
@@ -318,18 +357,21 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         connection of its own — sending what `outbox` is given, as it comes; returns stream 0's
         call (the one that ends with the state's trailer and handoff)."""
         lanes = outbox.lanes
+        senders: list[DataSender] = []
 
         def chunks(lane: int) -> Iterator[pb.StateChunk | FrameChunk]:
-            yield pb.StateChunk(
+            # Connected here, on gRPC's thread of this push, while prefill starts.
+            sender = self._channels.data_sender(request.decode_address)
+            if sender is not None:
+                senders.append(sender)
+            first = pb.StateChunk(
                 request_id=request.request_id,
                 stripe=lane,
                 stripes=lanes if lanes > 1 else 0,
                 sender=self.name,
             )
-            for frame, queued in outbox.frames_to_send(lane):
-                yield FrameChunk(frame, queued)
-            if lane and not outbox.stopped:
-                yield pb.StateChunk(last=True)  # a secondary stripe's clean end
+            frames = outbox.frames_to_send(lane)
+            yield from push_messages(first, frames, sender, stopped=lambda: outbox.stopped)
 
         self._count("transferring", 1)
         for lane in range(lanes):
@@ -338,6 +380,9 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             outbox.pushes.append(stub.PushState.future(chunks(lane), timeout=self.push_timeout_s))
 
         def done(call: grpc.Future) -> None:
+            if call.cancelled() or call.exception() is not None:
+                for sender in list(senders):  # a send blocked on a dead link returns
+                    sender.abort()
             if call is outbox.pushes[0] or call.cancelled() or call.exception() is not None:
                 outbox.stop()  # a failed push takes no more frames (nor link capacity)
             if call is outbox.pushes[0]:
