@@ -252,6 +252,7 @@ def serve_in_process(
                 if role is Role.PRFAAS_PREFILL
                 else WIRE_NATIVE,
                 data_path=config.link.data_path,
+                streams=config.link.streams,
             )
         else:
             # As a worker process does: a data port beside the decode service.

@@ -19,8 +19,12 @@ import threading
 import grpc
 import numpy as np
 import pytest
+from serving_support import fake_config, generate, serve_in_process
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transport import data_path
@@ -32,7 +36,9 @@ from prfaas_jax.serving.transport.data_path import (
     TransferCutError,
     push_messages,
 )
+from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.main import link_profile
 
 
 def _frames(seed: int = 0) -> list[tuple[bytes, bool]]:
@@ -278,3 +284,31 @@ def test_a_decode_service_without_a_data_path_refuses_a_ticket():
         service.PushState(iter([first]), context)
     assert context.code is grpc.StatusCode.INVALID_ARGUMENT
     assert "no data path" in context.details
+
+
+# --- a whole cluster -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_a_cluster_serves_the_same_tokens_with_and_without_the_data_path(tmp_path, on):
+    """`[link] data_path` on (the default): every push, PD and PrfaaS, striped over two
+    streams, takes the decode worker's data port; off: none does. The tokens are the same."""
+    link = {"data_path": on, "streams": 2, "bandwidth_mbps": 800.0, "latency_ms": 0.0}
+    path = fake_config(tmp_path / "cluster.toml", link=link, engine={"frame_bytes": 1024})
+    config = load_cluster_config(path)
+    cfg = load_model_config("tiny")
+    engines = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(cfg)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(cfg)),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(cfg, max_slots=4, max_len=512)),
+    }
+    shaper = LinkShaper(link_profile(config))
+    with serve_in_process(config, engines, shapers={"prfaas-0": shaper}) as cluster:
+        prompts = [[(n + 13 * i) % cfg.vocab_size for i in range(n)] for n in (9, 120, 40, 200)]
+        for tokens in prompts:
+            reply = generate(cluster.router, tokens, 4)
+            assert reply.tokens == fake_tokens(tokens, 4, cfg.vocab_size)
+            assert reply.report.route == ("prfaas" if len(tokens) > 64 else "pd")
+        listener = cluster.decode["pd-1"].data_path
+        # Two PrfaaS pushes of two stripes each, two PD pushes on one connection each.
+        assert (listener.claimed if on else listener) == (6 if on else None)

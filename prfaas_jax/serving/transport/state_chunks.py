@@ -15,7 +15,8 @@ a loopback link (bench/codec.py). So those messages take a short path:
   what is malformed. Both paths give the servicer the same fields.
 
 `DecodeWorkerStub` and `add_decode_worker_servicer` are the generated stub and registration with
-`PushState` switched to these; the other methods are untouched.
+`PushState` switched to these; the other methods are untouched. A push on the data path
+(serving/transport/data_path.py) sends only its first message on the stream.
 """
 
 from __future__ import annotations

@@ -15,7 +15,10 @@ streams first. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generat
 waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
 A stream its sender cancelled is a cut transfer, not malformed input — also where gRPC ends it
 like a complete one before reporting the cancel — so it fails nothing here: the sender's
-status tells the router what happened.
+status tells the router what happened. A push whose first message names a data ticket brings
+its frames on the data connection with that ticket (`data_path`, serving/transport/
+data_path.py), read exactly as messages would be; one that closes before its `end` record is
+cut in the same way (UNAVAILABLE), and a cancelled call closes it.
 
 Each request's record moves only along the `LEGAL_TRANSITIONS` of its `Phase`
 (serving/worker/decode_request.py): parked or waiting, ready, taken, decoding, then finished,

@@ -16,7 +16,9 @@ Two threads share the work through an `Outbox` (serving/worker/outbox.py): the e
 is all a chunk waits for. A PrfaaS worker sends through its `LinkShaper` (the inter-cluster
 link; each frame takes its place on the link when it is made), over `[link] streams` pushes on
 connections of their own when that is more than 1 (serving/worker/stripes.py); a PD worker
-sends unshaped, on one stream. Each frame says whether it was
+sends unshaped, on one stream. Each push's frames travel on a data connection beside its stream
+(`[link] data_path`, serving/transport/data_path.py) where the decode worker has a data port,
+else as the stream's messages. Each frame says whether it was
 made before the previous one left (`StateChunk.queued`); the decode worker times those frames'
 arrivals and replies with the link's time for them, from which a PrfaaS worker learns its link's
 capacity (`link_meter`, policy/link_capacity.py). The engine is released after
