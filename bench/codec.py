@@ -15,7 +15,8 @@ tensor; the codec does not look at values) and times, best of ``--repeat`` (the 
   (no protobuf, nothing decoded): what gRPC itself carries on this link, the ceiling of a push;
 - ``push``: the round trip a PrfaaS state makes: encode, ``DecodeWorker.PushState`` over a
   loopback channel of the prefill worker's (``DecodeChannels``) to another process serving the
-  decode worker's servicer (``DecodeService``: decodes the push as it arrives, parks the state),
+  decode worker's servicer (``DecodeService``: decodes the push as it arrives; a 1-token
+  ``Generate`` called before the push takes the state at once, as a decode worker's slot would),
   the frames on the data path (a TCP connection beside the stream:
   serving/transport/data_path.py), timed to its reply; with the CPU seconds each side spent
   per push;
@@ -109,10 +110,14 @@ def _consume(frames: Iterator[bytes]) -> int:
     return sum(len(frame) for frame in frames)
 
 
-class _Parked:
-    """The decode engine of the receiver: states are parked and never decoded further."""
+class _TakesOneToken:
+    """The decode engine of the receiver: each state is taken by a 1-token `Generate`, which
+    checks nothing here and lets the state go, as a decode worker lets a finished one go."""
 
     max_slots = 1
+
+    def check_state(self, state: ModelState) -> None:
+        pass
 
 
 def _exit_with(parent: int) -> None:
@@ -145,11 +150,10 @@ def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
     reuse_freed_memory()  # as a decode worker does
     cfg = load_model_config(preset)
     service = DecodeService(
-        engine=_Parked,
+        engine=_TakesOneToken,
         cfg=cfg,
         max_len=max_len,
         admit=lambda context: None,
-        state_timeout_s=1.0,  # parked states are dropped a second after their push
         data_path=DataListener(),
     )
     server = ServingServer(
@@ -200,9 +204,17 @@ def _push(
             yield frame, False
         yield pack_handoff(Handoff(1, GREEDY), header), False
 
-    first = pb.StateChunk(request_id=rid, sender="bench")
-    messages = push_messages(first, frames(), channels.data_sender(address))
-    return channels.stub(address).PushState(messages, timeout=600)
+    stub, sender = channels.stub(address), channels.data_sender(address)
+    # Called first, as the router may: the state is taken as soon as it is in, and its memory
+    # is free for the next push (states left parked would pile up for a second).
+    length = int(np.asarray(state.lengths)[0])
+    request = pb.DecodeRequest(request_id=rid, prompt_len=length, max_new_tokens=1)
+    taken = stub.Generate(request, timeout=600)
+    messages = push_messages(pb.StateChunk(request_id=rid, sender="bench"), frames(), sender)
+    reply = stub.PushState(messages, timeout=600)
+    if [t for message in taken for t in message.token_ids] != [1]:
+        raise AssertionError(f"{rid}: the decode worker did not hand its state over")
+    return reply
 
 
 def measure(preset: str, length: int, args: argparse.Namespace) -> dict:

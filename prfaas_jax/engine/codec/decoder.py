@@ -89,7 +89,7 @@ class StreamDecoder:
         self._targets = [
             _bytes_of(self._buffers.canonical(t))
             if entry.wire == precision.NATIVE
-            else memoryview(np.empty(entry.nbytes, np.uint8))
+            else np.empty(entry.nbytes, np.uint8)
             for t, entry in enumerate(header.tensors)
         ]
         # Per tensor, the CRC32 of each data frame's payload, by frame number.
@@ -119,7 +119,8 @@ class StreamDecoder:
         if crcs[slot] is not None:
             raise StateDecodeError(f"{where} is a duplicate: that chunk already arrived")
         crcs[slot] = data.payload_crc
-        self._targets[data.tensor_id][offset : offset + size] = data.payload
+        # numpy copies without the GIL: a decode worker's engine thread runs meanwhile.
+        np.copyto(self._targets[data.tensor_id][offset : offset + size], _u8(data.payload))
 
     def check_base(self, base: KvPrefix | None) -> None:
         """That the receiver holds the positions the stream leaves out (its header's base)."""
@@ -238,9 +239,13 @@ def trailer_of(header: StateHeader, view: memoryview, index: int) -> StateTraile
     return trailer
 
 
-def _bytes_of(array: np.ndarray) -> memoryview:
-    """A writable byte view of a C-contiguous array."""
-    return memoryview(array.view(np.uint8).reshape(-1))
+def _bytes_of(array: np.ndarray) -> np.ndarray:
+    """A C-contiguous array's bytes, as a writable flat uint8 array viewing it."""
+    return array.view(np.uint8).reshape(-1)
+
+
+def _u8(payload: memoryview) -> np.ndarray:
+    return np.frombuffer(payload, np.uint8)
 
 
 def _tensor_crc(entry: TensorEntry, frame_crcs: list[int | None]) -> int:
