@@ -16,6 +16,7 @@ last, completeness. Any failure raises ``StateDecodeError`` naming the problem.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import numpy as np
@@ -24,10 +25,13 @@ from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.codec import precision
 from prfaas_jax.engine.codec.checksum import crc32_combine
 from prfaas_jax.engine.codec.format import (
+    DATA_PREFIX_SIZE,
     StateDecodeError,
     StateHeader,
     StateTrailer,
     TensorEntry,
+    checked_payload_crc,
+    data_prefix,
     is_trailer,
     parse_data,
     parse_header,
@@ -62,8 +66,12 @@ class StreamDecoder:
         self._trailer_index = 0
 
     def feed(self, frame: object) -> None:
-        """Check frame number ``self.frames`` of the stream and place what it carries."""
+        """Check frame number ``self.frames`` of the stream and place what it carries (a
+        `Placement`: check the payload already received where `target` said)."""
         index, self.frames = self.frames, self.frames + 1
+        if isinstance(frame, Placement):
+            self._placed(frame, index)
+            return
         view = frame_view(frame, index)
         if self.header is None:
             self._start(parse_header(view))
@@ -94,6 +102,7 @@ class StreamDecoder:
         ]
         # Per tensor, the CRC32 of each data frame's payload, by frame number.
         self._crcs: list[list[int | None]] = [[None] * e.num_frames for e in header.tensors]
+        self._pending: set[tuple[int, int]] = set()  # (tensor, slot) given out by `target`
 
     def _place(self, view: memoryview, index: int) -> None:
         assert self.header is not None
@@ -104,23 +113,65 @@ class StreamDecoder:
             raise StateDecodeError(
                 f"data frame {index} names tensor {data.tensor_id}; the header has {len(entries)}"
             )
-        entry, offset = entries[data.tensor_id], data.offset
-        where = f"data frame {index} (tensor {data.tensor_id}, offset {offset})"
+        slot = self._slot(data.tensor_id, data.offset, len(data.payload), index)
+        self._crcs[data.tensor_id][slot] = data.payload_crc
+        # numpy copies without the GIL: a decode worker's engine thread runs meanwhile.
+        target = self._targets[data.tensor_id][data.offset : data.offset + len(data.payload)]
+        np.copyto(target, _u8(data.payload))
+
+    def _slot(self, tid: int, offset: int, size: int, index: int) -> int:
+        """The chunk slot a ``size``-byte payload at ``offset`` of tensor ``tid`` fills (the
+        tensor's entry checked, `StateDecodeError` if it is out of range, off the grid, of
+        another size, or already filled)."""
+        assert self.header is not None
+        entry = self.header.tensors[tid]
+        where = f"data frame {index} (tensor {tid}, offset {offset})"
         skip = entry.skip_bytes
         if not skip <= offset < entry.nbytes or (offset - skip) % entry.chunk_bytes:
             raise StateDecodeError(
                 f"{where} is out of range or off the {entry.chunk_bytes}-byte chunk grid of a "
                 f"{entry.nbytes}-byte tensor" + (f" from byte {skip}" if skip else "")
             )
-        size = min(entry.chunk_bytes, entry.nbytes - offset)
-        if len(data.payload) != size:
-            raise StateDecodeError(f"{where} carries {len(data.payload)} bytes, expected {size}")
-        crcs, slot = self._crcs[data.tensor_id], (offset - skip) // entry.chunk_bytes
-        if crcs[slot] is not None:
+        expected = min(entry.chunk_bytes, entry.nbytes - offset)
+        if size != expected:
+            raise StateDecodeError(f"{where} carries {size} bytes, expected {expected}")
+        slot = (offset - skip) // entry.chunk_bytes
+        if self._crcs[tid][slot] is not None or (tid, slot) in self._pending:
             raise StateDecodeError(f"{where} is a duplicate: that chunk already arrived")
-        crcs[slot] = data.payload_crc
-        # numpy copies without the GIL: a decode worker's engine thread runs meanwhile.
-        np.copyto(self._targets[data.tensor_id][offset : offset + size], _u8(data.payload))
+        return slot
+
+    def target(self, prefix: memoryview, frame_bytes: int) -> Placement | None:
+        """Where the payload of the next frame — ``frame_bytes`` long, ``prefix`` its first
+        bytes — can be received straight into, before it arrives: the part of the state field
+        (or wire buffer) that keeps it, its slot then taken; the frame is `feed`'s next
+        `Placement`, checked there. None, and the frame goes to `feed` whole, unless the header
+        is in and the trailer is not, and ``prefix`` is a data frame of this stream whose
+        payload fits ``frame_bytes`` and an empty slot of its tensor: every frame that could
+        be refused comes whole, so it is refused exactly as ever."""
+        header = self.header
+        fields = data_prefix(prefix)
+        if header is None or self._trailer is not None or fields is None:
+            return None
+        stream_id, tid, offset, size, stored = fields
+        if stream_id != header.stream_id or tid >= len(header.tensors):
+            return None
+        if size != frame_bytes - DATA_PREFIX_SIZE:
+            return None
+        try:
+            slot = self._slot(tid, offset, size, self.frames)
+        except StateDecodeError:
+            return None
+        self._pending.add((tid, slot))
+        payload = self._targets[tid][offset : offset + size]
+        return Placement(bytes(prefix[:DATA_PREFIX_SIZE]), stored, tid, slot, payload)
+
+    def _placed(self, placement: Placement, index: int) -> None:
+        if (placement.tensor_id, placement.slot) not in self._pending:
+            raise StateDecodeError(f"frame {index} was not placed by this decoder")
+        self._pending.discard((placement.tensor_id, placement.slot))
+        prefix = memoryview(placement.prefix)
+        crc = checked_payload_crc(prefix, placement.payload, placement.stored, index)
+        self._crcs[placement.tensor_id][placement.slot] = crc
 
     def check_base(self, base: KvPrefix | None) -> None:
         """That the receiver holds the positions the stream leaves out (its header's base)."""
@@ -181,6 +232,21 @@ class StreamDecoder:
             raise StateDecodeError(
                 f"tensor {tid} (layer {spec.layer} {spec.name}, {entry.wire}): {err}"
             ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A data frame received into the state by way of `StreamDecoder.target`: its prefix, the
+    CRC the prefix stores, its tensor and slot, and the payload where it now lies."""
+
+    prefix: bytes
+    stored: int
+    tensor_id: int
+    slot: int
+    payload: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.prefix) + self.payload.nbytes
 
 
 def frame_view(frame: object, index: int) -> memoryview:

@@ -330,10 +330,31 @@ def parse_data(frame: memoryview, index: int) -> DataFrame:
     if got > size:
         _fail(f"data frame {index} has {got - size} trailing bytes after its {size}-byte payload")
     payload = frame[DATA_PREFIX_SIZE:]
-    payload_crc = crc32(payload)
-    if crc32_combine(crc32(frame[: _DATA_HEAD.size]), payload_crc, size) != stored:
-        _fail(f"data frame {index} checksum mismatch: the frame is corrupt")
+    payload_crc = checked_payload_crc(frame, payload, stored, index)
     return DataFrame(stream_id, tensor_id, offset, payload, payload_crc)
+
+
+def data_prefix(prefix: memoryview) -> tuple[int, int, int, int, int] | None:
+    """The fields of a data frame's prefix — stream id, tensor id, offset, payload size and the
+    frame's stored CRC — or None when ``prefix`` does not start with a data frame's magic and a
+    whole prefix. Nothing else is checked."""
+    if len(prefix) < DATA_PREFIX_SIZE:
+        return None
+    magic, stream_id, tensor_id, offset, size = _DATA_HEAD.unpack_from(prefix)
+    if magic != DATA_MAGIC:
+        return None
+    (stored,) = _CRC.unpack_from(prefix, _DATA_HEAD.size)
+    return stream_id, tensor_id, offset, size, stored
+
+
+def checked_payload_crc(prefix: memoryview, payload: object, stored: int, index: int) -> int:
+    """``crc32(payload)``, once the frame's CRC (over its prefix's head and ``payload``) is
+    found to be ``stored``; `StateDecodeError` otherwise."""
+    payload_crc = crc32(payload)
+    size = memoryview(payload).nbytes  # type: ignore[arg-type]
+    if crc32_combine(crc32(prefix[: _DATA_HEAD.size]), payload_crc, size) != stored:
+        _fail(f"data frame {index} checksum mismatch: the frame is corrupt")
+    return payload_crc
 
 
 @dataclasses.dataclass(frozen=True)

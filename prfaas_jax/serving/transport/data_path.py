@@ -10,7 +10,7 @@ by the same decoder, whichever way it came.
 
 On the wire (docs/wire-format.md, "The data path"), after the TLS handshake if any:
 
-    hello    b"PRFD" · version u8 = 1 · ticket (16 random bytes)       once, from the sender
+    hello    b"PRFT" · version u8 = 1 · ticket (16 random bytes)       once, from the sender
     record   length u32 LE · flags u8 · `length` bytes of one frame    flags: 1 queued, 2 end
 
 The `end` record (length 0) closes a push that ended on purpose; a connection that closes
@@ -21,8 +21,11 @@ is malformed input (`DataPathError`, INVALID_ARGUMENT).
 - `DataListener` (decode worker): accepts connections, reads each hello on a thread of its own
   and holds the connection for the push that names its ticket (`claim`); a connection no push
   claims within `claim_timeout_s` is closed.
-- `DataReceiver`: a claimed connection; `chunks` yields its frames as `FrameChunk`s, each read
-  straight into a buffer of its own (one copy, the kernel's), ending with a `last` chunk.
+- `DataReceiver`: a claimed connection; `chunks` yields its frames as `FrameChunk`s, ending
+  with a `last` chunk. A data frame's payload is received straight into the state being
+  decoded where the decoder can say from the frame's prefix where it goes (`place`:
+  `StreamDecoder.target`), every other frame into a buffer of its own: the kernel's copy is
+  the only one either way.
 - `DataSender` (prefill worker): `connect`s and says hello; `send` writes a frame without
   copying it (`sendmsg` of the record head and the frame), `end` or `abort` closes.
 - `push_messages`: `PushState`'s request stream for a push whose frames take the data path.
@@ -42,12 +45,14 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
+from prfaas_jax.engine.codec.decoder import Placement
+from prfaas_jax.engine.codec.format import DATA_PREFIX_SIZE
 from prfaas_jax.errors import ConfigError, UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transport.state_chunks import FrameChunk
 
-MAGIC = b"PRFD"
+MAGIC = b"PRFT"
 VERSION = 1
 TICKET_BYTES = 16
 HELLO = struct.Struct(f"<4sB{TICKET_BYTES}s")
@@ -55,6 +60,8 @@ RECORD = struct.Struct("<IB")
 QUEUED, END = 1, 2
 MAX_FRAME_BYTES = 64 * 2**20  # the largest message a worker's gRPC port takes
 log = logging.getLogger("prfaas.data_path")
+# Where a data frame's payload may be received: (its first bytes, its length) → a Placement.
+Place = Callable[[memoryview, int], Placement | None]
 
 
 class DataPathError(UserError, ValueError):
@@ -114,10 +121,14 @@ class DataReceiver:
         self._conn, self.ticket = conn, ticket
         self._closed = threading.Lock()
 
-    def chunks(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> Iterator[FrameChunk]:
+    def chunks(
+        self, max_frame_bytes: int = MAX_FRAME_BYTES, place: Place | None = None
+    ) -> Iterator[FrameChunk]:
         """The push's frames as they arrive, then a `last` chunk at its `end` record;
         `TransferCutError` if the connection closes before it, `DataPathError` on a record
-        that cannot be read."""
+        that cannot be read. With ``place`` (`PushDecoder.place`), a frame whose first
+        `DATA_PREFIX_SIZE` bytes it accepts is received straight into the buffer it gives: the
+        chunk then carries that `Placement` instead of the frame."""
         head = bytearray(RECORD.size)
         while True:
             if not _read_into(self._conn, memoryview(head)):
@@ -135,9 +146,20 @@ class DataReceiver:
                     f"a {length}-byte frame on the data path, over its {max_frame_bytes}-byte limit"
                 )
             frame = np.empty(length, np.uint8)  # not zeroed: every byte is received into it
-            if not _read_into(self._conn, memoryview(frame)):
+            view, got = memoryview(frame), 0
+            if place is not None and length > DATA_PREFIX_SIZE:
+                got = DATA_PREFIX_SIZE
+                if not _read_into(self._conn, view[:got]):
+                    raise TransferCutError("the data connection closed inside a frame")
+                placement = place(view[:got], length)
+                if placement is not None:
+                    if not _read_into(self._conn, memoryview(placement.payload)):
+                        raise TransferCutError("the data connection closed inside a frame")
+                    yield FrameChunk(placement, queued=bool(flags & QUEUED))  # type: ignore[arg-type]
+                    continue
+            if not _read_into(self._conn, view[got:]):
                 raise TransferCutError("the data connection closed inside a frame")
-            yield FrameChunk(memoryview(frame).toreadonly(), queued=bool(flags & QUEUED))
+            yield FrameChunk(view.toreadonly(), queued=bool(flags & QUEUED))
 
     def interrupt(self) -> None:
         """Unblock a read in progress (from another thread): the push was cancelled."""

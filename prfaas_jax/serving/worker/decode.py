@@ -165,7 +165,6 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 f"stripe {first.stripe} of {stripes}: at most {MAX_STRIPES}, numbered from 0",
             )
         receiver = self._claim(first, context) if first.data_ticket else None
-        chunks = request_iterator if receiver is None else receiver.chunks()
         stream = object()
         try:
             with self._cv:
@@ -179,8 +178,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                     "for a Generate or a slot, this node's limit",
                 )
             if first.stripe > 0:
+                chunks = request_iterator if receiver is None else receiver.chunks()
                 return self._receive_stripe(first, chunks, context)
-            return self._receive(first, chunks, context, stream)
+            return self._receive(first, request_iterator, context, stream, receiver)
         finally:
             with self._cv:
                 self._receiving.discard(stream)
@@ -212,12 +212,16 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         request_iterator: Iterator[pb.StateChunk],
         context: grpc.ServicerContext,
         stream: object,
+        receiver: DataReceiver | None = None,
     ) -> pb.PushStateReply:
         """Read, validate and keep the state that `first` announced; `stream` is this push's
-        token in `_receiving`."""
+        token in `_receiving`; `receiver`: the data connection that brings its frames, each
+        data frame's payload received straight into the state (None: the stream brings them)."""
         ended = threading.Event()
         context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
         push = PushDecoder(self.cfg, self.max_len)
+        if receiver is not None:
+            request_iterator = receiver.chunks(place=push.place)
         arrivals, _ = self._read(first, request_iterator, context, push.take)
         if not push.ends_with_handoff and ended.wait(_CANCEL_SEEN_S):
             # A cut transfer, not a malformed one: its sender reports the failure.

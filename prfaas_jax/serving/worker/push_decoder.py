@@ -6,7 +6,8 @@ two frames of a push and the memory a frame arrived in is reused for the next. T
 frames of a complete push, its trailer and its handoff frame, wait for the stream's end: a
 striped push's other stripes bring data frames that go before the trailer (`finish`). Malformed
 frames raise `StateDecodeError` as they are placed, so a bad stream is refused before it is
-read to the end.
+read to the end. On a data connection (serving/transport/data_path.py) a data frame's payload
+may be received straight into the state (`place`), so it is never held at all.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from collections.abc import Iterable
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
+from prfaas_jax.engine.codec.decoder import Placement
+from prfaas_jax.engine.codec.format import data_prefix
 from prfaas_jax.engine.codec.handoff import Handoff, is_handoff_frame, parse_handoff
 from prfaas_jax.engine.codec.layout import KvPrefix
 from prfaas_jax.model.state import ModelState
@@ -29,12 +32,27 @@ class PushDecoder:
         self.frames = 0  # taken so far
         self._held: collections.deque[bytes] = collections.deque()
 
-    def take(self, frame: bytes) -> None:
-        """The stream's next frame; the one two before it is placed now."""
+    def take(self, frame: bytes | Placement) -> None:
+        """The stream's next frame; the one two before it is placed now (a `Placement`, whose
+        payload `place` had received into the state, is checked at once)."""
         self.frames += 1
+        if isinstance(frame, Placement):
+            self.decoder.feed(frame)
+            return
         self._held.append(frame)
         if len(self._held) > _HELD:
             self.decoder.feed(self._held.popleft())
+
+    def place(self, prefix: memoryview, frame_bytes: int) -> Placement | None:
+        """Where the next frame's payload may be received straight into the state (a data
+        connection, serving/transport/data_path.py): if it is a data frame, the frames held
+        so far go to the decoder first, in order, then `StreamDecoder.target` says. None: take
+        the frame whole (the trailer and the handoff frame always are, and wait as ever)."""
+        if data_prefix(prefix) is None:
+            return None
+        while self._held:
+            self.decoder.feed(self._held.popleft())
+        return self.decoder.target(prefix, frame_bytes)
 
     @property
     def ends_with_handoff(self) -> bool:
@@ -52,6 +70,10 @@ class PushDecoder:
             self.decoder.feed(self._held.popleft())  # the header: its own errors come first
             raise codec.StateDecodeError(
                 "the stream has no handoff frame (first token) after its header"
+            )
+        if not self._held:  # the last frame was a data frame, received in place
+            raise codec.StateDecodeError(
+                "the stream ends with a data frame: no trailer and handoff frame after it"
             )
         *rest, last = self._held
         for frame in rest:
