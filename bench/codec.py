@@ -13,7 +13,8 @@ tensor; the codec does not look at values) and times, best of ``--repeat`` (the 
   process that reads them into a buffer;
 - ``grpc bytes``: the same frames as raw messages over one gRPC stream to a sink in that process
   (no protobuf, nothing decoded): what gRPC itself carries on this link, the ceiling of a push;
-- ``push``: the round trip a PrfaaS state makes: encode, ``DecodeWorker.PushState`` over a
+- ``push``: the round trip a PrfaaS state makes: encode (as a prefill worker's last frames:
+  ``StreamEncoder.finish(views=True)``), ``DecodeWorker.PushState`` over a
   loopback channel of the prefill worker's (``DecodeChannels``) to another process serving the
   decode worker's servicer (``DecodeService``: decodes the push as it arrives; a 1-token
   ``Generate`` called before the push takes the state at once, as a decode worker's slot would),
@@ -56,6 +57,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec import checksum
+from prfaas_jax.engine.codec.format import FrameParts
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, state_from_arrays
 from prfaas_jax.engine.host_memory import reuse_freed_memory
@@ -197,12 +199,14 @@ def _push(
     """One state as a prefill worker pushes it: frames made as they are sent, on the data path
     when ``channels`` takes it."""
 
-    def frames() -> Iterator[tuple[bytes, bool]]:
-        header = b""
-        for frame in codec.encode(state, cfg, max_frame_bytes=frame_bytes):
-            header = header or frame
+    def frames() -> Iterator[tuple[bytes | FrameParts, bool]]:
+        # As a prefill worker makes its last frames: views of the state's buffers.
+        length = int(np.asarray(state.lengths)[0])
+        encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=frame_bytes)
+        yield encoder.header(), False
+        for frame in encoder.finish(state, views=True):
             yield frame, False
-        yield pack_handoff(Handoff(1, GREEDY), header), False
+        yield pack_handoff(Handoff(1, GREEDY), encoder.header()), False
 
     stub, sender = channels.stub(address), channels.data_sender(address)
     # Called first, as the router may: the state is taken as soon as it is in, and its memory

@@ -19,7 +19,7 @@ import threading
 import grpc
 import numpy as np
 import pytest
-from serving_support import fake_config, generate, serve_in_process
+from serving_support import fake_config, generate, serve_in_process, wait_for
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
@@ -170,6 +170,7 @@ def test_a_connection_no_push_claims_is_closed():
 
 def test_a_ticket_said_twice_keeps_the_first_connection(listener):
     first = DataSender.connect("127.0.0.1", listener.port)
+    assert wait_for(lambda: listener.waiting == 1)  # its hello is in
     twin = _raw_hello(listener.port, data_path.HELLO.pack(data_path.MAGIC, 1, first.ticket))
     twin.settimeout(5)
     assert twin.recv(1) == b""  # refused

@@ -294,6 +294,46 @@ class DataFrame:
     payload_crc: int  # crc32(payload): a tensor's CRC is its frames' combined
 
 
+class FrameParts:
+    """A data frame as its prefix and a view of its payload, for a sender that writes the two
+    without joining them (`sendmsg`); ``bytes(parts)`` is the frame. ``len`` and slices
+    within the prefix read no payload byte."""
+
+    __slots__ = ("payload", "prefix")
+
+    def __init__(self, prefix: bytes, payload: memoryview) -> None:
+        self.prefix, self.payload = prefix, payload
+
+    def __len__(self) -> int:
+        return len(self.prefix) + self.payload.nbytes
+
+    def __bytes__(self) -> bytes:
+        return b"".join((self.prefix, self.payload))  # one copy of the payload
+
+    def __getitem__(self, key: slice) -> bytes:
+        start, stop, step = key.indices(len(self))
+        if step == 1 and stop <= len(self.prefix):
+            return self.prefix[start:stop]
+        return bytes(self)[key]
+
+
+def data_parts(
+    stream_id: int,
+    tensor_id: int,
+    offset: int,
+    payload: bytes | memoryview,
+    payload_crc: int | None = None,
+) -> FrameParts:
+    """A data frame as `FrameParts`, its payload not copied; ``payload_crc`` is
+    ``crc32(payload)`` when the caller has it already."""
+    payload = memoryview(payload).cast("B")
+    head = _DATA_HEAD.pack(DATA_MAGIC, stream_id, tensor_id, offset, len(payload))
+    if payload_crc is None:
+        payload_crc = crc32(payload)
+    crc = crc32_combine(crc32(head), payload_crc, len(payload))
+    return FrameParts(head + _CRC.pack(crc), payload)
+
+
 def pack_data(
     stream_id: int,
     tensor_id: int,
@@ -302,11 +342,7 @@ def pack_data(
     payload_crc: int | None = None,
 ) -> bytes:
     """A data frame; ``payload_crc`` is ``crc32(payload)`` when the caller has it already."""
-    head = _DATA_HEAD.pack(DATA_MAGIC, stream_id, tensor_id, offset, len(payload))
-    if payload_crc is None:
-        payload_crc = crc32(payload)
-    crc = crc32_combine(crc32(head), payload_crc, len(payload))
-    return b"".join((head, _CRC.pack(crc), payload))  # one copy of the payload
+    return bytes(data_parts(stream_id, tensor_id, offset, payload, payload_crc))
 
 
 def parse_data(frame: memoryview, index: int) -> DataFrame:

@@ -37,10 +37,11 @@ from prfaas_jax.engine.codec.format import (
     FORMAT_VERSION,
     MAX_CHUNK_BYTES,
     MAX_STREAM_ID,
+    FrameParts,
     StateHeader,
     StateTrailer,
     TensorEntry,
-    pack_data,
+    data_parts,
     pack_header,
     pack_trailer,
     trailer_nbytes,
@@ -128,11 +129,14 @@ class StreamEncoder:
         """Frame 0; it depends on nothing but the model, L and the stream id."""
         return self._header
 
-    def _frames(self, tid: int, data: memoryview) -> Iterator[bytes]:
+    def _frames(
+        self, tid: int, data: memoryview, *, views: bool = False
+    ) -> Iterator[bytes | FrameParts]:
         """Data frames of tensor ``tid`` carrying ``data``, which starts at its next unsent
         frame and ends on the frame grid or at the tensor's end. Each payload is read once for
         its CRC (the frame's and the tensor's are combined from it) and copied once into its
-        frame; the tensor's CRC is updated as the frames are made."""
+        frame — or, with ``views``, not at all: each frame is `FrameParts` viewing ``data``;
+        the tensor's CRC is updated as the frames are made."""
         entry = self.entries[tid]
         chunk, first = entry.chunk_bytes, self._sent[tid]
         start = entry.skip_bytes + first * chunk
@@ -141,7 +145,8 @@ class StreamEncoder:
             payload_crc = crc32(payload)
             self._crcs[tid] = crc32_combine(self._crcs[tid], payload_crc, len(payload))
             self._sent[tid] += 1
-            yield pack_data(self.stream_id, tid, start + at, payload, payload_crc)
+            parts = data_parts(self.stream_id, tid, start + at, payload, payload_crc)
+            yield parts if views else bytes(parts)
 
     def ready_frames(self, state: ModelState, tokens_done: int, *, row: int = 0) -> Iterator[bytes]:
         """Not-yet-sent data frames of the growing caches whose positions are all < ``tokens_done``.
@@ -193,12 +198,16 @@ class StreamEncoder:
             frames += self._frames(tid, to_wire(_unsent(entry, sent, array), entry.wire))
         return iter(frames)
 
-    def finish(self, state: ModelState, *, row: int = 0) -> Iterator[bytes]:
+    def finish(
+        self, state: ModelState, *, row: int = 0, views: bool = False
+    ) -> Iterator[bytes | FrameParts]:
         """Every data frame not yet sent, then the trailer, from the final ``state``.
 
         The state is checked (ValueError if it does not fit the model or holds another L)
         before this returns; frames are built as iterated, from host views of its arrays (JAX
         arrays are immutable, and one with a host view is not donated, so the views stay valid).
+        With ``views``, each data frame is `FrameParts` whose payload is such a view: a sender
+        that writes the parts as they are (the data path's `sendmsg`) copies no payload byte.
         """
         if self._finished:
             raise ValueError("finish() already ran: the stream is complete")
@@ -216,11 +225,13 @@ class StreamEncoder:
                 entry = self.entries[tid]
                 rest.append((tid, to_wire(_unsent(entry, self._sent[tid], array), entry.wire)))
         self._finished = True
-        return self._rest_frames(rest)
+        return self._rest_frames(rest, views)
 
-    def _rest_frames(self, rest: list[tuple[int, memoryview]]) -> Iterator[bytes]:
+    def _rest_frames(
+        self, rest: list[tuple[int, memoryview]], views: bool
+    ) -> Iterator[bytes | FrameParts]:
         for tid, data in rest:
-            yield from self._frames(tid, data)
+            yield from self._frames(tid, data, views=views)
         yield pack_trailer(StateTrailer(self.stream_id, tuple(self._crcs)))
 
 

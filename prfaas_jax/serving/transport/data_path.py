@@ -27,7 +27,8 @@ is malformed input (`DataPathError`, INVALID_ARGUMENT).
   `StreamDecoder.target`), every other frame into a buffer of its own: the kernel's copy is
   the only one either way.
 - `DataSender` (prefill worker): `connect`s and says hello; `send` writes a frame without
-  copying it (`sendmsg` of the record head and the frame), `end` or `abort` closes.
+  copying it (`sendmsg` of the record head and the frame, or of a data frame's prefix and its
+  payload where it lies in the state: `FrameParts`), `end` or `abort` closes.
 - `push_messages`: `PushState`'s request stream for a push whose frames take the data path.
 """
 
@@ -46,7 +47,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from prfaas_jax.engine.codec.decoder import Placement
-from prfaas_jax.engine.codec.format import DATA_PREFIX_SIZE
+from prfaas_jax.engine.codec.format import DATA_PREFIX_SIZE, FrameParts
 from prfaas_jax.errors import ConfigError, UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -235,6 +236,12 @@ class DataListener:
                 del self._arrived[ticket]
                 conn.close()
 
+    @property
+    def waiting(self) -> int:
+        """Connections that said hello and wait for their push."""
+        with self._cv:
+            return len(self._arrived)
+
     def claim(self, ticket: bytes) -> DataReceiver:
         """The connection that said hello with ``ticket``, once it has (at most
         `claim_timeout_s`); `TransferCutError` if none does."""
@@ -294,14 +301,19 @@ class DataSender:
             raise
         return cls(conn, ticket)
 
-    def send(self, frame: bytes | memoryview, queued: bool = False) -> None:
-        """One frame (OSError once the connection is closed or broken)."""
+    def send(self, frame: bytes | memoryview | FrameParts, queued: bool = False) -> None:
+        """One frame (OSError once the connection is closed or broken); `FrameParts` are
+        written as they lie, the payload from the state's own memory."""
         head = RECORD.pack(len(frame), QUEUED if queued else 0)
+        if isinstance(frame, FrameParts):
+            pieces = [head, frame.prefix, frame.payload]
+        else:
+            pieces = [head, frame]
         if self._tls:
-            self._conn.sendall(head)
-            self._conn.sendall(frame)
+            for piece in pieces:
+                self._conn.sendall(piece)
             return
-        parts = [memoryview(head), memoryview(frame).cast("B")]
+        parts = [memoryview(piece).cast("B") for piece in pieces]
         while parts:  # sendmsg writes what the socket takes: go on from where it stopped
             sent = self._conn.sendmsg(parts)
             while parts and sent >= len(parts[0]):

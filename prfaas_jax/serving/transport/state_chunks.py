@@ -7,7 +7,8 @@ a loopback link (bench/codec.py). So those messages take a short path:
 
 - `write_state_chunk`, the client's serializer: a `FrameChunk` becomes the exact bytes protobuf
   writes for `StateChunk(frame=…, queued=…)` (field 2, then field 3 when set), with one copy of
-  the frame; any `pb.StateChunk` is serialized by protobuf.
+  the frame (of its parts, joined, for `FrameParts`); any `pb.StateChunk` is serialized by
+  protobuf.
 - `read_state_chunk`, the server's deserializer: a message that is exactly field 2 (a
   length-delimited frame), optionally followed by field 3 = true, is returned as a `FrameChunk`
   whose `frame` is a view of the received bytes; every other message — the first one, with the
@@ -25,6 +26,7 @@ from typing import NamedTuple
 
 import grpc
 
+from prfaas_jax.engine.codec.format import FrameParts
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
@@ -39,7 +41,7 @@ class FrameChunk(NamedTuple):
     """A `StateChunk` that carries one frame (and `queued`); the other fields at their proto3
     defaults, so the servicer reads it as it reads the message."""
 
-    frame: bytes | memoryview
+    frame: bytes | memoryview | FrameParts
     queued: bool = False
     request_id: str = ""
     stripe: int = 0
@@ -65,7 +67,9 @@ def write_state_chunk(message: FrameChunk | pb.StateChunk) -> bytes:
     if not size:  # proto3 leaves an empty field out
         return _QUEUED_TRUE if message.queued else b""
     tail = _QUEUED_TRUE if message.queued else b""
-    return b"".join((bytes((_FRAME_TAG,)), _varint(size), message.frame, tail))
+    frame = message.frame
+    parts = (frame.prefix, frame.payload) if isinstance(frame, FrameParts) else (frame,)
+    return b"".join((bytes((_FRAME_TAG,)), _varint(size), *parts, tail))
 
 
 def read_state_chunk(raw: bytes) -> FrameChunk | pb.StateChunk:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
 
-from prfaas_jax.engine.codec.format import DATA_MAGIC
+from prfaas_jax.engine.codec.format import DATA_MAGIC, FrameParts
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.worker.faults import TransferFaults
@@ -47,11 +47,11 @@ class Outbox:
         self.pushes: list[grpc.Future] = []  # one per lane, lane 0 first
         self.faults: TransferFaults | None = None  # `[chaos]`: this transfer's planned faults
 
-    def put(self, frame: bytes) -> None:
+    def put(self, frame: bytes | FrameParts) -> None:
         if self._stopped.is_set():
             return
         if self.faults is not None:
-            frame = self.faults.corrupt(frame)
+            frame = self.faults.corrupt(bytes(frame))
         lane = 0
         if self.lanes > 1 and bytes(frame[: len(DATA_MAGIC)]) == DATA_MAGIC:
             lane, self._next_lane = self._next_lane, (self._next_lane + 1) % self.lanes
@@ -61,7 +61,7 @@ class Outbox:
         self.wire_bytes += len(frame)
         self._queues[lane].put((frame, arrival))
 
-    def put_all(self, frames: Iterable[bytes]) -> None:
+    def put_all(self, frames: Iterable[bytes | FrameParts]) -> None:
         for frame in frames:
             self.put(frame)
 

@@ -287,7 +287,9 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 # The cache has kept this prompt: an index that has seen this event knows it.
                 cache_seq = self.prefixes.cache_seq() if self.prefixes is not None else 0
                 # Reads the state; frames are built as they are sent.
-                tail = encoder.finish(shipped(result.state))
+                # Views of the state's buffers (FrameParts): a data connection sends them as
+                # they lie, a stream joins each frame once.
+                tail = encoder.finish(shipped(result.state), views=True)
         except _AbandonedError:
             result = None
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang
