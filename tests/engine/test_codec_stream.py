@@ -20,7 +20,7 @@ from test_codec import assert_same_state, model, random_state
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec.format import DATA_MAGIC, parse_data
+from prfaas_jax.engine.codec.format import DATA_MAGIC, FrameParts, parse_data
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.model.state import ModelState, state_nbytes
 
@@ -129,6 +129,20 @@ def test_ready_frames_tile_the_token_grid() -> None:
     rest = list(encoder.finish(full))
     assert {rows_of(f, header)[0] for f in rest[:-1]}.isdisjoint({6, 7})
     assert rest[-1][:4] != DATA_MAGIC
+
+
+@pytest.mark.parametrize(("name", "length"), [("tiny", 61), ("tiny-swa", 45)])
+def test_frames_as_views_join_to_the_frames(name: str, length: int) -> None:
+    """``finish(views=True)``: each data frame as its prefix and a view of the state's bytes,
+    which join to exactly the frame ``finish`` copies; the trailer is the same."""
+    cfg = model(name)
+    state = random_state(cfg, [length], length, seed=3)
+    frames = {}
+    for views in (False, True):
+        encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=FRAME, stream_id=STREAM_ID)
+        frames[views] = list(encoder.finish(state, views=views))
+    assert all(isinstance(f, FrameParts) for f in frames[True][:-1])
+    assert [bytes(f) for f in frames[True]] == frames[False]
 
 
 def test_encoder_misuse_is_refused() -> None:

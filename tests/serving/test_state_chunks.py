@@ -7,11 +7,13 @@ from __future__ import annotations
 from concurrent import futures
 
 import grpc
+import numpy as np
 import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import given
 from hypothesis import strategies as st
 
+from prfaas_jax.engine.codec.format import data_parts, pack_data
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.state_chunks import (
@@ -22,7 +24,7 @@ from prfaas_jax.serving.transport.state_chunks import (
     write_state_chunk,
 )
 
-FIELDS = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender")
+FIELDS = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender", "data_ticket")
 
 chunks = st.builds(
     pb.StateChunk,
@@ -33,6 +35,7 @@ chunks = st.builds(
     stripes=st.integers(0, 2**32 - 1),
     last=st.booleans(),
     sender=st.text(max_size=8),
+    data_ticket=st.binary(max_size=16),
 )
 frame_chunks = st.builds(
     pb.StateChunk, frame=st.binary(min_size=1, max_size=300), queued=st.booleans()
@@ -51,6 +54,19 @@ def test_a_frame_chunk_is_written_as_protobuf_writes_it(frame, queued):
     expected = pb.StateChunk(frame=frame, queued=queued).SerializeToString()
     assert write_state_chunk(FrameChunk(frame, queued)) == expected
     assert write_state_chunk(FrameChunk(memoryview(frame), queued)) == expected
+
+
+def test_frame_parts_are_written_as_their_joined_frame():
+    """A prefill worker's last frames view the state (`FrameParts`): the message is protobuf's
+    bytes of the frame they make."""
+    payload = np.arange(5000, dtype=np.uint16)
+    parts = data_parts(7, 3, 128, memoryview(payload).cast("B"))
+    frame = bytes(parts)
+    assert frame == pack_data(7, 3, 128, payload.tobytes()) and len(parts) == len(frame)
+    assert parts[:4] == frame[:4] and parts[30:40] == frame[30:40]
+    for queued in (False, True):
+        expected = pb.StateChunk(frame=frame, queued=queued).SerializeToString()
+        assert write_state_chunk(FrameChunk(parts, queued)) == expected
 
 
 def test_a_long_frame_has_a_multi_byte_length():

@@ -48,6 +48,7 @@ class FrameChunk(NamedTuple):
     stripes: int = 0
     last: bool = False
     sender: str = ""
+    data_ticket: bytes = b""
 
 
 def _varint(value: int) -> bytes:
