@@ -14,7 +14,7 @@ import pytest
 from test_codec import assert_same_state, model, random_state
 
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec.decoder import Placement
+from prfaas_jax.engine.codec.decoder import PlacedFrame
 from prfaas_jax.engine.codec.format import DATA_PREFIX_SIZE, pack_data, parse_data
 from prfaas_jax.engine.codec.precision import WirePrecision
 
@@ -28,7 +28,7 @@ def frames_of(name: str, length: int, precision: str = "native") -> tuple[object
     return cfg, list(codec.encode(state, cfg, max_frame_bytes=FRAME, precision=wire))
 
 
-def placed(decoder: codec.StreamDecoder, frame: bytes) -> Placement | None:
+def placed(decoder: codec.StreamDecoder, frame: bytes) -> PlacedFrame | None:
     """What the receiver does with one frame: `target`, then the payload into it."""
     view = memoryview(frame)
     placement = decoder.target(view[:DATA_PREFIX_SIZE], len(frame))
@@ -66,7 +66,7 @@ def test_target_vouches_only_for_a_data_frame_that_fits_an_empty_slot():
     no_tensor = pack_data(first.stream_id, 10**6, first.offset, first.payload)
     for frame in (other_stream, off_grid, no_tensor, data[0][:-1], data[0] + b"x"):
         assert placed(decoder, frame) is None
-    assert isinstance(placed(decoder, data[0]), Placement)
+    assert isinstance(placed(decoder, data[0]), PlacedFrame)
     assert placed(decoder, data[0]) is None  # its slot is taken: a duplicate comes whole
     with pytest.raises(codec.StateDecodeError, match="is a duplicate"):
         decoder.feed(data[0])

@@ -67,9 +67,9 @@ class StreamDecoder:
 
     def feed(self, frame: object) -> None:
         """Check frame number ``self.frames`` of the stream and place what it carries (a
-        `Placement`: check the payload already received where `target` said)."""
+        `PlacedFrame`: check the payload already received where `target` said)."""
         index, self.frames = self.frames, self.frames + 1
-        if isinstance(frame, Placement):
+        if isinstance(frame, PlacedFrame):
             self._placed(frame, index)
             return
         view = frame_view(frame, index)
@@ -140,11 +140,11 @@ class StreamDecoder:
             raise StateDecodeError(f"{where} is a duplicate: that chunk already arrived")
         return slot
 
-    def target(self, prefix: memoryview, frame_bytes: int) -> Placement | None:
+    def target(self, prefix: memoryview, frame_bytes: int) -> PlacedFrame | None:
         """Where the payload of the next frame — ``frame_bytes`` long, ``prefix`` its first
         bytes — can be received straight into, before it arrives: the part of the state field
         (or wire buffer) that keeps it, its slot then taken; the frame is `feed`'s next
-        `Placement`, checked there. None, and the frame goes to `feed` whole, unless the header
+        `PlacedFrame`, checked there. None, and the frame goes to `feed` whole, unless the header
         is in and the trailer is not, and ``prefix`` is a data frame of this stream whose
         payload fits ``frame_bytes`` and an empty slot of its tensor: every frame that could
         be refused comes whole, so it is refused exactly as ever."""
@@ -163,9 +163,9 @@ class StreamDecoder:
             return None
         self._pending.add((tid, slot))
         payload = self._targets[tid][offset : offset + size]
-        return Placement(bytes(prefix[:DATA_PREFIX_SIZE]), stored, tid, slot, payload)
+        return PlacedFrame(bytes(prefix[:DATA_PREFIX_SIZE]), stored, tid, slot, payload)
 
-    def _placed(self, placement: Placement, index: int) -> None:
+    def _placed(self, placement: PlacedFrame, index: int) -> None:
         if (placement.tensor_id, placement.slot) not in self._pending:
             raise StateDecodeError(f"frame {index} was not placed by this decoder")
         self._pending.discard((placement.tensor_id, placement.slot))
@@ -235,7 +235,7 @@ class StreamDecoder:
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class PlacedFrame:
     """A data frame received into the state by way of `StreamDecoder.target`: its prefix, the
     CRC the prefix stores, its tensor and slot, and the payload where it now lies."""
 

@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from prfaas_jax.engine.codec.decoder import Placement
+from prfaas_jax.engine.codec.decoder import PlacedFrame
 from prfaas_jax.engine.codec.format import DATA_PREFIX_SIZE, FrameParts
 from prfaas_jax.errors import ConfigError, UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
@@ -61,8 +61,8 @@ RECORD = struct.Struct("<IB")
 QUEUED, END = 1, 2
 MAX_FRAME_BYTES = 64 * 2**20  # the largest message a worker's gRPC port takes
 log = logging.getLogger("prfaas.data_path")
-# Where a data frame's payload may be received: (its first bytes, its length) → a Placement.
-Place = Callable[[memoryview, int], Placement | None]
+# Where a data frame's payload may be received: (its first bytes, its length) → a PlacedFrame.
+Place = Callable[[memoryview, int], PlacedFrame | None]
 
 
 class DataPathError(UserError, ValueError):
@@ -129,7 +129,7 @@ class DataReceiver:
         `TransferCutError` if the connection closes before it, `DataPathError` on a record
         that cannot be read. With ``place`` (`PushDecoder.place`), a frame whose first
         `DATA_PREFIX_SIZE` bytes it accepts is received straight into the buffer it gives: the
-        chunk then carries that `Placement` instead of the frame."""
+        chunk then carries that `PlacedFrame` instead of the frame."""
         head = bytearray(RECORD.size)
         while True:
             if not _read_into(self._conn, memoryview(head)):

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
-from prfaas_jax.engine.codec.decoder import Placement
+from prfaas_jax.engine.codec.decoder import PlacedFrame
 from prfaas_jax.engine.codec.format import data_prefix
 from prfaas_jax.engine.codec.handoff import Handoff, is_handoff_frame, parse_handoff
 from prfaas_jax.engine.codec.layout import KvPrefix
@@ -32,18 +32,18 @@ class PushDecoder:
         self.frames = 0  # taken so far
         self._held: collections.deque[bytes] = collections.deque()
 
-    def take(self, frame: bytes | Placement) -> None:
-        """The stream's next frame; the one two before it is placed now (a `Placement`, whose
+    def take(self, frame: bytes | PlacedFrame) -> None:
+        """The stream's next frame; the one two before it is placed now (a `PlacedFrame`, whose
         payload `place` had received into the state, is checked at once)."""
         self.frames += 1
-        if isinstance(frame, Placement):
+        if isinstance(frame, PlacedFrame):
             self.decoder.feed(frame)
             return
         self._held.append(frame)
         if len(self._held) > _HELD:
             self.decoder.feed(self._held.popleft())
 
-    def place(self, prefix: memoryview, frame_bytes: int) -> Placement | None:
+    def place(self, prefix: memoryview, frame_bytes: int) -> PlacedFrame | None:
         """Where the next frame's payload may be received straight into the state (a data
         connection, serving/transport/data_path.py): if it is a data frame, the frames held
         so far go to the decoder first, in order, then `StreamDecoder.target` says. None: take
