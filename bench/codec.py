@@ -30,7 +30,7 @@ and push rates against the socket. Prints a table, then the same as JSON.
 
     python bench/codec.py [--presets kimi-linear-48b,qwen3-next-80b]
                           [--lengths 1024,8192,32768,131072] [--frame-bytes 4194304]
-                          [--repeat 3] [--json]
+                          [--repeat 3] [--streams 1] [--json]
 
 Memory: the state, its frames and the decoded copy are held at once (3× the state; 3.4 GiB
 for ``kimi-linear-48b`` at 128K tokens).
@@ -69,6 +69,7 @@ from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, ServingServer
 from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.prefill import DecodeChannels
+from prfaas_jax.serving.worker.stripes import MAX_STRIPES
 
 GB = 1e9
 # Transfers before the timed ones: a serving process has long since touched its memory, and a
@@ -195,27 +196,45 @@ def _push(
     cfg: ModelConfig,
     frame_bytes: int,
     rid: str,
+    streams: int = 1,
 ) -> pb.PushStateReply:
     """One state as a prefill worker pushes it: frames made as they are sent, on the data path
-    when ``channels`` takes it."""
+    when ``channels`` takes it; striped over ``streams`` pushes as a PrfaaS worker stripes one
+    (serving/worker/stripes.py: header, trailer and handoff on stream 0, the data frames
+    round-robin; made up front, then sent by every stream at once)."""
+    length = int(np.asarray(state.lengths)[0])
+    encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=frame_bytes)
 
     def frames() -> Iterator[tuple[bytes | FrameParts, bool]]:
         # As a prefill worker makes its last frames: views of the state's buffers.
-        length = int(np.asarray(state.lengths)[0])
-        encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=frame_bytes)
         yield encoder.header(), False
         for frame in encoder.finish(state, views=True):
             yield frame, False
         yield pack_handoff(Handoff(1, GREEDY), encoder.header()), False
 
-    stub, sender = channels.stub(address), channels.data_sender(address)
+    stub = channels.stub(address)
     # Called first, as the router may: the state is taken as soon as it is in, and its memory
     # is free for the next push (states left parked would pile up for a second).
-    length = int(np.asarray(state.lengths)[0])
     request = pb.DecodeRequest(request_id=rid, prompt_len=length, max_new_tokens=1)
     taken = stub.Generate(request, timeout=600)
-    messages = push_messages(pb.StateChunk(request_id=rid, sender="bench"), frames(), sender)
-    reply = stub.PushState(messages, timeout=600)
+    if streams == 1:
+        messages = push_messages(
+            pb.StateChunk(request_id=rid, sender="bench"), frames(), channels.data_sender(address)
+        )
+        reply = stub.PushState(messages, timeout=600)
+    else:
+        every = list(frames())
+        lanes = [[every[0]], *([] for _ in range(streams - 1))]
+        for k, frame in enumerate(every[1:-2]):
+            lanes[k % streams].append(frame)
+        lanes[0] += every[-2:]
+        pushes = []
+        for lane, lane_frames in enumerate(lanes):
+            first = pb.StateChunk(request_id=rid, sender="bench", stripe=lane, stripes=streams)
+            sender = channels.data_sender(address)
+            messages = push_messages(first, iter(lane_frames), sender)
+            pushes.append(channels.stub(address, lane).PushState.future(messages, timeout=600))
+        reply, *_ = [push.result() for push in pushes]
     if [t for message in taken for t in message.token_ids] != [1]:
         raise AssertionError(f"{rid}: the decode worker did not hand its state over")
     return reply
@@ -261,7 +280,8 @@ def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
             channels = DecodeChannels(data_path=data_path)
 
             def push(channels: DecodeChannels = channels) -> pb.PushStateReply:
-                return _push(channels, address, state, cfg, args.frame_bytes, f"r{next(pushes)}")
+                rid = f"r{next(pushes)}"
+                return _push(channels, address, state, cfg, args.frame_bytes, rid, args.streams)
 
             for _ in range(WARMUP):
                 reply = push()
@@ -356,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", default="1024,8192,32768,131072")
     parser.add_argument("--frame-bytes", type=int, default=codec.DEFAULT_MAX_FRAME_BYTES)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--streams", type=int, default=1, help="pushes a state is striped over ([link] streams)"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
     reuse_freed_memory()  # as a prefill worker does
@@ -368,6 +391,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.repeat < 1 or any(n < 1 for n in lengths):
         parser.error("--repeat and every length must be ≥ 1")
+    if not 1 <= args.streams <= MAX_STRIPES:
+        parser.error(f"--streams must be in [1, {MAX_STRIPES}]")
     rows = []
     for name in presets:
         for length in lengths:
@@ -378,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": multiprocessing.cpu_count(), "platform": platform.platform()},
         "frame_bytes": args.frame_bytes,
         "repeat": args.repeat,
+        "streams": args.streams,
         "rows": rows,
     }
     if not args.json:
