@@ -12,6 +12,7 @@ ways) and through a whole in-process cluster (tokens equal with and without the 
 
 from __future__ import annotations
 
+import logging
 import pathlib
 import socket
 import threading
@@ -19,10 +20,13 @@ import threading
 import grpc
 import numpy as np
 import pytest
-from serving_support import fake_config, generate, serve_in_process, wait_for
+from serving_support import fake_config, generate, serve_in_process, serve_workers, wait_for
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine import codec
+from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
@@ -37,8 +41,10 @@ from prfaas_jax.serving.transport.data_path import (
     push_messages,
 )
 from prfaas_jax.serving.transport.link import LinkShaper
+from prfaas_jax.serving.worker import prefill as prefill_module
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.main import link_profile
+from prfaas_jax.serving.worker.prefill import DecodeChannels
 
 
 def _frames(seed: int = 0) -> list[tuple[bytes, bool]]:
@@ -313,3 +319,48 @@ def test_a_cluster_serves_the_same_tokens_with_and_without_the_data_path(tmp_pat
         listener = cluster.decode["pd-1"].data_path
         # Two PrfaaS pushes of two stripes each, two PD pushes on one connection each.
         assert (listener.claimed if on else listener) == (6 if on else None)
+
+
+def test_an_unreachable_data_port_sends_the_frames_on_the_stream(monkeypatch, caplog):
+    """A decode worker whose data port refuses connections still gets its pushes, on their
+    streams; the port is left alone for `DATA_RETRY_S`, then asked for again."""
+    cfg = load_model_config("tiny")
+    listener = DataListener()
+    decode = DecodeService(
+        engine=lambda: FakeDecodeEngine(cfg, max_slots=2, max_len=64),
+        cfg=cfg,
+        max_len=64,
+        admit=lambda context: None,
+        data_path=listener,
+    )
+    server = serve_workers(decode=decode)
+    channels = DecodeChannels()
+    try:
+        assert channels.data_sender(server.address) is not None  # the port answers
+        listener.close()  # it stops taking connections; DataPath still names its port
+        clock = [1000.0]
+        monkeypatch.setattr(prefill_module.time, "monotonic", lambda: clock[0])
+        asks = []
+        real = channels._data_port
+        monkeypatch.setattr(channels, "_data_port", lambda a: asks.append(a) or real(a))
+        with caplog.at_level(logging.WARNING, logger="prfaas.prefill"):
+            assert channels.data_sender(server.address) is None
+        assert "frames go on the stream" in caplog.text and len(asks) == 1
+        clock[0] += prefill_module.DATA_RETRY_S - 1
+        assert channels.data_sender(server.address) is None and len(asks) == 1  # not tried
+        clock[0] += 2
+        assert channels.data_sender(server.address) is None and len(asks) == 2  # asked again
+        # The push itself: its frames as the stream's messages, decoded as ever.
+        prompt = [(5 + 7 * i) % cfg.vocab_size for i in range(20)]
+        result = FakePrefillEngine(cfg).prefill(prompt)
+        frames = list(codec.encode(result.state, cfg, max_frame_bytes=1024))
+        frames.append(pack_handoff(Handoff(result.first_token, SamplingParams()), frames[0]))
+        first = pb.StateChunk(request_id="r")
+        sender = channels.data_sender(server.address)
+        messages = push_messages(first, ((f, False) for f in frames), sender)
+        reply = channels.stub(server.address).PushState(messages, timeout=10)
+        assert reply.frames == len(frames) and listener.claimed == 0
+    finally:
+        server.stop(grace_s=0.5)
+        decode.stop()
+        listener.close()

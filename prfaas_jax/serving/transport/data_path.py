@@ -264,6 +264,8 @@ class DataListener:
                 conn.close()
             self._arrived.clear()
             self._cv.notify_all()
+        with contextlib.suppress(OSError):  # wakes the accept thread: the port closes now
+            self._server.shutdown(socket.SHUT_RDWR)
         self._server.close()
 
 

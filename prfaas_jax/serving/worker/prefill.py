@@ -80,6 +80,8 @@ from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
 log = logging.getLogger("prfaas.prefill")
+DATA_CONNECT_S = 5.0  # how long a push waits for its data connection before using its stream
+DATA_RETRY_S = 30.0  # how long an unreachable data port is left alone
 
 
 class DecodeChannels:
@@ -91,21 +93,28 @@ class DecodeChannels:
         self.security, self.data_path = security, data_path
         self._stubs: dict[str, DecodeWorkerStub] = {}
         self._data_ports: dict[str, int] = {}  # by decode address; 0: it has no data path
+        self._unreachable: dict[str, float] = {}  # address → until when its port is not tried
         self._lock = threading.Lock()
 
     def data_sender(self, address: str) -> DataSender | None:
         """A new connection to the data port of the decode worker at ``address`` (one per
         push: serving/transport/data_path.py), or None — no data path here or there, or it
-        cannot be reached — and the push carries its frames on its stream."""
+        cannot be reached — and the push carries its frames on its stream. A port that could
+        not be reached is not tried for `DATA_RETRY_S`, then asked for again (the worker may
+        have restarted on another)."""
+        with self._lock:
+            if time.monotonic() < self._unreachable.get(address, 0.0):
+                return None
         port = self._data_port(address) if self.data_path else 0
         if not port:
             return None
         host = address.rsplit(":", 1)[0].strip("[]")
         try:
-            return DataSender.connect(host, port, self.security)
-        except OSError as err:  # asked again at the next push: the worker may have moved
+            return DataSender.connect(host, port, self.security, timeout_s=DATA_CONNECT_S)
+        except OSError as err:
             with self._lock:
                 self._data_ports.pop(address, None)
+                self._unreachable[address] = time.monotonic() + DATA_RETRY_S
             log.warning("data path of %s (:%d): %s; frames go on the stream", address, port, err)
             return None
 
