@@ -68,7 +68,7 @@ from prfaas_jax.serving.transport.data_path import DataListener, push_messages
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, ServingServer
 from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.prefill import DecodeChannels
+from prfaas_jax.serving.worker.decode_channels import DecodeChannels
 from prfaas_jax.serving.worker.stripes import MAX_STRIPES
 
 GB = 1e9

@@ -41,10 +41,10 @@ from prfaas_jax.serving.transport.data_path import (
     push_messages,
 )
 from prfaas_jax.serving.transport.link import LinkShaper
-from prfaas_jax.serving.worker import prefill as prefill_module
+from prfaas_jax.serving.worker import decode_channels as channels_module
 from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.decode_channels import DecodeChannels
 from prfaas_jax.serving.worker.main import link_profile
-from prfaas_jax.serving.worker.prefill import DecodeChannels
 
 
 def _frames(seed: int = 0) -> list[tuple[bytes, bool]]:
@@ -339,14 +339,14 @@ def test_an_unreachable_data_port_sends_the_frames_on_the_stream(monkeypatch, ca
         assert channels.data_sender(server.address) is not None  # the port answers
         listener.close()  # it stops taking connections; DataPath still names its port
         clock = [1000.0]
-        monkeypatch.setattr(prefill_module.time, "monotonic", lambda: clock[0])
+        monkeypatch.setattr(channels_module.time, "monotonic", lambda: clock[0])
         asks = []
         real = channels._data_port
         monkeypatch.setattr(channels, "_data_port", lambda a: asks.append(a) or real(a))
         with caplog.at_level(logging.WARNING, logger="prfaas.prefill"):
             assert channels.data_sender(server.address) is None
         assert "frames go on the stream" in caplog.text and len(asks) == 1
-        clock[0] += prefill_module.DATA_RETRY_S - 1
+        clock[0] += channels_module.DATA_RETRY_S - 1
         assert channels.data_sender(server.address) is None and len(asks) == 1  # not tried
         clock[0] += 2
         assert channels.data_sender(server.address) is None and len(asks) == 2  # asked again
