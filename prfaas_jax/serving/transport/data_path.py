@@ -120,7 +120,6 @@ class DataReceiver:
 
     def __init__(self, conn: socket.socket, ticket: bytes) -> None:
         self._conn, self.ticket = conn, ticket
-        self._closed = threading.Lock()
 
     def chunks(
         self, max_frame_bytes: int = MAX_FRAME_BYTES, place: Place | None = None
@@ -146,21 +145,22 @@ class DataReceiver:
                 raise DataPathError(
                     f"a {length}-byte frame on the data path, over its {max_frame_bytes}-byte limit"
                 )
-            frame = np.empty(length, np.uint8)  # not zeroed: every byte is received into it
-            view, got = memoryview(frame), 0
+            queued, prefix = bool(flags & QUEUED), memoryview(b"")
             if place is not None and length > DATA_PREFIX_SIZE:
-                got = DATA_PREFIX_SIZE
-                if not _read_into(self._conn, view[:got]):
+                prefix = memoryview(bytearray(DATA_PREFIX_SIZE))
+                if not _read_into(self._conn, prefix):
                     raise TransferCutError("the data connection closed inside a frame")
-                placement = place(view[:got], length)
+                placement = place(prefix, length)
                 if placement is not None:
                     if not _read_into(self._conn, memoryview(placement.payload)):
                         raise TransferCutError("the data connection closed inside a frame")
-                    yield FrameChunk(placement, queued=bool(flags & QUEUED))  # type: ignore[arg-type]
+                    yield FrameChunk(placement, queued)  # type: ignore[arg-type]
                     continue
-            if not _read_into(self._conn, view[got:]):
+            view = memoryview(np.empty(length, np.uint8))  # not zeroed: every byte is written
+            view[: len(prefix)] = prefix
+            if not _read_into(self._conn, view[len(prefix) :]):
                 raise TransferCutError("the data connection closed inside a frame")
-            yield FrameChunk(view.toreadonly(), queued=bool(flags & QUEUED))
+            yield FrameChunk(view.toreadonly(), queued)
 
     def interrupt(self) -> None:
         """Unblock a read in progress (from another thread): the push was cancelled."""
