@@ -154,7 +154,7 @@ class DataReceiver:
                 if placement is not None:
                     if not _read_into(self._conn, memoryview(placement.payload)):
                         raise TransferCutError("the data connection closed inside a frame")
-                    yield FrameChunk(placement, queued)  # type: ignore[arg-type]
+                    yield FrameChunk(placement, queued)
                     continue
             view = memoryview(np.empty(length, np.uint8))  # not zeroed: every byte is written
             view[: len(prefix)] = prefix
@@ -247,6 +247,7 @@ class DataListener:
         `claim_timeout_s`); `TransferCutError` if none does."""
         deadline = time.monotonic() + self.claim_timeout_s
         with self._cv:
+            self._drop_stale(time.monotonic())
             while ticket not in self._arrived:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:

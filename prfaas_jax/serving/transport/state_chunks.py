@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import grpc
 
+from prfaas_jax.engine.codec.decoder import PlacedFrame
 from prfaas_jax.engine.codec.format import FrameParts
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -39,9 +40,11 @@ _MAX_VARINT_BYTES = 10
 
 class FrameChunk(NamedTuple):
     """A `StateChunk` that carries one frame (and `queued`); the other fields at their proto3
-    defaults, so the servicer reads it as it reads the message."""
+    defaults, so the servicer reads it as it reads the message. A sender's frame may be
+    `FrameParts`; a data connection's may be a `PlacedFrame`, already received into the state
+    (serving/transport/data_path.py)."""
 
-    frame: bytes | memoryview | FrameParts
+    frame: bytes | memoryview | FrameParts | PlacedFrame
     queued: bool = False
     request_id: str = ""
     stripe: int = 0

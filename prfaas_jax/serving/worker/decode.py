@@ -41,7 +41,8 @@ push is refused before any of its frames is read, a call at once; both RESOURCE_
 
 The module is over 500 lines: `PushState` (whole or striped: serving/worker/stripes.py),
 `ReserveKv`, `Generate` and the engine thread share one lock and one request table, and are
-read together; reading a push (push_reader.py), decoding it (push_decoder.py) and the
+read together; reading a push (push_reader.py), decoding it (push_decoder.py), the data
+connections pushes may bring their frames on (serving/transport/data_path.py) and the
 received-KV cache (decode_cache.py) live beside it.
 """
 
