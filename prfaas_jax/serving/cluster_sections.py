@@ -58,6 +58,8 @@ class EngineSection:
     layer_groups: int = 1
     max_prefill_queue: int = 64  # per prefill worker: requests waiting for or on its engine
     max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
+    # per worker: freed state memory kept mapped for the next states (engine/host_memory.py)
+    state_pool_mib: float = 4096.0
 
     def __post_init__(self) -> None:
         _check(self.max_len >= 2, "engine.max_len", "must be ≥ 2")
@@ -70,6 +72,7 @@ class EngineSection:
         _check(self.max_pending_states >= 0, "engine.max_pending_states", "must be ≥ 0")
         _check(self.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
         _check(self.layer_groups >= 1, "engine.layer_groups", "must be ≥ 1")
+        _check(self.state_pool_mib >= 0, "engine.state_pool_mib", "must be ≥ 0")
 
     @property
     def prfaas_prefill_mesh(self) -> str:

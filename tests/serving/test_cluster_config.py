@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from prfaas_jax.engine.host_memory import KEEP_BYTES
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
@@ -219,3 +220,12 @@ def test_hosts(tmp_path):
 def test_hosts_mistakes(tmp_path, text, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_cluster_config(write(tmp_path, text))
+
+
+def test_state_pool_key(tmp_path):
+    default = load_cluster_config(write(tmp_path, "")).engine.state_pool_mib
+    assert default == KEEP_BYTES / 2**20 == 4096  # the pool's own default
+    config = load_cluster_config(write(tmp_path, "[engine]\nstate_pool_mib = 512\n"))
+    assert config.engine.state_pool_mib == 512
+    with pytest.raises(ConfigError, match=re.escape("engine.state_pool_mib: must be ≥ 0")):
+        load_cluster_config(write(tmp_path, "[engine]\nstate_pool_mib = -1\n"))

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from prfaas_jax.config import LayerKind, ModelConfig, dtype_nbytes
+from prfaas_jax.engine.host_memory import POOLED_BYTES, STATE_BLOCKS
 from prfaas_jax.model.state import (
     DeltaState,
     KvState,
@@ -217,8 +218,14 @@ _ALIGN = 64  # XLA:CPU adopts a host buffer aligned to this as an array's memory
 
 
 def _aligned(shape: tuple[int, ...], dtype: np.dtype, *, zeros: bool) -> np.ndarray:
-    """A new C-contiguous host array whose data starts on an ``_ALIGN``-byte boundary."""
+    """A new C-contiguous host array whose data starts on an ``_ALIGN``-byte boundary: a large
+    one in a block of `STATE_BLOCKS` (pages an earlier state used, not faulted in again)."""
     nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes >= POOLED_BYTES:
+        raw = STATE_BLOCKS.take(nbytes)  # page-aligned
+        if zeros:
+            raw[:] = 0
+        return raw.view(dtype).reshape(shape)
     raw = (np.zeros if zeros else np.empty)(nbytes + _ALIGN, np.uint8)
     start = -raw.ctypes.data % _ALIGN
     return raw[start : start + nbytes].view(dtype).reshape(shape)
@@ -233,6 +240,7 @@ class StateBuffers:
     an SWA window is a buffer of its own, laid into its ring by ``state()``. Writing the
     tensors (a decoder, frame by frame) therefore builds the state with no further copy:
     ``state()`` hands the fields to JAX, which on a CPU adopts the aligned buffers as they are.
+    A field of 1 MiB or more is a block of `STATE_BLOCKS`, pages an earlier state left mapped.
     Nothing may write to the buffers after ``state()``.
     """
 

@@ -39,7 +39,7 @@ import grpc
 import jax
 
 from prfaas_jax.engine.compile_cache import enable_compile_cache, enable_weights_cache
-from prfaas_jax.engine.host_memory import reuse_freed_memory
+from prfaas_jax.engine.host_memory import STATE_BLOCKS, reuse_freed_memory
 from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup, follow, join
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
@@ -299,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     tag = args.name if args.process_id == 0 else f"{args.name}/{args.process_id}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(message)s")
     config = load_cluster_config(args.config)
+    STATE_BLOCKS.keep_bytes = int(config.engine.state_pool_mib * 2**20)
     group = None
     if args.num_processes > 1:
         group = ProcessGroup(
