@@ -20,7 +20,8 @@ of MiB each at 128K tokens, would land on fresh pages every time, and that first
 much as the copy that fills them. `BlockPool` keeps such blocks itself. Each is an anonymous
 mapping of a few size classes; a state field views it, and when the last view dies (JAX holds an
 array it adopted until it lets the array go) the block goes back to the pool, still mapped, to
-be the next state's. The cost: up to `KEEP_BYTES` of free blocks stay resident.
+be the next state's. The cost: up to `keep_bytes` of free blocks stay resident (`KEEP_BYTES`;
+a worker's is `[engine] state_pool_mib`).
 """
 
 from __future__ import annotations
