@@ -21,7 +21,7 @@ tensor; the codec does not look at values) and times, best of ``--repeat`` (the 
   decode worker's servicer (``DecodeService``: decodes the push as it arrives; a 1-token
   ``Generate`` called before the push takes the state at once, as a decode worker's slot would),
   the frames on the data path (a TCP connection beside the stream:
-  serving/transport/data_path.py), timed to its reply; with the CPU seconds each side spent
+  serving/transfer/data_path.py), timed to its reply; with the CPU seconds each side spent
   per push;
 - ``push on the stream``: the same with the frames as messages of the gRPC stream
   (``[link] data_path = false``).
@@ -67,12 +67,12 @@ from prfaas_jax.engine.host_memory import STATE_BLOCKS, reuse_freed_memory
 from prfaas_jax.engine.sampling_params import GREEDY
 from prfaas_jax.model.state import ModelState
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.transport.data_path import DataListener, push_messages
+from prfaas_jax.serving.transfer.channels import DecodeChannels
+from prfaas_jax.serving.transfer.data_path import DataListener, push_messages
+from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
+from prfaas_jax.serving.transfer.stripes import MAX_STRIPES
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, ServingServer
-from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.decode_channels import DecodeChannels
-from prfaas_jax.serving.worker.stripes import MAX_STRIPES
 
 GB = 1e9
 # Transfers before the timed ones: a serving process has long since touched its memory, and a
@@ -203,7 +203,7 @@ def _push(
 ) -> pb.PushStateReply:
     """One state as a prefill worker pushes it: frames made as they are sent, on the data path
     when ``channels`` takes it; striped over ``streams`` pushes as a PrfaaS worker stripes one
-    (serving/worker/stripes.py: header, trailer and handoff on stream 0, the data frames
+    (serving/transfer/stripes.py: header, trailer and handoff on stream 0, the data frames
     round-robin; made up front, then sent by every stream at once)."""
     length = int(np.asarray(state.lengths)[0])
     encoder = codec.StreamEncoder(cfg, length, max_frame_bytes=frame_bytes)

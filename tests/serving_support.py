@@ -32,13 +32,13 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.core import RouterCore, RouterService
-from prfaas_jax.serving.transport.data_path import DataListener
+from prfaas_jax.serving.transfer.data_path import DataListener
+from prfaas_jax.serving.transfer.faults import FaultInjector
+from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
-from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
 from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
 from prfaas_jax.wire_precision import WIRE_NATIVE

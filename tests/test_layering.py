@@ -39,21 +39,24 @@ RANK = {
     "cli": 8,
 }
 # Inside serving: what every process reads (the cluster config, the generated stubs), then the
-# wire, then the three process kinds side by side (worker, router, HTTP front door), then the
-# launcher, then load generators.
+# wire, then the state transfer over it, then the three process kinds side by side (worker,
+# router, HTTP front door), then the launcher, then load generators.
 SERVING_RANK = {
     "cluster_config": 0,
     "cluster_sections": 0,
     "proto": 0,
     "transport": 1,
-    "worker": 2,
-    "router": 2,
-    "frontdoor": 2,
-    "cluster": 3,
-    "loadgen": 4,
+    "transfer": 2,
+    "worker": 3,
+    "router": 3,
+    "frontdoor": 3,
+    "cluster": 4,
+    "loadgen": 5,
 }
 # Processes that talk only over the wire: none imports another.
 SEPARATE_PROCESSES = {"worker", "router", "frontdoor"}
+# Control processes that never hold a state: they route transfers, never make or take one.
+NO_TRANSFER = {"router", "frontdoor"}
 # Third-party packages some layers must never import.
 FORBIDDEN = {
     "errors": {"jax", "grpc"},
@@ -149,12 +152,15 @@ def test_imports_go_down_the_layers(path):
             assert SERVING_RANK[there] <= SERVING_RANK[sub], f"serving.{sub} imports {name}"
             if there != sub and {there, sub} <= SEPARATE_PROCESSES:
                 pytest.fail(f"serving.{sub} imports its peer {name}")
+            if sub in NO_TRANSFER and there == "transfer":
+                pytest.fail(f"serving.{sub} holds no state, yet imports {name}")
 
 
 def test_the_walk_sees_the_package():
     assert len(MODULES) > 20
     names = {".".join(_module_parts(p)) for p in MODULES}
     assert {"serving.router.core", "serving.worker.decode", "sim.simulator"} <= names
+    assert {"serving.transfer.api", "serving.transfer.sender", "serving.transfer.receiver"} <= names
 
 
 def test_relative_imports_are_resolved():

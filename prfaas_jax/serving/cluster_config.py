@@ -35,7 +35,7 @@ except `[model] preset` (docs/serving.md explains each):
                   bearer token); relative paths are resolved against the config's directory
                   (serving/transport/security.py)
     [chaos]       corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
-                  fault injection in the prefill workers (serving/worker/faults.py); all zero = none
+                  fault injection in state transfers (serving/transfer/faults.py); all zero = none
     [hosts]       router, prfaas, pd, or an instance's name ("pd-1"): "HOST" or "HOST:PORT",
                   where each server listens (instance i of a cluster at PORT + i; the metrics
                   endpoint on the router's host); loopback and free ports by default

@@ -124,7 +124,7 @@ class LinkSection:
     # ("state=bf16,kv=int8"). Prefix-cache exports stay exact: their copies are reused.
     precision: str = "native"
     # Every push (PrfaaS and PD) sends its frames on a TCP connection of its own beside
-    # PushState, which then carries only the control (serving/transport/data_path.py); false:
+    # PushState, which then carries only the control (serving/transfer/data_path.py); false:
     # the frames go as PushState's messages.
     data_path: bool = True
 
@@ -266,7 +266,7 @@ class SecuritySection:
 @dataclass(frozen=True, kw_only=True)
 class ChaosSection:
     """Faults the prefill workers inject into their own state transfers
-    (serving/worker/faults.py)."""
+    (serving/transfer/faults.py)."""
 
     corrupt_frame_prob: float = 0.0  # flip one byte of one data frame: the receiver's CRC fails
     drop_transfer_prob: float = 0.0  # cancel the push midway, as a dead link would

@@ -29,9 +29,9 @@ from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transfer.data_path import DataSender
 from prfaas_jax.serving.transport import security
 from prfaas_jax.serving.transport.certs import make_ca, make_node_cert
-from prfaas_jax.serving.transport.data_path import DataSender
 from prfaas_jax.serving.transport.server import health_status
 
 CFG = load_model_config("tiny")

@@ -1,5 +1,5 @@
 """``StreamDecoder.target``: a data frame's payload received straight into the state (the data
-path's receiver, serving/transport/data_path.py) decodes to exactly the state ``feed`` builds,
+path's receiver, serving/transfer/data_path.py) decodes to exactly the state ``feed`` builds,
 and every frame ``target`` could not vouch for from its prefix alone goes to ``feed`` whole.
 
 The oracle is ``codec.decode`` of the same frames (itself checked against the encoded state in

@@ -47,7 +47,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.data_path import DataListener, DataSender, push_messages
+from prfaas_jax.serving.transfer.data_path import DataListener, DataSender, push_messages
 from prfaas_jax.serving.transport.messages import (
     MAX_REQUEST_ID_LEN,
     check_prompt,
@@ -340,7 +340,7 @@ def push_status(
     w: Workers, request_id: str, frames: list[bytes], via: str = "stream"
 ) -> tuple[grpc.StatusCode, str]:
     """The decode worker's answer to `frames` pushed as messages of the stream (`via`
-    "stream"), or on a data connection beside it ("data": serving/transport/data_path.py)."""
+    "stream"), or on a data connection beside it ("data": serving/transfer/data_path.py)."""
     first = pb.StateChunk(request_id=request_id)
     if via == "data":
         sender = DataSender.connect("127.0.0.1", w.decode.data_path.port)

@@ -3,9 +3,9 @@
 In process (serving_support.serve_in_process): the router over a PrfaaS prefill (prfaas-0), a PD
 prefill (pd-0) and a PD decode worker (pd-1) on loopback servers, fake engines.
 
-- Attempts exhausted. With fault injection (serving/worker/faults.py) corrupting, or cutting, every
-  state transfer of the prefill workers, each attempt fails; with `max_attempts = 3` (not the
-  default 4) the client gets, after exactly three attempts, the last attempt's status —
+- Attempts exhausted. With fault injection (serving/transfer/faults.py) corrupting, or cutting,
+  every state transfer of the prefill workers, each attempt fails; with `max_attempts = 3` (not
+  the default 4) the client gets, after exactly three attempts, the last attempt's status —
   INVALID_ARGUMENT for a corrupt frame, UNAVAILABLE for a cut link — with details naming the
   attempts (docs/serving.md, "Status codes"). Three is counted four ways: prompts the prefill
   engines computed, transfers the injectors damaged, the router's "attempt k failed" log lines,
@@ -35,7 +35,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import ChaosSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.worker.faults import FaultInjector
+from prfaas_jax.serving.transfer.faults import FaultInjector
 
 CFG = load_model_config("tiny")
 VOCAB = CFG.vocab_size

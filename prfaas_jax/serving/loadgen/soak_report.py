@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from prfaas_jax.serving.worker.faults import CORRUPT_MARK, DROP_MARK
+from prfaas_jax.serving.transfer.faults import CORRUPT_MARK, DROP_MARK
 from prfaas_jax.tables import table
 
 if TYPE_CHECKING:

@@ -164,7 +164,7 @@ def reserve_kv(
     timeout_s: float = LOOKUP_TIMEOUT_S,
 ) -> int:
     """Leading prompt positions whose KV the decode worker holds and keeps for this request's
-    state (serving/worker/decode_cache.py); 0 when it holds none or does not answer in time —
+    state (serving/transfer/increments.py); 0 when it holds none or does not answer in time —
     the state then comes whole."""
     request = pb.KvReserveRequest(request_id=request_id, prompt_token_ids=prompt)
     try:

@@ -1,2 +1,3 @@
-"""The worker process: prefill and decode services over the engines, the prefix-cache service,
-engine construction and fault injection (``python -m prfaas_jax.serving.worker.main``)."""
+"""The worker process: prefill and decode services over the engines (their state transfers:
+`serving/transfer/`), the prefix-cache service and engine construction
+(``python -m prfaas_jax.serving.worker.main``)."""

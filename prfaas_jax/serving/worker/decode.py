@@ -1,24 +1,16 @@
-"""The `DecodeWorker` service: receive states, batch their requests, stream their tokens.
+"""The `DecodeWorker` service: take in states, batch their requests, stream their tokens.
 
-A request meets the decode worker twice, in either order: the prefill worker's `PushState`
-(the codec frames — header, data frames as prefill makes them, trailer — and the handoff frame)
-and the router's `Generate` (request id, prompt length, token budget). `PushState` decodes the
-stream as it arrives (push_decoder.py: each frame placed into the state being built, so no push
-is held whole) and validates everything before a request can use it — the handoff (its first
-token must be in the vocabulary) and every frame (`codec.StreamDecoder`: magic, version, model
-fingerprint, stream id, checksums, shapes, completeness, the trailer's CRCs) — and refuses a
-state longer than the node can decode, or one whose length differs from the prompt length the
-router announced. A state sent as an increment (its header's base: the KV rows this node said
-it holds, `ReserveKv`) is stitched onto the rows kept for it, and a PrfaaS state's KV is cached
-for the prompt's next turn (serving/worker/decode_cache.py); a striped one is gathered from its
-streams first. Malformed input is INVALID_ARGUMENT and keeps nothing (a `Generate` already
-waiting for that state fails with it), a second state or stream for one request ALREADY_EXISTS.
-A stream its sender cancelled is a cut transfer, not malformed input — also where gRPC ends it
-like a complete one before reporting the cancel — so it fails nothing here: the sender's
-status tells the router what happened. A push whose first message names a data ticket brings
-its frames on the data connection with that ticket (`data_path`, serving/transport/
-data_path.py), read exactly as messages would be; one that closes before its `end` record is
-cut in the same way (UNAVAILABLE), and a cancelled call closes it.
+A request meets the decode worker twice, in either order: the prefill worker's `PushState` (its
+state, as codec frames) and the router's `Generate` (request id, prompt length, token budget).
+`PushState` hands the push to the node's `PushIntake` (serving/transfer/receiver.py), which reads,
+decodes and validates it as it arrives — every frame, the handoff, increments stitched onto the
+KV kept for them, striped pushes gathered — and raises a `TransferError` carrying the status to
+answer with (serving/transfer/api.py): INVALID_ARGUMENT for malformed input, which keeps nothing
+and fails a `Generate` already waiting for that state; UNAVAILABLE or CANCELLED for a cut
+transfer, which fails nothing here (the sender's status tells the router what happened). The
+service then keeps the state for its request, or refuses it: a second state for one request is
+ALREADY_EXISTS, one whose length differs from the prompt length the router announced is
+INVALID_ARGUMENT.
 
 Each request's record moves only along the `LEGAL_TRANSITIONS` of its `Phase`
 (serving/worker/decode_request.py): parked or waiting, ready, taken, decoding, then finished,
@@ -38,12 +30,6 @@ Both queues are bounded, so a burst costs refusals, not memory: at most `max_pen
 states are held outside a slot (received or being received, waiting for their `Generate` or for
 a slot), and at most `max_waiting` `Generate` calls wait for a state or a slot. Beyond that, a
 push is refused before any of its frames is read, a call at once; both RESOURCE_EXHAUSTED.
-
-The module is over 500 lines: `PushState` (whole or striped: serving/worker/stripes.py),
-`ReserveKv`, `Generate` and the engine thread share one lock and one request table, and are
-read together; reading a push (push_reader.py), decoding it (push_decoder.py), the data
-connections pushes may bring their frames on (serving/transport/data_path.py) and the
-received-KV cache (decode_cache.py) live beside it.
 """
 
 from __future__ import annotations
@@ -55,7 +41,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NoReturn
 
 import grpc
 import numpy as np
@@ -63,22 +48,16 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import DecodeEngineLike
 from prfaas_jax.errors import UserError
-from prfaas_jax.model.state import state_nbytes
-from prfaas_jax.policy.link_capacity import FrameArrival, backlog_sample
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.data_path import DataListener, DataReceiver, TransferCutError
+from prfaas_jax.serving.transfer.api import ReceivedState, TransferError
+from prfaas_jax.serving.transfer.data_path import DataListener
+from prfaas_jax.serving.transfer.increments import DecodeKvCache
+from prfaas_jax.serving.transfer.receiver import IncomingPush, PushIntake
 from prfaas_jax.serving.transport.messages import check_prompt
-from prfaas_jax.serving.worker.decode_cache import DecodeKvCache
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
-from prfaas_jax.serving.worker.push_decoder import PushDecoder
-from prfaas_jax.serving.worker.push_reader import PushReader, PushTooLongError
-from prfaas_jax.serving.worker.stripes import MAX_STRIPES, StripeError, StripeSet
 
 _DONE = object()
-# How long a stream that stopped short waits for gRPC to report its sender's cancel: the server
-# sees a cancelled request stream end before it learns of the cancel (milliseconds apart).
-_CANCEL_SEEN_S = 1.0
 log = logging.getLogger("prfaas.decode")
 
 
@@ -97,18 +76,18 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         data_path: DataListener | None = None,
     ) -> None:
         """`kv_cache`: the received KV this node keeps, so PrfaaS states can ship increments
-        (serving/worker/decode_cache.py; None: every state comes whole); `data_path`: where
-        pushes may send their frames beside the stream (serving/transport/data_path.py; None:
+        (serving/transfer/increments.py; None: every state comes whole); `data_path`: where
+        pushes may send their frames beside the stream (serving/transfer/data_path.py; None:
         only on the stream)."""
         self._engine, self.cfg, self.max_len, self._admit = engine, cfg, max_len, admit
-        self.kv_cache, self.data_path = kv_cache, data_path
-        self.stripes = StripeSet(state_timeout_s)  # striped pushes in progress
+        self.intake = PushIntake(
+            cfg, max_len, timeout_s=state_timeout_s, kv_cache=kv_cache, data_path=data_path
+        )
+        self.data_path = data_path
         self.state_timeout_s = state_timeout_s
         self.max_pending_states, self.max_waiting = max_pending_states, max_waiting
         # Pushes accepted and still streaming, one token each until their state is kept.
         self._receiving: set[object] = set()
-        # Frames of the longest state this node decodes, with generous room for headers.
-        self.max_push_bytes = 2 * state_nbytes(cfg, max_len) + 2**20
         self._cv = threading.Condition()
         self._requests: dict[str, DecodeRequest] = {}
         self._ready: collections.deque[DecodeRequest] = collections.deque()
@@ -116,7 +95,6 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         self._thread: threading.Thread | None = None
         self._stop = False
         self.completed = self.tokens_generated = self.state_bytes_received = 0
-        self._reader = PushReader(self.max_push_bytes)
 
     # --- stats ----------------------------------------------------------------------------
 
@@ -153,19 +131,13 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     def PushState(  # noqa: N802
         self, request_iterator: Iterator[pb.StateChunk], context: grpc.ServicerContext
     ) -> pb.PushStateReply:
+        """Take in a push (serving/transfer/receiver.py), then keep its state for its request:
+        parked until its `Generate` comes, or ready for a slot if it is waiting."""
         self._admit(context)
-        first = next(request_iterator, None)
-        if first is None or not first.request_id:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, "the first message must name the request"
-            )
-        stripes = first.stripes or 1
-        if not (stripes <= MAX_STRIPES and first.stripe < stripes):
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"stripe {first.stripe} of {stripes}: at most {MAX_STRIPES}, numbered from 0",
-            )
-        receiver = self._claim(first, context) if first.data_ticket else None
+        try:
+            push = self.intake.open(request_iterator, context)
+        except TransferError as err:
+            context.abort(err.status, str(err))
         stream = object()
         try:
             with self._cv:
@@ -173,93 +145,56 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 if not full:
                     self._receiving.add(stream)
             if full:  # refused before reading a frame: nothing of this stream is buffered
+                push.refuse()
                 context.abort(
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"{first.request_id}: {self.max_pending_states} states already wait here "
+                    f"{push.request_id}: {self.max_pending_states} states already wait here "
                     "for a Generate or a slot, this node's limit",
                 )
-            if first.stripe > 0:
-                chunks = request_iterator if receiver is None else receiver.chunks()
-                return self._receive_stripe(first, chunks, context)
-            return self._receive(first, request_iterator, context, stream, receiver)
+            try:
+                received = push.receive()
+            except TransferError as err:
+                if err.fails_waiting:  # its state will not come: a waiting Generate fails now
+                    self._fail_waiting(push.request_id, f"its state was rejected: {err}")
+                context.abort(err.status, str(err))
+            if received is None:  # a secondary stripe: its frames went to the primary
+                return pb.PushStateReply(frames=push.frames)
+            self._start_engine_thread()
+            self._keep(received, push, context, stream)
+            push.deliver(received)
+            return pb.PushStateReply(
+                state_bytes=received.payload_nbytes,
+                frames=received.frames,
+                backlog_bytes=received.backlog_bytes,
+                backlog_s=received.backlog_s,
+            )
         finally:
             with self._cv:
                 self._receiving.discard(stream)
-            if receiver is not None:
-                receiver.close()
+            push.close()
 
-    def _claim(self, first: pb.StateChunk, context: grpc.ServicerContext) -> DataReceiver:
-        """The data connection whose ticket ``first`` names; a cancelled call closes it."""
-        if self.data_path is None:
-            context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{first.request_id}: this worker has no data path (DataPath port 0)",
-            )
-        try:
-            receiver = self.data_path.claim(first.data_ticket)
-        except TransferCutError as err:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"{first.request_id}: {err}")
-        context.add_callback(receiver.interrupt)
-        return receiver
-
-    def DataPath(  # noqa: N802
-        self, request: pb.DataPathRequest, context: grpc.ServicerContext
-    ) -> pb.DataPathReply:
-        return pb.DataPathReply(port=0 if self.data_path is None else self.data_path.port)
-
-    def _receive(
+    def _keep(
         self,
-        first: pb.StateChunk,
-        request_iterator: Iterator[pb.StateChunk],
+        received: ReceivedState,
+        push: IncomingPush,
         context: grpc.ServicerContext,
         stream: object,
-        receiver: DataReceiver | None = None,
-    ) -> pb.PushStateReply:
-        """Read, validate and keep the state that `first` announced; `stream` is this push's
-        token in `_receiving`; `receiver`: the data connection that brings its frames, each
-        data frame's payload received straight into the state (None: the stream brings them)."""
-        ended = threading.Event()
-        context.add_callback(ended.set)  # before the handler returns, only a cancel ends the call
-        push = PushDecoder(self.cfg, self.max_len)
-        if receiver is not None:
-            request_iterator = receiver.chunks(place=push.place)
-        arrivals, _ = self._read(first, request_iterator, context, push.take)
-        if not push.ends_with_handoff and ended.wait(_CANCEL_SEEN_S):
-            # A cut transfer, not a malformed one: its sender reports the failure.
-            context.abort(grpc.StatusCode.CANCELLED, f"{first.request_id}: the sender cancelled")
-        others: list[bytes] = []
-        if first.stripes > 1:  # the other stripes' data frames (serving/worker/stripes.py)
-            try:
-                others, arrivals = self.stripes.others(
-                    first.request_id, first.stripes, push.frames, arrivals
-                )
-            except StripeError as err:
-                context.abort(grpc.StatusCode.ABORTED, str(err))
-        try:
-            handoff = push.handoff(others)
-            vocab = self.cfg.vocab_size
-            if not 0 <= handoff.first_token < vocab:
-                raise UserError(
-                    f"handoff first token {handoff.first_token} outside the vocabulary [0, {vocab})"
-                )
-            reserved = self.kv_cache.take(first.request_id) if self.kv_cache else None
-            base = reserved.prefix if reserved is not None and reserved.prefix.length else None
-            state = push.state(base)
-            state_bytes = push.payload_nbytes
-        except UserError as err:
-            self._reject(context, first.request_id, str(err))
-        self._start_engine_thread()
-        length = int(np.asarray(state.lengths)[0])
+    ) -> None:
+        """Park ``received`` for its request, or make the waiting request ready; a second
+        state, or one whose length differs from the prompt's, is refused."""
+        length = received.length
         with self._cv:
             req = self._requests.setdefault(
-                first.request_id, DecodeRequest(first.request_id, time.monotonic())
+                received.request_id, DecodeRequest(received.request_id, time.monotonic())
             )
             if req.phase not in (Phase.NEW, Phase.WAITING):  # parked, or on its way by now
+                push.refuse()
                 context.abort(
                     grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id}: state already received"
                 )
             if req.phase is Phase.WAITING and length != req.prompt_len:
                 self._fail(req, f"the state holds {length} tokens, the prompt has {req.prompt_len}")
+                push.refuse()
                 context.abort(
                     grpc.StatusCode.INVALID_ARGUMENT,
                     f"{req.request_id}: state length {length} ≠ prompt length {req.prompt_len}",
@@ -267,67 +202,18 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             # Counted as held from here on, by its phase: a push that arrives before this call
             # returns must not see the one state twice.
             self._receiving.discard(stream)
-            req.state, req.first_token, req.sampling = state, handoff.first_token, handoff.sampling
-            req.state_bytes = state_bytes
-            self.state_bytes_received += state_bytes
+            req.state, req.first_token = received.state, received.first_token
+            req.sampling, req.state_bytes = received.sampling, received.payload_nbytes
+            self.state_bytes_received += received.payload_nbytes
             if req.phase is Phase.WAITING:
                 self._make_ready(req)
             else:
                 req.move(Phase.PARKED)
-        if reserved is not None and length == len(reserved.tokens):
-            # This state's KV serves the prompt's next turn (serving/worker/decode_cache.py).
-            self.kv_cache.keep(reserved, state)  # type: ignore[union-attr]
-        # The sender learns its link's capacity from this (policy/link_capacity.py).
-        backlog_bytes, backlog_s = backlog_sample(arrivals)
-        return pb.PushStateReply(
-            state_bytes=state_bytes,
-            frames=push.frames + len(others),
-            backlog_bytes=backlog_bytes,
-            backlog_s=backlog_s,
-        )
 
-    def _read(
-        self,
-        first: pb.StateChunk,
-        chunks: Iterator[pb.StateChunk],
-        context: grpc.ServicerContext,
-        take: Callable[[bytes], None],
-    ) -> tuple[list[FrameArrival], bool]:
-        """Read a push, handing its frames to ``take``; malformed frames or a push past the
-        byte limit are refused as they come."""
-        try:
-            return self._reader.read(first, chunks, context, take)
-        except PushTooLongError:
-            too_long = f"state stream exceeds {self.max_push_bytes} bytes, more than a "
-            self._reject(context, first.request_id, f"{too_long}{self.max_len}-token state of it")
-        except UserError as err:
-            self._reject(context, first.request_id, str(err))
-        except TransferCutError as err:  # a cut transfer: it fails nothing here
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"{first.request_id}: {err}")
-
-    def _receive_stripe(
-        self,
-        first: pb.StateChunk,
-        request_iterator: Iterator[pb.StateChunk],
-        context: grpc.ServicerContext,
-    ) -> pb.PushStateReply:
-        """A secondary stripe: its data frames wait for the request's primary stream."""
-        rid, stripe, stripes = first.request_id, first.stripe, first.stripes
-        try:
-            frames: list[bytes] = []
-            arrivals, last = self._read(first, request_iterator, context, frames.append)
-        except Exception:  # refused (too long): the primary must not wait for it either
-            self.stripes.fail(rid, stripes, f"stripe {stripe} of {stripes} was refused")
-            raise
-        if not last:  # cut: the primary must not wait for it
-            self.stripes.fail(rid, stripes, f"stripe {stripe} of {stripes} was cut")
-            context.abort(grpc.StatusCode.CANCELLED, f"{rid}: stripe {stripe} was cut")
-        try:
-            self.stripes.deposit(rid, stripe, stripes, frames, arrivals)
-        except StripeError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        # The link is timed over all stripes together, in stripe 0's reply.
-        return pb.PushStateReply(frames=len(frames))
+    def DataPath(  # noqa: N802
+        self, request: pb.DataPathRequest, context: grpc.ServicerContext
+    ) -> pb.DataPathReply:
+        return pb.DataPathReply(port=0 if self.data_path is None else self.data_path.port)
 
     def ReserveKv(  # noqa: N802
         self, request: pb.KvReserveRequest, context: grpc.ServicerContext
@@ -342,9 +228,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             check_prompt(tokens, self.cfg, max_len=self.max_len, max_new_tokens=1)
         except UserError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-        if self.kv_cache is None:
+        kv_cache = self.intake.kv_cache
+        if kv_cache is None:
             return pb.KvReserveReply(cached_len=0)
-        return pb.KvReserveReply(cached_len=self.kv_cache.reserve(request.request_id, tokens))
+        return pb.KvReserveReply(cached_len=kv_cache.reserve(request.request_id, tokens))
 
     def _make_ready(self, req: DecodeRequest) -> None:
         """Both halves are here: queue it for a slot (caller holds `_cv`)."""
@@ -355,15 +242,13 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     def _fail(self, req: DecodeRequest, message: str) -> None:
         req.out.put((grpc.StatusCode.INVALID_ARGUMENT, message))
 
-    def _reject(self, context: grpc.ServicerContext, request_id: str, message: str) -> NoReturn:
-        """Refuse a pushed state (nothing of it is kept). A `Generate` already waiting for it
-        fails now rather than at its timeout: its sender's push failed, so no state comes."""
+    def _fail_waiting(self, request_id: str, message: str) -> None:
+        """A `Generate` already waiting for ``request_id``'s state fails now rather than at its
+        timeout: its sender's push failed, so no state comes."""
         with self._cv:
             req = self._requests.get(request_id)
             if req is not None and req.phase is Phase.WAITING:
-                self._fail(req, f"{request_id}: its state was rejected: {message}")
-        context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-        raise AssertionError("context.abort returned")
+                self._fail(req, f"{request_id}: {message}")
 
     # --- Generate -------------------------------------------------------------------------
 

@@ -47,7 +47,10 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.data_path import DataListener
+from prfaas_jax.serving.transfer.data_path import DataListener
+from prfaas_jax.serving.transfer.faults import FaultInjector
+from prfaas_jax.serving.transfer.increments import build_decode_kv_cache
+from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transport.kernel_link import KernelLink, KernelLinkError, tcp_segments
 from prfaas_jax.serving.transport.lifecycle import (
     die_with_parent,
@@ -58,11 +61,8 @@ from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.transport.messages import role_from_proto, role_to_proto
 from prfaas_jax.serving.transport.security import server_credentials
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
-from prfaas_jax.serving.transport.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.decode_cache import build_decode_kv_cache
 from prfaas_jax.serving.worker.engines import EngineFactory
-from prfaas_jax.serving.worker.faults import FaultInjector
 from prfaas_jax.serving.worker.prefill import PrefillService
 from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
 from prfaas_jax.wire_precision import WIRE_NATIVE
@@ -97,7 +97,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         """``kernel_link``: the veth (in this process's namespace) whose `tbf` shapes the
         inter-cluster link (`--netns`); None shapes it in this process. ``group``: this node
         leads a multi-process instance (engine/spmd.py). ``data_path``: its decode side's
-        data port (serving/transport/data_path.py; None: pushes come on their streams)."""
+        data port (serving/transfer/data_path.py; None: pushes come on their streams)."""
         self.name, self.config = name, config
         self._role, self._role_lock = role, threading.Lock()
         self.factory = EngineFactory(config, group, prfaas=role is Role.PRFAAS_PREFILL)

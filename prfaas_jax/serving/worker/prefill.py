@@ -11,19 +11,15 @@ the last cache rows), so they travel while the later layers compute; whatever is
 after the last chunk, then the trailer and the handoff frame (first token and sampling,
 engine/codec/handoff.py).
 
-Two threads share the work through an `Outbox` (serving/worker/outbox.py): the engine thread
-(this RPC's) makes frames, gRPC's request-stream thread sends them, so copying rows to the host
-is all a chunk waits for. A PrfaaS worker sends through its `LinkShaper` (the inter-cluster
-link; each frame takes its place on the link when it is made), over `[link] streams` pushes on
-connections of their own when that is more than 1 (serving/worker/stripes.py); a PD worker
-sends unshaped, on one stream. Each push's frames travel on a data connection beside its stream
-(`[link] data_path`, serving/transport/data_path.py) where the decode worker has a data port,
-else as the stream's messages. Each frame says whether it was
-made before the previous one left (`StateChunk.queued`); the decode worker times those frames'
-arrivals and replies with the link's time for them, from which a PrfaaS worker learns its link's
-capacity (`link_meter`, policy/link_capacity.py). The engine is released after
-the last chunk, so the next prompt prefills while this state's tail is on the wire. The push's
-deadline (`push_timeout_s`) therefore covers prefill and transfer.
+The state travels as one transfer (`StatePush`, serving/transfer/sender.py): the engine thread
+(this RPC's) makes frames, gRPC's request-stream threads send them, so copying rows to the host
+is all a chunk waits for. A PrfaaS worker's transfer goes through its `LinkShaper` (the
+inter-cluster link), striped over `[link] streams` pushes when that is more than 1; a PD worker's
+goes unshaped, on one stream. The decode worker times the frames that queued behind each other
+and replies with the link's time for them, from which a PrfaaS worker learns its link's capacity
+(`link_meter`, policy/link_capacity.py). The engine is released after the last chunk, so the
+next prompt prefills while this state's tail is on the wire. The push's deadline
+(`push_timeout_s`) therefore covers prefill and transfer.
 
 When the router says the decode worker already holds the KV of the prompt's first K positions
 (`decode_cached_len`, from `DecodeWorker.ReserveKv`), the stream is an increment: those rows
@@ -41,18 +37,19 @@ A call the router cancels (its client left, or it gave up on the attempt) stops 
 request still waiting for the engine never takes it, one on the engine stops at its next chunk,
 no further frame goes on the link, and the push is cancelled.
 
-A failed push fails the RPC with the push's status (the router then retries), and stops the
-prefill at its next chunk, so a lost transfer does not hold the engine: a stream the
-decode worker rejected keeps its code (INVALID_ARGUMENT for bad frames), an unreachable or dead
-decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled push). With `[chaos]` on,
-`faults` (serving/worker/faults.py) corrupts a frame or cuts the link of some transfers on purpose.
+A failed push fails the RPC with the status its `TransferError` carries (the router then
+retries), and stops the prefill at its next chunk, so a lost transfer does not hold the engine:
+a stream the decode worker rejected keeps its code (INVALID_ARGUMENT for bad frames), an
+unreachable or dead decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled
+push). With `[chaos]` on, `faults` (serving/transfer/faults.py) corrupts a frame or cuts the
+link of some transfers on purpose.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 
@@ -67,14 +64,13 @@ from prfaas_jax.policy.link_capacity import CapacityMeter
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.data_path import DataSender, push_messages
+from prfaas_jax.serving.transfer.api import TransferError, TransferLedger
+from prfaas_jax.serving.transfer.channels import DecodeChannels
+from prfaas_jax.serving.transfer.faults import FaultInjector
+from prfaas_jax.serving.transfer.sender import StatePush
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import check_prompt, sampling_from_proto
 from prfaas_jax.serving.transport.server import abort_for
-from prfaas_jax.serving.transport.state_chunks import FrameChunk
-from prfaas_jax.serving.worker.decode_channels import DecodeChannels
-from prfaas_jax.serving.worker.faults import FaultInjector
-from prfaas_jax.serving.worker.outbox import Outbox, striped_sample
 from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
@@ -105,15 +101,16 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         pushes reach decode workers (None: plaintext); `faults` injects transfer faults
         (`[chaos]`; None: none); `max_queue` bounds the requests waiting for or on the engine
         (more are RESOURCE_EXHAUSTED at once); `streams`: the pushes a state crossing the
-        link is striped over (serving/worker/stripes.py); `name`: this worker's, which its
+        link is striped over (serving/transfer/stripes.py); `name`: this worker's, which its
         pushes carry (the decode worker times the link per sender); `precision`: how its
         pushes encode a state (`[link] precision` for a PrfaaS worker, else native);
         `data_path`: whether pushes send their frames on a data connection where the decode
-        worker has a data port (`[link] data_path`, serving/transport/data_path.py)."""
+        worker has a data port (`[link] data_path`, serving/transfer/data_path.py)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
         self._channels = DecodeChannels(security, data_path=data_path)
+        self.transfers = TransferLedger()  # how this worker's transfers ended
         self.faults, self.max_queue, self.streams = faults, max_queue, streams
         self.name, self.precision = name, precision
         # A PrfaaS worker learns its link's rate from its own transfers (never from the shaper).
@@ -175,11 +172,20 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             abort_for(context, err)
         arrived = time.perf_counter()
         self._enter_queue(context)
-        outbox = Outbox(self.shaper, context, lanes=self.streams if self.shaper else 1)
+        push = StatePush(
+            request.request_id,
+            request.decode_address,
+            channels=self._channels,
+            context=context,
+            shaper=self.shaper,
+            lanes=self.streams if self.shaper else 1,
+            sender_name=self.name,
+            timeout_s=self.push_timeout_s,
+            ledger=self.transfers,
+        )
         # The call ends early when the router cancels it (its client left, or it gave up on the
         # attempt): stop at once — no more frames on the link, the push cancelled.
-        context.add_callback(outbox.cancel)
-        push: grpc.Future | None = None
+        context.add_callback(push.cancel)
         try:
             prefix = None
             if request.prefix_source and self.prefixes is not None:
@@ -188,7 +194,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                     request.prefix_source, tokens, cross_cluster=request.prefix_cross_cluster
                 )
             with self._engine_lock:
-                if outbox.stopped:  # cancelled while it waited: the engine goes to the next
+                if push.stopped:  # cancelled while it waited: the engine goes to the next
                     raise _AbandonedError
                 started = time.perf_counter()
                 # The decode worker holds the KV of the first decode_cached_len positions: an
@@ -200,73 +206,65 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                     base=request.decode_cached_len,
                     precision=self.precision,
                 )
+                faults = None
                 if self.faults is not None:
-                    outbox.faults = self.faults.plan(
+                    faults = self.faults.plan(
                         encoder.state_header, 1, f"{request.request_id} → {request.decode_address}"
                     )
-                push = self._start_push(request, outbox)
-                outbox.put(encoder.header())
+                self._count("transferring", 1)
+                push.open(faults, on_answered=lambda: self._count("transferring", -1))
+                push.put_all([encoder.header()])
 
                 def shipped(state: ModelState) -> ModelState:
-                    return state if outbox.faults is None else outbox.faults.state(state)
+                    return state if faults is None else faults.state(state)
 
                 def on_chunk(state: ModelState, done: int) -> None:
-                    if outbox.stopped:  # the push failed or the router gave up: stop computing
+                    if push.stopped:  # the push failed or the router gave up: stop computing
                         raise _AbandonedError
-                    outbox.put_all(encoder.ready_frames(shipped(state), done))
+                    push.put_all(encoder.ready_frames(shipped(state), done))
 
                 def on_layers(state: ModelState, done: int, layers: range) -> None:
-                    if outbox.stopped:
+                    if push.stopped:
                         raise _AbandonedError
-                    outbox.put_all(encoder.layer_frames(shipped(state), layers))
+                    push.put_all(encoder.layer_frames(shipped(state), layers))
 
                 result = self._prefill(
                     tokens, prefix, sampling=sampling, on_chunk=on_chunk, on_layers=on_layers
                 )
                 # The cache has kept this prompt: an index that has seen this event knows it.
                 cache_seq = self.prefixes.cache_seq() if self.prefixes is not None else 0
-                # Reads the state; frames are built as they are sent.
                 # Views of the state's buffers (FrameParts): a data connection sends them as
                 # they lie, a stream joins each frame once.
                 tail = encoder.finish(shipped(result.state), views=True)
         except _AbandonedError:
             result = None
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang
-            outbox.cancel()
+            push.cancel()
             abort_for(context, err)
         finally:
             self._count("queued", -1)
         prefilled = time.perf_counter()
         if result is None:
-            if push is None or not push.done() or not context.is_active():  # cancelled
-                outbox.cancel()
+            if not push.answered or not context.is_active():  # cancelled
+                push.cancel()
                 context.abort(grpc.StatusCode.CANCELLED, "the request was cancelled")
         else:
-            outbox.put_all(tail)
-            outbox.put(pack_handoff(Handoff(result.first_token, sampling), encoder.header()))
-            outbox.close()
+            handoff = pack_handoff(Handoff(result.first_token, sampling), encoder.header())
+            push.seal([*tail, handoff])
         try:
-            replies = [push.result(), *(other.result() for other in outbox.pushes[1:])]
-        except grpc.FutureCancelledError:  # the link was cut under the stream
-            context.abort(
-                grpc.StatusCode.UNAVAILABLE,
-                f"pushing the state to {request.decode_address}: {outbox.cut_reason()}",
-            )
-        except grpc.RpcError as err:
-            context.abort(
-                err.code(), f"pushing the state to {request.decode_address}: {err.details()}"
-            )
-        if result is None:  # stopped although the push went through: cannot happen, but say so
-            context.abort(grpc.StatusCode.INTERNAL, "the prefill stopped before its state was sent")
+            delivery = push.wait()
+        except TransferError as err:
+            context.abort(err.status, f"pushing the state to {request.decode_address}: {err}")
+        assert result is not None  # a push that delivered was sealed, so prefill finished
         self._count("completed", 1)
         if self.link_meter is not None:
             with self._count_lock:
-                self.link_meter.add(*striped_sample(replies), time.monotonic())
+                self.link_meter.add(delivery.backlog_bytes, delivery.backlog_s, time.monotonic())
         return pb.PrefillReply(
             first_token=result.first_token,
             state_bytes=encoder.state_header.payload_nbytes,
-            wire_bytes=outbox.wire_bytes,
-            frames=outbox.frames,
+            wire_bytes=push.wire_bytes,
+            frames=push.frames,
             queue_s=started - arrived,
             prefill_s=prefilled - started,
             transfer_s=time.perf_counter() - prefilled,  # the part of the transfer after prefill
@@ -294,46 +292,6 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         if self.prefixes is None:
             return engine.prefill(tokens, **options)
         return self.prefixes.reuse.prefill(engine, tokens, prefix=prefix, **options)
-
-    def _start_push(self, request: pb.PrefillRequest, outbox: Outbox) -> grpc.Future:
-        """Open the decode worker's `PushState` — one per lane of a striped transfer, each on a
-        connection of its own — sending what `outbox` is given, as it comes; returns stream 0's
-        call (the one that ends with the state's trailer and handoff)."""
-        lanes = outbox.lanes
-        senders: list[DataSender] = []
-
-        def chunks(lane: int) -> Iterator[pb.StateChunk | FrameChunk]:
-            # Connected here, on gRPC's thread of this push, while prefill starts.
-            sender = self._channels.data_sender(request.decode_address)
-            if sender is not None:
-                senders.append(sender)
-            first = pb.StateChunk(
-                request_id=request.request_id,
-                stripe=lane,
-                stripes=lanes if lanes > 1 else 0,
-                sender=self.name,
-            )
-            frames = outbox.frames_to_send(lane)
-            yield from push_messages(first, frames, sender, stopped=lambda: outbox.stopped)
-
-        self._count("transferring", 1)
-        for lane in range(lanes):
-            stub = self._channels.stub(request.decode_address, lane)
-            # Registered before the first frame is put, so before a sender can need it.
-            outbox.pushes.append(stub.PushState.future(chunks(lane), timeout=self.push_timeout_s))
-
-        def done(call: grpc.Future) -> None:
-            if call.cancelled() or call.exception() is not None:
-                for sender in list(senders):  # a send blocked on a dead link returns
-                    sender.abort()
-            if call is outbox.pushes[0] or call.cancelled() or call.exception() is not None:
-                outbox.stop()  # a failed push takes no more frames (nor link capacity)
-            if call is outbox.pushes[0]:
-                self._count("transferring", -1)
-
-        for push in outbox.pushes:
-            push.add_done_callback(done)
-        return outbox.pushes[0]
 
 
 class _AbandonedError(Exception):

@@ -1,5 +1,5 @@
-"""Striped transfers: the sender's lanes (serving/worker/outbox.py) and the decode worker's
-gathering of the streams (serving/worker/stripes.py), on literal frames."""
+"""Striped transfers: the sender's lanes (serving/transfer/outbox.py) and the decode worker's
+gathering of the streams (serving/transfer/stripes.py), on literal frames."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from prfaas_jax.engine.codec.format import DATA_MAGIC
 from prfaas_jax.policy.link_capacity import FrameArrival
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.worker.outbox import Outbox, striped_sample
-from prfaas_jax.serving.worker.stripes import StripeError, StripeSet
+from prfaas_jax.serving.transfer.outbox import Outbox, striped_sample
+from prfaas_jax.serving.transfer.stripes import StripeError, StripeSet
 
 
 class Context:

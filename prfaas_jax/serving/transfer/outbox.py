@@ -3,7 +3,7 @@
 The engine thread `put`s each frame as it is made; gRPC's request-stream thread of each push
 takes them (`frames_to_send`). A PrfaaS worker's frames take their place on the link's token
 bucket when they are made, not when a sender gets to them. A transfer striped over N streams
-(`[link] streams`, serving/worker/stripes.py) has N lanes: the header, the trailer and the
+(`[link] streams`, serving/transfer/stripes.py) has N lanes: the header, the trailer and the
 handoff go on lane 0, the data frames round-robin over all lanes.
 
 A transfer that ends early — the router gave up, a push failed, `[chaos]` cut the link — is
@@ -21,8 +21,8 @@ import grpc
 
 from prfaas_jax.engine.codec.format import DATA_MAGIC, FrameParts
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.transfer.faults import TransferFaults
 from prfaas_jax.serving.transport.link import LinkShaper
-from prfaas_jax.serving.worker.faults import TransferFaults
 
 _CLOSED = None
 _CANCEL_WAIT_S = 5.0  # bounds the wait for gRPC to act on a cancel (it takes milliseconds)

@@ -17,7 +17,7 @@ a loopback link (bench/codec.py). So those messages take a short path:
 
 `DecodeWorkerStub` and `add_decode_worker_servicer` are the generated stub and registration with
 `PushState` switched to these; the other methods are untouched. A push on the data path
-(serving/transport/data_path.py) sends only its first message on the stream.
+(serving/transfer/data_path.py) sends only its first message on the stream.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class FrameChunk(NamedTuple):
     """A `StateChunk` that carries one frame (and `queued`); the other fields at their proto3
     defaults, so the servicer reads it as it reads the message. A sender's frame may be
     `FrameParts`; a data connection's may be a `PlacedFrame`, already received into the state
-    (serving/transport/data_path.py)."""
+    (serving/transfer/data_path.py)."""
 
     frame: bytes | memoryview | FrameParts | PlacedFrame
     queued: bool = False

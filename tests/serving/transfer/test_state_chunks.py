@@ -1,4 +1,4 @@
-"""`PushState`'s short path (serving/transport/state_chunks.py) held against protobuf itself:
+"""`PushState`'s short path (serving/transfer/state_chunks.py) held against protobuf itself:
 the bytes it writes are protobuf's, what it reads is what protobuf reads, and anything else is
 left to protobuf."""
 
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from prfaas_jax.engine.codec.format import data_parts, pack_data
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.state_chunks import (
+from prfaas_jax.serving.transfer.state_chunks import (
     DecodeWorkerStub,
     FrameChunk,
     add_decode_worker_servicer,

@@ -23,12 +23,9 @@ import threading
 import time
 
 from prfaas_jax.policy.link_capacity import FrameArrival
+from prfaas_jax.serving.transfer.api import StripeError
 
 MAX_STRIPES = 16
-
-
-class StripeError(Exception):
-    """A striped transfer cannot be put together (a stripe is missing, cut or inconsistent)."""
 
 
 @dataclasses.dataclass

@@ -1,4 +1,4 @@
-"""Fault injection (`[chaos]`, serving/worker/faults.py): seeded per worker, a corrupted stream is
+"""Fault injection (`[chaos]`, serving/transfer/faults.py): seeded per worker, a corrupted stream is
 rejected by the codec, and a prefill whose push is corrupted or cut fails at once with the
 status the router retries on.
 
@@ -23,11 +23,11 @@ from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import ChaosSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transport.data_path import DataListener
+from prfaas_jax.serving.transfer.data_path import DataListener
+from prfaas_jax.serving.transfer.faults import FaultInjector, TransferFaults
 from prfaas_jax.serving.transport.link import LinkProfile, LinkShaper
 from prfaas_jax.serving.transport.server import ServingServer
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.faults import FaultInjector, TransferFaults
 from prfaas_jax.serving.worker.prefill import PrefillService
 
 CFG = load_model_config("tiny")
@@ -150,7 +150,7 @@ def test_a_drop_cuts_between_the_header_and_the_handoff():
 @pytest.fixture(params=["pd", "prfaas", "pd+data", "prfaas+data"])
 def workers(request):
     """`start(chaos)`: a PD or PrfaaS (shaped) prefill worker and a decode worker; "+data":
-    the pushes' frames take the data path (serving/transport/data_path.py)."""
+    the pushes' frames take the data path (serving/transfer/data_path.py)."""
     kind, _, via = request.param.partition("+")
 
     def start(section: ChaosSection) -> tuple[str, DecodeService, FaultInjector]:

@@ -1,4 +1,4 @@
-"""The data path (serving/transport/data_path.py): a push's frames on a TCP connection of their
+"""The data path (serving/transfer/data_path.py): a push's frames on a TCP connection of their
 own, checked byte for byte against what was sent, on loopback, plaintext and mutual TLS.
 
 Proven here, at the connection level: frames (and their `queued` flags) arrive exactly as sent,
@@ -31,19 +31,19 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.transport import data_path
-from prfaas_jax.serving.transport.certs import make_ca, make_node_cert
-from prfaas_jax.serving.transport.data_path import (
+from prfaas_jax.serving.transfer import channels as channels_module
+from prfaas_jax.serving.transfer import data_path
+from prfaas_jax.serving.transfer.channels import DecodeChannels
+from prfaas_jax.serving.transfer.data_path import (
     DataListener,
     DataPathError,
     DataSender,
     TransferCutError,
     push_messages,
 )
+from prfaas_jax.serving.transport.certs import make_ca, make_node_cert
 from prfaas_jax.serving.transport.link import LinkShaper
-from prfaas_jax.serving.worker import decode_channels as channels_module
 from prfaas_jax.serving.worker.decode import DecodeService
-from prfaas_jax.serving.worker.decode_channels import DecodeChannels
 from prfaas_jax.serving.worker.main import link_profile
 
 

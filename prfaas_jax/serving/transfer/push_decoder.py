@@ -6,7 +6,7 @@ two frames of a push and the memory a frame arrived in is reused for the next. T
 frames of a complete push, its trailer and its handoff frame, wait for the stream's end: a
 striped push's other stripes bring data frames that go before the trailer (`finish`). Malformed
 frames raise `StateDecodeError` as they are placed, so a bad stream is refused before it is
-read to the end. On a data connection (serving/transport/data_path.py) a data frame's payload
+read to the end. On a data connection (serving/transfer/data_path.py) a data frame's payload
 may be received straight into the state (`place`), so it is never held at all.
 """
 
@@ -45,7 +45,7 @@ class PushDecoder:
 
     def place(self, prefix: memoryview, frame_bytes: int) -> PlacedFrame | None:
         """Where the next frame's payload may be received straight into the state (a data
-        connection, serving/transport/data_path.py): if it is a data frame, the frames held
+        connection, serving/transfer/data_path.py): if it is a data frame, the frames held
         so far go to the decoder first, in order, then `StreamDecoder.target` says. None: take
         the frame whole (the trailer and the handoff frame always are, and wait as ever)."""
         if data_prefix(prefix) is None:

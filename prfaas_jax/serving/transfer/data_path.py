@@ -51,7 +51,8 @@ from prfaas_jax.engine.codec.format import DATA_PREFIX_SIZE, FrameParts
 from prfaas_jax.errors import ConfigError, UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
-from prfaas_jax.serving.transport.state_chunks import FrameChunk
+from prfaas_jax.serving.transfer.api import TransferCutError
+from prfaas_jax.serving.transfer.state_chunks import FrameChunk
 
 MAGIC = b"PRFT"
 VERSION = 1
@@ -67,10 +68,6 @@ Place = Callable[[memoryview, int], PlacedFrame | None]
 
 class DataPathError(UserError, ValueError):
     """A data connection sent something that is not a hello or a record."""
-
-
-class TransferCutError(Exception):
-    """The data connection closed (or never came) before the push's `end` record."""
 
 
 def new_ticket() -> bytes:

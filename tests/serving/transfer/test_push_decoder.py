@@ -15,7 +15,7 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.codec.layout import canonical_tensors, state_from_arrays
 from prfaas_jax.engine.sampling_params import GREEDY
-from prfaas_jax.serving.worker.push_decoder import PushDecoder
+from prfaas_jax.serving.transfer.push_decoder import PushDecoder
 
 CFG = load_model_config("tiny")
 LENGTH, FRAME = 90, 1000

@@ -1,6 +1,6 @@
 """`DecodeChannels`: how a prefill worker reaches decode workers — one gRPC channel per decode
 address (and per stripe), shared by every request of the process, and a data connection per
-push where the decode worker has a data port (serving/transport/data_path.py).
+push where the decode worker has a data port (serving/transfer/data_path.py).
 
 A port that cannot be reached is left alone for `DATA_RETRY_S` (its pushes send their frames
 on their streams), then asked for again: the worker may have restarted on another.
@@ -16,10 +16,10 @@ import grpc
 
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.transfer.data_path import DataSender
+from prfaas_jax.serving.transfer.state_chunks import DecodeWorkerStub
 from prfaas_jax.serving.transport import security as transport
-from prfaas_jax.serving.transport.data_path import DataSender
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS
-from prfaas_jax.serving.transport.state_chunks import DecodeWorkerStub
 
 log = logging.getLogger("prfaas.prefill")
 DATA_CONNECT_S = 5.0  # how long a push waits for its data connection before using its stream
@@ -40,7 +40,7 @@ class DecodeChannels:
 
     def data_sender(self, address: str) -> DataSender | None:
         """A new connection to the data port of the decode worker at ``address`` (one per
-        push: serving/transport/data_path.py), or None — no data path here or there, or it
+        push: serving/transfer/data_path.py), or None — no data path here or there, or it
         cannot be reached — and the push carries its frames on its stream. A port that could
         not be reached is not tried for `DATA_RETRY_S`, then asked for again (the worker may
         have restarted on another)."""
