@@ -1,4 +1,4 @@
-"""The routing rule (paper §3.3–3.4.3, docs/design.md §3.6) on literal numbers."""
+"""The routing rule (paper §3.3–3.4.3, docs/design.md §3.7) on literal numbers."""
 
 from __future__ import annotations
 
