@@ -314,7 +314,7 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class HostsSection:
-    """`[hosts]`: where every server listens. `router` (its front door; the metrics endpoint
+    """`[hosts]`: where every server listens. `router` (its client port; the metrics endpoint
     binds the same host at `[router] metrics_port`), `prfaas` and `pd` (instance i of a cluster
     at PORT + i), or one instance by name (`"pd-1" = "10.0.0.3:50300"`). One box keeps the
     loopback defaults; across machines each entry is an address of the machine that runs it,
