@@ -16,7 +16,7 @@ Per request, as the client sees it:
   or a failed or lost one whose tokens are not a prefix of it. Fake tokens depend on the whole
   sequence before them, so a request resumed from the wrong place gets wrong tokens.
 
-The report adds the faults (kills; injected corruptions and drops, counted from the `chaos: …`
+The report adds the faults (kills; injected corruptions and drops, counted from the `faults: …`
 lines of the workers' logs; the launcher's restarts; the router's retries and resumed requests)
 and their cost: TTFT and end-to-end latency of completed requests with one attempt, with
 retries before the first token, and resumed mid-stream (`RequestReport.attempts`,
@@ -87,7 +87,7 @@ def check_stream(received: Sequence[int], expected: Sequence[int]) -> str:
 
 
 def count_faults(log_dir: str | os.PathLike[str]) -> dict[str, int]:
-    """Injected faults, from the `chaos: …` lines of every worker log (restarts included)."""
+    """Injected faults, from the `faults: …` lines of every worker log (restarts included)."""
     counts = {"corrupted_frames": 0, "dropped_transfers": 0}
     for path in Path(log_dir).glob("*.log"):
         text = path.read_text(errors="replace")
