@@ -22,7 +22,6 @@ from prfaas_jax.cli import main
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.rebalancer import Rebalancer
 from prfaas_jax.policy.threshold_controller import ThresholdController
-from prfaas_jax.sim.capacity import analytic_point, saturation_search
 from prfaas_jax.sim.cluster import (
     CacheModel,
     DecodeInstance,
@@ -32,6 +31,7 @@ from prfaas_jax.sim.cluster import (
 from prfaas_jax.sim.config import SaturationSpec, load_sim_config, with_overrides
 from prfaas_jax.sim.events import EventLoop
 from prfaas_jax.sim.report import exposed_transfer_s, ttft_s
+from prfaas_jax.sim.saturation import analytic_point, saturation_search
 from prfaas_jax.sim.simulator import Simulator
 from prfaas_jax.sim.workload import Arrivals, PrefixSpec, generate_requests
 
@@ -375,7 +375,7 @@ def _keeps_up(config, deployment, rate: float, requests: int = 10_000) -> bool:
     sim = Simulator(
         with_overrides(config, requests=requests), deployment, rate=rate, stop_at_last_arrival=True
     )
-    return sim.run().backlog <= 2.0 * math.sqrt(requests)  # sim_capacity's criterion
+    return sim.run().backlog <= 2.0 * math.sqrt(requests)  # sim/saturation.py's criterion
 
 
 def test_steady_load_saturation_is_within_5_percent_of_lambda_max(case_study):
