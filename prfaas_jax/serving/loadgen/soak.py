@@ -11,7 +11,7 @@ instance of the role, except that a decode kill picks the decode worker with the
 mid-stream, so that it tests resumption), then waits for every request to end.
 
 The report — what each request's outcome is, and what the run's faults cost — is
-serving/loadgen/soak_report.py (`SoakReport`, `check_stream`).
+serving/loadgen/soak_report.py (`SoakReport`, `classify_stream`).
 """
 
 from __future__ import annotations
