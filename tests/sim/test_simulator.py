@@ -23,7 +23,6 @@ from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.rebalancer import Rebalancer
 from prfaas_jax.policy.threshold_controller import ThresholdController
 from prfaas_jax.sim.cluster import (
-    CacheModel,
     DecodeInstance,
     LinkModel,
     incremental_prefill_s,
@@ -233,16 +232,6 @@ def test_poisson_and_gamma_arrival_counts():
     # Common random numbers: a rate change rescales time, the requests stay the same.
     slow = list(generate_requests(config.workload, rate=2.5))
     assert slow[99].arrival == pytest.approx(2 * arrivals[99])
-
-
-def test_prefix_cache_matches_leading_blocks_and_evicts_the_least_recent():
-    cache = CacheModel(capacity_blocks=4, block_len=512)
-    cache.insert((1, 2, 3), 1600)  # 3 complete blocks
-    assert cache.match((1, 2, 9), 2000) == 1024  # stops at the first missing block
-    assert cache.match((1, 2, 3, 4), 1700) == 1536
-    cache.insert((7, 8), 1100)  # 2 more blocks: 5 > 4, the least recently used (1) goes
-    assert len(cache) == 4 and cache.match((1, 2), 1024) == 0
-    assert cache.match((2, 3), 900) == 900  # never more than the prompt
 
 
 def test_prefix_groups_give_requests_shared_leading_hash_ids():
