@@ -143,7 +143,7 @@ def _with_model(
     the wire in ``precision``, if given) and T_prefill profiles from the hardware files named."""
     from prfaas_jax.engine.kvsize import state_sizes
     from prfaas_jax.model.weights import load_config
-    from prfaas_jax.planning.codesign import kv_profile_lengths, kv_size_profile
+    from prfaas_jax.planning.codesign import kv_profile_from_sizes, kv_profile_lengths
     from prfaas_jax.planning.hardware import load_hardware
     from prfaas_jax.policy.profiles import Profile
     from prfaas_jax.state_bytes import state_nbytes
@@ -151,7 +151,7 @@ def _with_model(
     cfg = load_config(model)
     lengths = kv_profile_lengths(cfg, (cfg.max_len,))
     if precision is None:
-        kv = kv_size_profile(state_sizes(cfg, lengths, measure=False))
+        kv = kv_profile_from_sizes(state_sizes(cfg, lengths, measure=False))
     else:
         kv = Profile.table(lengths, [state_nbytes(cfg, n, precision) / 2**20 for n in lengths])
     prfaas_s = local_s = None

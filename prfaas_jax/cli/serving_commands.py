@@ -387,7 +387,7 @@ def add_soak(sub: argparse._SubParsersAction) -> None:
         "soak",
         help="a bounded soak of a fake-engine cluster under worker kills and transfer faults",
         description="Start the cluster of --config with worker restarts on (default: "
-        "configs/clusters/chaos.toml: fake engines, 1 PrfaaS prefill, 2 PD prefill, 2 PD "
+        "configs/clusters/faults.toml: fake engines, 1 PrfaaS prefill, 2 PD prefill, 2 PD "
         "decode, 3 % of state transfers get a corrupted frame and 3 % a dropped link), send "
         "Poisson arrivals at --rate for --duration seconds while SIGKILLing a worker every "
         "--kill-every seconds (the roles in turn; a decode kill picks a worker with requests "
@@ -403,9 +403,9 @@ def add_soak(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--config",
-        default="chaos",
+        default="faults",
         help="cluster config with fake engines: a name under configs/clusters/ or a TOML path "
-        "(default: chaos)",
+        "(default: faults)",
     )
     p.add_argument(
         "--duration", type=float, default=180.0, help="seconds of arrivals (default 180)"

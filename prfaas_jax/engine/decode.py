@@ -22,7 +22,6 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.capacity import check_fits, with_capacity
 from prfaas_jax.engine.sampling import (
     GREEDY,
     SamplingParams,
@@ -30,6 +29,7 @@ from prfaas_jax.engine.sampling import (
     request_key,
     sampling_knobs,
 )
+from prfaas_jax.engine.state_resize import check_fits, with_capacity
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState, decode_step, init_state
 from prfaas_jax.model.sharding import shard_params, shard_state

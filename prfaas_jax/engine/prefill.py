@@ -2,7 +2,7 @@
 
 Also exposes ``PrefillResult`` and ``PrefillPlan``. The sampling-key schedule it shares with the
 decode engine is in ``engine/sampling.py``; moving a state between capacities in
-``engine/capacity.py``.
+``engine/state_resize.py``.
 
 Bounded recompiles. One compiled function absorbs a block of ``block_len`` tokens into a batch-1
 state of ``capacity`` positions, ``valid_len`` marking the block's padding. For a prompt of ``T``
@@ -38,7 +38,6 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
-from prfaas_jax.engine.capacity import fresh_state, with_capacity
 from prfaas_jax.engine.sampling import (
     GREEDY,
     SamplingParams,
@@ -46,6 +45,7 @@ from prfaas_jax.engine.sampling import (
     request_key,
     sampling_knobs,
 )
+from prfaas_jax.engine.state_resize import fresh_state, with_capacity
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState, prefill, prefill_layers
 from prfaas_jax.model.sharding import shard_params, shard_state, to_host

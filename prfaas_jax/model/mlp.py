@@ -41,7 +41,7 @@ class SwiGLU(nnx.Module):
         return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
 
 
-def route(
+def select_experts(
     router_DE: jax.Array, score_bias_E: jax.Array | None, moe: MoeConfig, x_ND: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
     """Top-k expert ids ``[N, k]`` and their combine weights ``[N, k]`` (fp32)."""
@@ -138,7 +138,7 @@ class MoE(nnx.Module):
         batch, seq_len, dim = x_BTD.shape
         x = x_BTD.reshape(-1, dim)
         score_bias = self.score_bias[...] if moe.use_score_bias else None
-        expert_ids, weights = route(self.router[...], score_bias, moe, x)
+        expert_ids, weights = select_experts(self.router[...], score_bias, moe, x)
         flat_experts = expert_ids.reshape(-1)
         order = jnp.argsort(flat_experts, stable=True)
         token_of = order // moe.top_k

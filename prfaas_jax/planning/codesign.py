@@ -142,7 +142,7 @@ def kv_profile_lengths(cfg: ModelConfig, kv_lengths: Sequence[int]) -> tuple[int
     return tuple(sorted({1, top, *([window] if 1 < window < top else [])}))
 
 
-def kv_size_profile(sizes: Sequence[SizeLike]) -> Profile:
+def kv_profile_from_sizes(sizes: Sequence[SizeLike]) -> Profile:
     """S_kv(l) in MiB through the measured sizes (exact: S_kv is linear between them)."""
     for size in sizes:
         if size.measured_bytes is not None and size.measured_bytes != size.formula_bytes:
@@ -204,11 +204,11 @@ def run_codesign(
         # One trace per layout (its cost does not depend on the length): at the longest length,
         # where it must equal the formula; the formula gives the profile's other points.
         traced = measure(layout, lengths[-1:], True)
-        kv = kv_size_profile([*measure(layout, lengths[:-1], False), *traced])
+        kv = kv_profile_from_sizes([*measure(layout, lengths[:-1], False), *traced])
         kv_rows = tuple(measure(layout, sweep.deployment.kv_lengths, False))
         precision = point.precision
         if not precision.is_native:  # the state as it crosses the link
-            kv = kv_size_profile([WireSize.of(layout, n, precision) for n in lengths])
+            kv = kv_profile_from_sizes([WireSize.of(layout, n, precision) for n in lengths])
             kv_rows = tuple(WireSize.of(layout, n, precision) for n in sweep.deployment.kv_lengths)
         config, prfaas_s, local_s = _plan_for(sweep, base_plan, base, layout, kv)
         plan = search(config.model, config.baseline, thresholds=config.thresholds)

@@ -73,7 +73,7 @@ class LinkCost:
 
     bandwidth_bytes_per_s: float
     latency_s: float
-    kv_size_mib: Profile  # S_kv(l), MiB, as `serving.router.kv_size_profile` builds it
+    kv_size_mib: Profile  # S_kv(l), MiB, as `serving.router.handles.kv_size_profile` builds it
 
     def __post_init__(self) -> None:
         if not self.bandwidth_bytes_per_s > 0 or self.latency_s < 0:

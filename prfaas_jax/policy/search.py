@@ -45,7 +45,7 @@ def sweep(
     """Operating points indexed [threshold][split]."""
     rows = []
     for t in thresholds:
-        routing = model.route(t)
+        routing = model.routing_at(t)
         rows.append(tuple(model.operate(routing, n_p, n_d) for n_p, n_d in splits))
     return tuple(rows)
 
@@ -64,14 +64,14 @@ def best_point(points: Sequence[OperatingPoint]) -> OperatingPoint:
 
 def homogeneous_pd(model: ThroughputModel) -> OperatingPoint:
     """Baseline: every instance in one PD cluster, nothing offloaded, best N_p/N_d split."""
-    routing = model.route(math.inf)
+    routing = model.routing_at(math.inf)
     splits = local_splits(model.deployment.local.num_instances)
     return best_point([model.operate(routing, n_p, n_d) for n_p, n_d in splits])
 
 
 def naive_heterogeneous(model: ThroughputModel) -> OperatingPoint:
     """Baseline: every prefill on the PrfaaS cluster, every local instance decodes."""
-    return model.operate(model.route(-math.inf), 0, model.deployment.local.num_instances)
+    return model.operate(model.routing_at(-math.inf), 0, model.deployment.local.num_instances)
 
 
 @dataclass(frozen=True)

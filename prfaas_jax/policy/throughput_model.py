@@ -171,7 +171,7 @@ class OperatingPoint:
 
 @dataclass(frozen=True)
 class ThroughputModel:
-    """Eqs. 3–6 for one deployment and workload; `route` is per t, `operate` per split."""
+    """Eqs. 3–6 for one deployment and workload; `routing_at` is per t, `operate` per split."""
 
     deployment: Deployment
     lengths: LengthDistribution
@@ -182,7 +182,7 @@ class ThroughputModel:
         if not self.output_len > 0:
             raise ValueError(f"output_len must be positive, got {self.output_len}")
 
-    def route(self, t: float) -> Routing:
+    def routing_at(self, t: float) -> Routing:
         p = self.lengths.tail_prob(t)
         long_len = short_len = prfaas_s = pd_s = kv_mib = None
         if p > 0:
@@ -241,4 +241,4 @@ class ThroughputModel:
         )
 
     def evaluate(self, t: float, num_pd_prefill: int, num_pd_decode: int) -> OperatingPoint:
-        return self.operate(self.route(t), num_pd_prefill, num_pd_decode)
+        return self.operate(self.routing_at(t), num_pd_prefill, num_pd_decode)

@@ -34,14 +34,15 @@ except `[model] preset` (docs/serving.md explains each):
                   processes; the router's port then uses TLS too), token_file (the router's
                   bearer token); relative paths are resolved against the config's directory
                   (serving/transport/security.py)
-    [chaos]       corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
+    [faults]      corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
                   fault injection in state transfers (serving/transfer/faults.py); all zero = none
     [hosts]       router, prfaas, pd, or an instance's name ("pd-1"): "HOST" or "HOST:PORT",
                   where each server listens (instance i of a cluster at PORT + i; the metrics
                   endpoint on the router's host); loopback and free ports by default
 
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type or out
-of range (`toml_config`).
+of range (`toml_config`); a section under its former name gets one naming the new one
+(`[chaos] is now [faults]`).
 """
 
 from __future__ import annotations
@@ -56,12 +57,12 @@ from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates
 from prfaas_jax.serving.cluster_sections import (
-    ChaosSection,
     ControllerSection,
     Endpoint,
     EngineKind,
     EngineSection,
     FakeSection,
+    FaultsSection,
     HostsSection,
     InstancesSection,
     LinkSection,
@@ -75,6 +76,8 @@ from prfaas_jax.serving.cluster_sections import (
 from prfaas_jax.toml_config import Where, build, keys_of, located, read, resolve, split, value
 
 T = TypeVar("T")
+# Sections renamed since configs were written with them: former name → current name.
+RENAMED_SECTIONS = {"chaos": "faults"}
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,7 @@ class ClusterConfig:
     profile: ProfileSection
     prefix_cache: PrefixCacheSection = dataclasses.field(default_factory=PrefixCacheSection)
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
-    chaos: ChaosSection = dataclasses.field(default_factory=ChaosSection)
+    faults: FaultsSection = dataclasses.field(default_factory=FaultsSection)
     hosts: HostsSection = dataclasses.field(default_factory=HostsSection)
 
     @property
@@ -152,6 +155,9 @@ def _security(table: object, where: Where, directory: Path) -> SecuritySection:
 
 def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
     where = Where(str(path))
+    for former, current in RENAMED_SECTIONS.items():
+        if former in doc:
+            raise where.error(f"[{former}] is now [{current}]")
     split(doc, where, keys_of(ClusterConfig, "path"))
 
     def section(name: str, cls: type[T]) -> T:
@@ -171,7 +177,7 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         profile=section("profile", ProfileSection),
         prefix_cache=section("prefix_cache", PrefixCacheSection),
         security=_security(doc.get("security", {}), where.at("security"), path.parent),
-        chaos=section("chaos", ChaosSection),
+        faults=section("faults", FaultsSection),
     )
     config = dataclasses.replace(
         config, hosts=_hosts(doc.get("hosts", {}), where.at("hosts"), config)

@@ -1,14 +1,14 @@
 """The sections of a toy-cluster config, one frozen dataclass each: `ModelSection`,
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
-`SecuritySection`, `ChaosSection` and `HostsSection` (with its `Endpoint`s); and `EngineKind`,
+`SecuritySection`, `FaultsSection` and `HostsSection` (with its `Endpoint`s); and `EngineKind`,
 the `[model] engine` choice.
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
 checks its values in `__post_init__`, naming the key; `[security]`'s files are checked by the
 reader, which resolves them against the config's folder. Separate from that reader because
-most serving modules need one section (security, chaos, the link) and none of the parsing.
+most serving modules need one section (security, faults, the link) and none of the parsing.
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ class SecuritySection:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ChaosSection:
+class FaultsSection:
     """Faults the prefill workers inject into their own state transfers
     (serving/transfer/faults.py)."""
 
@@ -277,7 +277,7 @@ class ChaosSection:
 
     def __post_init__(self) -> None:
         for key in ("corrupt_frame_prob", "drop_transfer_prob", "blank_state_prob"):
-            _check(0 <= getattr(self, key) <= 1, f"chaos.{key}", "must be in [0, 1]")
+            _check(0 <= getattr(self, key) <= 1, f"faults.{key}", "must be in [0, 1]")
 
     @property
     def enabled(self) -> bool:
@@ -314,7 +314,7 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class HostsSection:
-    """`[hosts]`: where every server listens. `router` (its front door; the metrics endpoint
+    """`[hosts]`: where every server listens. `router` (its client port; the metrics endpoint
     binds the same host at `[router] metrics_port`), `prfaas` and `pd` (instance i of a cluster
     at PORT + i), or one instance by name (`"pd-1" = "10.0.0.3:50300"`). One box keeps the
     loopback defaults; across machines each entry is an address of the machine that runs it,

@@ -3,7 +3,7 @@
 For each deployment: one run at the configured workload (`SimResult`: TTFT, TPOT, offload,
 egress, queues, t, role changes), the analytic operating point of Eqs. 3–6 for the same
 deployment, and — when the config has a `[saturation]` section — the saturation search
-(`sim_capacity`). Progress lines go to the `progress` callback (the command prints them on
+(`sim/saturation.py`). Progress lines go to the `progress` callback (the command prints them on
 stderr).
 """
 
@@ -14,14 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from prfaas_jax.policy.throughput_model import OperatingPoint
-from prfaas_jax.sim.capacity import (
+from prfaas_jax.sim.config import DeploymentSpec, SimConfig
+from prfaas_jax.sim.result import SimResult
+from prfaas_jax.sim.saturation import (
     Probe,
     Saturation,
     analytic_point,
     saturation_search,
 )
-from prfaas_jax.sim.config import DeploymentSpec, SimConfig
-from prfaas_jax.sim.result import SimResult
 from prfaas_jax.sim.simulator import Simulator
 
 

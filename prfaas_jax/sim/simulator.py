@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 from prfaas_jax.policy.live_model import ClusterShape
 from prfaas_jax.policy.routing import ClusterKind, ClusterView, Role, pick_decode, route
-from prfaas_jax.sim.cluster import CacheModel, DecodeInstance, LinkModel, PrefillInstance
+from prfaas_jax.sim.cache_model import CacheModel
+from prfaas_jax.sim.cluster import DecodeInstance, LinkModel, PrefillInstance
 from prfaas_jax.sim.config import DeploymentSpec, SimConfig
 from prfaas_jax.sim.control import SimControl
 from prfaas_jax.sim.events import EventLoop

@@ -39,7 +39,7 @@ def test_soak_help_says_what_it_checks(capsys):
     with pytest.raises(SystemExit):
         main(["soak", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    for words in ("lost", "duplicated", "wrong", "configs/clusters/chaos.toml", "Exit status 1"):
+    for words in ("lost", "duplicated", "wrong", "configs/clusters/faults.toml", "Exit status 1"):
         assert words in out
     for flag in ("--duration", "--rate", "--kill-every", "--seed", "--deadline", "--json"):
         assert flag in out

@@ -2,7 +2,7 @@
 
 `prfaas demo` serves the trained `recall-tiny` model by default: every prompt ends with an asked
 key, and the answer (the second generated token) comes from the decode worker, out of the state
-it was shipped. Here the prefill workers run with `[chaos] blank_state_prob = 1`: every state
+it was shipped. Here the prefill workers run with `[faults] blank_state_prob = 1`: every state
 they ship is zeros of the right shapes, with valid checksums, so no check on the wire objects.
 The single-process reference still answers, the cluster does not — the demo reports the collapse
 per route and exits 1.
@@ -26,7 +26,7 @@ def test_blank_states_collapse_recall_and_fail_the_demo(tmp_path, child_cache_ho
     toy = resolve("clusters", "toy").read_text()
     assert 'preset = "recall-tiny"' in toy
     config = tmp_path / "blank.toml"
-    config.write_text(toy + "\n[chaos]\nblank_state_prob = 1.0\n")
+    config.write_text(toy + "\n[faults]\nblank_state_prob = 1.0\n")
     result = subprocess.run(
         [sys.executable, "-m", "prfaas_jax.cli", "demo", "--config", str(config), "--json"],
         capture_output=True,

@@ -139,7 +139,7 @@ def test_missing_or_wrong_token_is_unauthenticated(cluster, creds):
             assert err.value.details() == "missing or invalid bearer token"
             code = code_of(router.GetStats, pb.GetStatsRequest(), metadata=metadata)
             assert code is grpc.StatusCode.UNAUTHENTICATED
-    # A client certificate is no substitute for the token at a door that wants one.
+    # A client certificate is no substitute for the token at a port that wants one.
     with security.channel(cluster["router"], section(creds, client="creds")) as channel:
         code = code_of(pb_grpc.RouterStub(channel).GetStats, pb.GetStatsRequest())
         assert code is grpc.StatusCode.UNAUTHENTICATED
@@ -206,7 +206,7 @@ def test_no_secret_in_logs_or_ready_info(cluster, creds):
         assert token not in text and "x" * 20 not in text, path.name
         assert not any(line in text for line in key_lines), path.name
     router_log = (creds / "logs" / "router.log").read_text()
-    assert "front door: TLS, bearer token required for prfaas.v1.Router" in router_log
+    assert "client port: TLS, bearer token required for prfaas.v1.Router" in router_log
 
 
 def test_without_a_token_the_router_wants_a_client_certificate(creds, tmp_path):
@@ -222,4 +222,4 @@ def test_without_a_token_the_router_wants_a_client_certificate(creds, tmp_path):
             reply = generate(pb_grpc.RouterStub(channel), prompt(90), 3)
         assert reply.tokens == fake_tokens(prompt(90), 3, CFG.vocab_size)
     log = (tmp_path / "logs" / "router.log").read_text()
-    assert "front door: TLS, client certificate signed by the CA required" in log
+    assert "client port: TLS, client certificate signed by the CA required" in log

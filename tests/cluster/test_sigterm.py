@@ -8,7 +8,7 @@ the process exits 0. There is no longer drain.
 
 - The router: a stream that needs under a second more finishes with every token and its report;
   one that needs many seconds more ends UNAVAILABLE no sooner than the grace after the signal,
-  having streamed only correct tokens; new requests are refused UNAVAILABLE once the front door
+  having streamed only correct tokens; new requests are refused UNAVAILABLE once the client port
   closes (every request accepted before that is served in full); the router exits 0, and the
   decode worker frees the slots of the requests it cancelled.
 - A decode worker: its short stream finishes within the grace in one attempt; its long stream is
@@ -105,7 +105,7 @@ def test_sigterm_to_the_router(tmp_path):
             long, short = start_streams(stub)
             router.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
-            # New requests: served until the door closes, then refused.
+            # New requests: served until the client port closes, then refused.
             refusal = None
             for k in range(1000):
                 tokens = prompt(8, 100 + k)
@@ -117,7 +117,7 @@ def test_sigterm_to_the_router(tmp_path):
                     break
                 assert [t for r in replies for t in r.token_ids] == fake_tokens(tokens, 1, VOCAB)
             assert refusal is not None and refusal.code() is grpc.StatusCode.UNAVAILABLE
-            assert time.monotonic() - signalled < 10.0, "the front door stayed open"
+            assert time.monotonic() - signalled < 10.0, "the client port stayed open"
             short.join()
             assert short.error is None and short.report is not None
             assert short.tokens == short.expected

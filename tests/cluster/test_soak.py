@@ -1,5 +1,5 @@
 """The bounded soak under faults (serving/loadgen/soak.py, the harness of `prfaas soak`): a
-fake-engine cluster of real processes (configs/clusters/chaos.toml) takes ~175 requests over
+fake-engine cluster of real processes (configs/clusters/faults.toml) takes ~175 requests over
 25 s while a worker is SIGKILLed every 5 s (a PD decode worker with requests mid-stream, the
 PrfaaS prefill worker, a PD prefill worker, a PD decode worker again) and 3 % of state transfers
 get a corrupted frame and 3 % a dropped link. No request may be lost, duplicated or wrong; no
@@ -22,8 +22,8 @@ from prfaas_jax.serving.cluster_config import load_cluster_config
 
 @pytest.mark.slow
 def test_soak_under_faults(tmp_path, capsys):
-    config = load_cluster_config("chaos")
-    assert config.chaos.corrupt_frame_prob > 0 and config.chaos.drop_transfer_prob > 0
+    config = load_cluster_config("faults")
+    assert config.faults.corrupt_frame_prob > 0 and config.faults.drop_transfer_prob > 0
     argv = ["soak", "--config", str(config.path), "--duration", "25", "--rate", "7"]
     argv += ["--kill-every", "5", "--seed", "1", "--deadline", "120"]
     code = prfaas([*argv, "--log-dir", str(tmp_path / "logs")])

@@ -254,7 +254,7 @@ def test_model_rejects_impossible_requests():
         output_len=100,
     )
     with pytest.raises(ValueError, match="no PrfaaS cluster"):
-        no_prfaas.route(2500)
+        no_prfaas.routing_at(2500)
 
 
 # --- the search ----------------------------------------------------------------------------------

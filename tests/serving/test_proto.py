@@ -1,4 +1,4 @@
-"""The committed stubs are what prfaas.proto generates, and the front door is as specified."""
+"""The committed stubs are what prfaas.proto generates, and the client port is as specified."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_stubs_are_current(tmp_path):
         )
 
 
-def test_front_door_is_as_specified():
+def test_client_port_is_as_specified():
     router = prfaas_pb2.DESCRIPTOR.services_by_name["Router"]
     generate = router.methods_by_name["Generate"]
     assert generate.input_type.name == "GenerateRequest" and generate.server_streaming

@@ -33,7 +33,7 @@ from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, FakePref
 from prfaas_jax.engine.fake import fake_tokens as expected
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
-from prfaas_jax.serving.cluster_sections import ChaosSection
+from prfaas_jax.serving.cluster_sections import FaultsSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transfer.faults import FaultInjector
 
@@ -74,17 +74,17 @@ def computed(engines) -> int:
 
 
 @pytest.mark.parametrize(
-    ("chaos", "code", "words"),
+    ("faults", "code", "words"),
     [
         ({"corrupt_frame_prob": 1.0}, grpc.StatusCode.INVALID_ARGUMENT, "checksum mismatch"),
         ({"drop_transfer_prob": 1.0}, grpc.StatusCode.UNAVAILABLE, "link dropped after"),
     ],
     ids=["corrupt", "drop"],
 )
-def test_attempts_exhausted_end_with_the_last_status(tmp_path, caplog, chaos, code, words):
+def test_attempts_exhausted_end_with_the_last_status(tmp_path, caplog, faults, code, words):
     path = fake_config(tmp_path / "cluster.toml", router={"max_attempts": MAX_ATTEMPTS})
     config = load_cluster_config(path)
-    section = ChaosSection(**chaos, seed=7)
+    section = FaultsSection(**faults, seed=7)
     faults = {name: FaultInjector(section, name) for name in ("prfaas-0", "pd-0")}
     engines = instances()
     with serve_in_process(config, engines, faults=faults) as cluster:

@@ -2,7 +2,7 @@
 servers the client cannot authenticate (serving/transport/security.py, certs.py).
 
 In process, on loopback: ports set up exactly as the two mains set theirs up — a worker's
-(mutual TLS: `server_credentials(section, require_client_auth=True)`) and the router's front door
+(mutual TLS: `server_credentials(section, require_client_auth=True)`) and the router's client port
 (TLS, bearer token: `require_client_auth=False` and `TokenAuth`) — each serving a stand-in whose
 only job is to count the calls that reach it. Clients use the project's own channels
 (`security.channel`, `security.router_channel`). The cluster test over real processes is

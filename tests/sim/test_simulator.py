@@ -22,9 +22,7 @@ from prfaas_jax.cli import main
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.rebalancer import Rebalancer
 from prfaas_jax.policy.threshold_controller import ThresholdController
-from prfaas_jax.sim.capacity import analytic_point, saturation_search
 from prfaas_jax.sim.cluster import (
-    CacheModel,
     DecodeInstance,
     LinkModel,
     incremental_prefill_s,
@@ -32,6 +30,7 @@ from prfaas_jax.sim.cluster import (
 from prfaas_jax.sim.config import SaturationSpec, load_sim_config, with_overrides
 from prfaas_jax.sim.events import EventLoop
 from prfaas_jax.sim.report import exposed_transfer_s, ttft_s
+from prfaas_jax.sim.saturation import analytic_point, saturation_search
 from prfaas_jax.sim.simulator import Simulator
 from prfaas_jax.sim.workload import Arrivals, PrefixSpec, generate_requests
 
@@ -235,16 +234,6 @@ def test_poisson_and_gamma_arrival_counts():
     assert slow[99].arrival == pytest.approx(2 * arrivals[99])
 
 
-def test_prefix_cache_matches_leading_blocks_and_evicts_the_least_recent():
-    cache = CacheModel(capacity_blocks=4, block_len=512)
-    cache.insert((1, 2, 3), 1600)  # 3 complete blocks
-    assert cache.match((1, 2, 9), 2000) == 1024  # stops at the first missing block
-    assert cache.match((1, 2, 3, 4), 1700) == 1536
-    cache.insert((7, 8), 1100)  # 2 more blocks: 5 > 4, the least recently used (1) goes
-    assert len(cache) == 4 and cache.match((1, 2), 1024) == 0
-    assert cache.match((2, 3), 900) == 900  # never more than the prompt
-
-
 def test_prefix_groups_give_requests_shared_leading_hash_ids():
     config = load_sim_config(CASE_STUDY)
     workload = dataclasses.replace(
@@ -375,7 +364,7 @@ def _keeps_up(config, deployment, rate: float, requests: int = 10_000) -> bool:
     sim = Simulator(
         with_overrides(config, requests=requests), deployment, rate=rate, stop_at_last_arrival=True
     )
-    return sim.run().backlog <= 2.0 * math.sqrt(requests)  # sim_capacity's criterion
+    return sim.run().backlog <= 2.0 * math.sqrt(requests)  # sim/saturation.py's criterion
 
 
 def test_steady_load_saturation_is_within_5_percent_of_lambda_max(case_study):

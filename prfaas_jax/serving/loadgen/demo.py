@@ -22,7 +22,7 @@ whose value is two tokens long: the first generated token (the value's first) is
 prefill worker, the second — the answer — by the decode worker from the state it was shipped.
 An answer is right only if the state that crossed the link holds the prompt's facts; the demo
 reports the recall accuracy per route beside the single-process accuracy, and fails when they
-differ (`[chaos] blank_state_prob` ships well-formed states of zeros, and the answers
+differ (`[faults] blank_state_prob` ships well-formed states of zeros, and the answers
 collapse). A model with random weights gets random prompts and no recall column.
 
 It exits 0 when every check holds and 1 otherwise, and stops every process it started either

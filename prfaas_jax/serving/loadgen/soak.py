@@ -2,7 +2,7 @@
 with `SoakProgress` for a progress display.
 
 `run_soak` starts a fake-engine cluster (serving/cluster/launcher.py, `restart_workers=True`; the
-config's `[chaos]` section makes the prefill workers corrupt frames and drop transfers,
+config's `[faults]` section makes the prefill workers corrupt frames and drop transfers,
 serving/transfer/faults.py), sends Poisson arrivals at `rate` for `duration_s` — prompts half at or
 below the routing threshold t (uniform on [8, t]) and half above (uniform on (t, min(4t, max_len −
 max_new_tokens)]), greedy, max_new_tokens uniform on [8, 32] — while a killer thread SIGKILLs a
@@ -11,7 +11,7 @@ instance of the role, except that a decode kill picks the decode worker with the
 mid-stream, so that it tests resumption), then waits for every request to end.
 
 The report — what each request's outcome is, and what the run's faults cost — is
-serving/loadgen/soak_report.py (`SoakReport`, `check_stream`).
+serving/loadgen/soak_report.py (`SoakReport`, `classify_stream`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The soak's report: `RequestResult` (one request as the client saw it), `check_stream` and
+"""The soak's report: `RequestResult` (one request as the client saw it), `classify_stream` and
 `SoakReport` (counts, latency groups, `to_dict`, `format_table`), and `count_faults`.
 
 Separate from serving/loadgen/soak.py, which drives the run (workload, killer, cluster): this
@@ -11,12 +11,12 @@ Per request, as the client sees it:
 - completed: the stream finished with a report; failed: it ended with another non-OK status
   (the code and the time to failure are kept); lost: neither, within `deadline_s` (a hang);
 - duplicated: more tokens than asked, or tokens that read as the expected ones with some
-  delivered again (`check_stream`: a replay from an earlier position);
+  delivered again (`classify_stream`: a replay from an earlier position);
 - wrong: a completed request whose tokens ≠ `fake_tokens(prompt, n, V)` (duplicates included),
   or a failed or lost one whose tokens are not a prefix of it. Fake tokens depend on the whole
   sequence before them, so a request resumed from the wrong place gets wrong tokens.
 
-The report adds the faults (kills; injected corruptions and drops, counted from the `chaos: …`
+The report adds the faults (kills; injected corruptions and drops, counted from the `faults: …`
 lines of the workers' logs; the launcher's restarts; the router's retries and resumed requests)
 and their cost: TTFT and end-to-end latency of completed requests with one attempt, with
 retries before the first token, and resumed mid-stream (`RequestReport.attempts`,
@@ -58,7 +58,7 @@ class RequestResult:
 
     @property
     def duplicated(self) -> bool:
-        return check_stream(self.tokens, self.expected) == "duplicated"
+        return classify_stream(self.tokens, self.expected) == "duplicated"
 
     @property
     def wrong(self) -> bool:
@@ -67,7 +67,7 @@ class RequestResult:
         return self.tokens != self.expected[: len(self.tokens)]
 
 
-def check_stream(received: Sequence[int], expected: Sequence[int]) -> str:
+def classify_stream(received: Sequence[int], expected: Sequence[int]) -> str:
     """What a client's tokens are against the expected ones: "ok" (a prefix of them),
     "duplicated" (more tokens than expected, or a walk through `expected` in which each token
     is the next position or repeats an earlier one, with at least one repeat), or "wrong"."""
@@ -87,7 +87,7 @@ def check_stream(received: Sequence[int], expected: Sequence[int]) -> str:
 
 
 def count_faults(log_dir: str | os.PathLike[str]) -> dict[str, int]:
-    """Injected faults, from the `chaos: …` lines of every worker log (restarts included)."""
+    """Injected faults, from the `faults: …` lines of every worker log (restarts included)."""
     counts = {"corrupted_frames": 0, "dropped_transfers": 0}
     for path in Path(log_dir).glob("*.log"):
         text = path.read_text(errors="replace")

@@ -1,4 +1,4 @@
-"""The front door: `RouterCore` (dispatch, retries and bookkeeping) and `RouterService`
+"""The client port's service: `RouterCore` (dispatch, retries and bookkeeping) and `RouterService`
 (`prfaas.v1.Router`). The router's record of each instance (`WorkerHandle`) lives in
 serving/router/handles.py.
 
@@ -154,7 +154,7 @@ class RouterCore:
 
     def stop_admitting(self) -> None:
         """Refuse every new request from now on (UNAVAILABLE, "the router is stopping"); the
-        requests in flight go on. The first step of stopping: the door closes at once, while
+        requests in flight go on. The first step of stopping: the client port closes at once, while
         the rest of the router winds down, not when its server stops."""
         with self.lock:
             self.stopping = True

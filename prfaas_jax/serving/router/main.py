@@ -2,11 +2,11 @@
 
 Reads the cluster config and the launcher's workers file, builds the request path
 (``RouterCore``, serving/router/core.py) and its control loop (``RouterControl``,
-serving/router/control.py), serves the ``Router`` API on the front door (TLS and bearer token
+serving/router/control.py), serves the ``Router`` API on the client port (TLS and bearer token
 when ``[security]`` sets them) and Prometheus metrics, and writes its address file.
 
 SIGTERM or SIGINT stops it within a short grace, not a drain: a new ``Generate`` fails
-UNAVAILABLE from then on, the control loop and the metrics endpoint stop, the front door
+UNAVAILABLE from then on, the control loop and the metrics endpoint stop, the client port
 closes (a new call of any kind fails UNAVAILABLE), requests in flight
 get ``STOP_GRACE_S`` (2 s, serving/transport/server.py) to finish, and a stream still running
 then ends UNAVAILABLE for its client, its calls to the workers cancelled (they free the slot).
@@ -33,7 +33,7 @@ from prfaas_jax.serving.transport.lifecycle import (
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
 from prfaas_jax.serving.transport.security import (
     TokenAuth,
-    front_door_summary,
+    client_port_summary,
     read_token,
     server_credentials,
 )
@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--address-file", required=True)
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (and metrics)")
-    parser.add_argument("--port", type=int, default=0, help="front-door port (0: any free one)")
+    parser.add_argument("--port", type=int, default=0, help="client port (0: any free one)")
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         max_workers=ROUTER_THREADS,
         # No valid request is larger: an oversized one is refused before it is parsed.
         max_receive_bytes=router_max_request_bytes(config.engine.max_len),
-        # The front door (serving/transport/security.py): TLS when certificates are set; a
+        # The client port (serving/transport/security.py): TLS when certificates are set; a
         # client proves itself by the bearer token when there is one, else by a CA-signed
         # certificate.
         credentials=server_credentials(config.security, require_client_auth=token is None),
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.set_serving()
     log.info("serving on %s, metrics on http://%s/metrics", server.address, metrics.address)
-    log.info("front door: %s", front_door_summary(config.security))
+    log.info("client port: %s", client_port_summary(config.security))
     while not stop.wait(0.5):
         pass
     core.stop_admitting()

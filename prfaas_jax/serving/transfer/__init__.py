@@ -13,5 +13,5 @@ decode worker that decodes it (paper §3.3). The contract is `api.py`; the worke
 | `state_chunks.py` | `PushState`'s messages without protobuf's copies of their frames |
 | `push_reader.py`, `push_decoder.py` | a push's frames read and timed, and decoded as they arrive |
 | `increments.py` | the received KV a decode worker keeps, so a state can ship as an increment |
-| `faults.py` | fault injection in transfers (`[chaos]`): corrupt frames, cut links, blank states |
+| `faults.py` | fault injection in transfers (`[faults]`): corrupt frames, cut links, blank states |
 """

@@ -1,6 +1,6 @@
 """Fault injection in the prefill workers' state transfers: `FaultInjector` and `TransferFaults`.
 
-Configured by the cluster's `[chaos]` section (`ChaosSection`). Per state transfer (one
+Configured by the cluster's `[faults]` section (`FaultsSection`). Per state transfer (one
 `PushState` stream from a prefill worker to a decode worker), independently:
 
 - with probability `corrupt_frame_prob`, one byte of one data frame is flipped (XOR with a
@@ -19,7 +19,7 @@ Configured by the cluster's `[chaos]` section (`ChaosSection`). Per state transf
 Each worker draws from its own `random.Random(seed + crc32(name))`, so a run is reproducible
 per worker (the order of transfers on a worker is the only source of variation). With both
 probabilities zero `FaultInjector.build` returns None and the prefill path runs unchanged.
-Injected faults are logged at INFO (`chaos: …`, one line each; the soak harness counts them in
+Injected faults are logged at INFO (`faults: …`, one line each; the soak harness counts them in
 the workers' logs) and counted in `corrupted` / `dropped`.
 """
 
@@ -35,14 +35,14 @@ import jax.numpy as jnp
 
 from prfaas_jax.engine.codec.format import DATA_MAGIC, DATA_PREFIX_SIZE, StateHeader
 from prfaas_jax.model.state import ModelState
-from prfaas_jax.serving.cluster_sections import ChaosSection
+from prfaas_jax.serving.cluster_sections import FaultsSection
 
-log = logging.getLogger("prfaas.chaos")
+log = logging.getLogger("prfaas.faults")
 
 # The log lines the soak harness (serving/loadgen/soak_report.py) counts; one per injected fault.
-CORRUPT_MARK = "chaos: corrupted"
-DROP_MARK = "chaos: dropped"
-BLANK_MARK = "chaos: blanked"
+CORRUPT_MARK = "faults: corrupted"
+DROP_MARK = "faults: dropped"
+BLANK_MARK = "faults: blanked"
 
 
 def blank(state: ModelState) -> ModelState:
@@ -117,19 +117,19 @@ class TransferFaults:
 class FaultInjector:
     """One worker's fault source: `plan` draws the faults of each transfer."""
 
-    def __init__(self, section: ChaosSection, name: str) -> None:
+    def __init__(self, section: FaultsSection, name: str) -> None:
         self.section, self.name = section, name
         self._rng = random.Random(section.seed + zlib.crc32(name.encode()))
         self._lock = threading.Lock()
         self.corrupted = self.dropped = self.blanked = 0
 
     @classmethod
-    def build(cls, section: ChaosSection, name: str) -> FaultInjector | None:
-        """An injector, or None when `[chaos]` injects nothing (no per-frame cost at all)."""
+    def build(cls, section: FaultsSection, name: str) -> FaultInjector | None:
+        """An injector, or None when `[faults]` injects nothing (no per-frame cost at all)."""
         if not section.enabled:
             return None
         log.info(
-            "chaos: on for %s's state transfers (corrupt_frame_prob %g, drop_transfer_prob %g, "
+            "faults: on for %s's state transfers (corrupt_frame_prob %g, drop_transfer_prob %g, "
             "blank_state_prob %g)",
             name,
             section.corrupt_frame_prob,

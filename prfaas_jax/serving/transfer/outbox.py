@@ -6,7 +6,7 @@ bucket when they are made, not when a sender gets to them. A transfer striped ov
 (`[link] streams`, serving/transfer/stripes.py) has N lanes: the header, the trailer and the
 handoff go on lane 0, the data frames round-robin over all lanes.
 
-A transfer that ends early — the router gave up, a push failed, `[chaos]` cut the link — is
+A transfer that ends early — the router gave up, a push failed, `[faults]` cut the link — is
 abandoned: every push is cancelled, so the decode worker sees cancelled streams, never a short
 one it would take for a complete, malformed state.
 """
@@ -45,7 +45,7 @@ class Outbox:
         self._stopped = threading.Event()  # the sender gave up: drop what is still made
         self.frames = self.wire_bytes = 0
         self.pushes: list[grpc.Future] = []  # one per lane, lane 0 first
-        self.faults: TransferFaults | None = None  # `[chaos]`: this transfer's planned faults
+        self.faults: TransferFaults | None = None  # `[faults]`: this transfer's planned faults
 
     def put(self, frame: bytes | FrameParts) -> None:
         if self._stopped.is_set():

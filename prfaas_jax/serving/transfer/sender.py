@@ -96,7 +96,7 @@ class StatePush:
         on_answered: Callable[[], None] | None = None,
     ) -> None:
         """Open the decode worker's `PushState` calls, which send what `put_all` is given as it
-        comes; ``faults``: the faults planned for this transfer (`[chaos]`); ``on_answered``
+        comes; ``faults``: the faults planned for this transfer (`[faults]`); ``on_answered``
         runs when the primary push ends, however."""
         outbox, lanes = self._outbox, self._outbox.lanes
         outbox.faults = faults

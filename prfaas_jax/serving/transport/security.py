@@ -1,6 +1,6 @@
 """Transport security of the serving plane: `server_credentials`, `channel` (internal) and
 `router_channel` (clients), `TokenAuth` (the router's token check), `read_token`,
-`client_metadata`, `client_section` (client flags) and `front_door_summary`, all driven by the
+`client_metadata`, `client_section` (client flags) and `client_port_summary`, all driven by the
 `[security]` section of the cluster config.
 
 The rule (docs/serving.md, "Security"):
@@ -10,9 +10,9 @@ The rule (docs/serving.md, "Security"):
   `WorkerControl`) require a client certificate signed by the CA — mutual TLS — and every
   internal channel (router → workers, prefill → decode, prefix fetches, the launcher's health
   checks) presents the node certificate.
-- The router's port (the front door) uses TLS with the same certificate; clients verify it
+- The router's client port uses TLS with the same certificate; clients verify it
   against the CA. Its clients authenticate with the bearer token when `token_file` is set, and
-  with a CA-signed client certificate otherwise: one credential per door, never none.
+  with a CA-signed client certificate otherwise: one credential per port, never none.
 - Without certificates every port is plaintext, as before; `token_file` alone still guards the
   router's RPCs, but the token then crosses the wire in the clear (loopback only).
 
@@ -168,16 +168,16 @@ def router_channel(
     security: SecuritySection | None,
     options: Sequence[tuple[str, object]] = (),
 ) -> grpc.Channel:
-    """A client's channel to the router's front door: TLS verified against `ca_cert` (with
-    the certificate, when the section has one, for a door that wants it) and the bearer token
+    """A client's channel to the router's client port: TLS verified against `ca_cert` (with
+    the certificate, when the section has one, for a port that wants it) and the bearer token
     from `token_file` on every call, as the section sets them."""
     base = channel(address, security, options)
     token = read_token(security)
     return base if token is None else grpc.intercept_channel(base, _BearerToken(token))
 
 
-def front_door_summary(section: SecuritySection) -> str:
-    """How the router's port authenticates clients, for its log (names no secret)."""
+def client_port_summary(section: SecuritySection) -> str:
+    """How the router's client port authenticates clients, for its log (names no secret)."""
     transport_name = "TLS" if section.tls else "plaintext"
     if section.token_file:
         return f"{transport_name}, bearer token required for prfaas.v1.Router"

@@ -132,7 +132,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             push_timeout_s=config.router.request_timeout_s,
             prefixes=self.prefixes,
             security=config.security,
-            faults=FaultInjector.build(config.chaos, name),
+            faults=FaultInjector.build(config.faults, name),
             max_queue=engine.max_prefill_queue,
             streams=config.link.streams,
             name=name,

@@ -41,7 +41,7 @@ A failed push fails the RPC with the status its `TransferError` carries (the rou
 retries), and stops the prefill at its next chunk, so a lost transfer does not hold the engine:
 a stream the decode worker rejected keeps its code (INVALID_ARGUMENT for bad frames), an
 unreachable or dead decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled
-push). With `[chaos]` on, `faults` (serving/transfer/faults.py) corrupts a frame or cuts the
+push). With `[faults]` on, `faults` (serving/transfer/faults.py) corrupts a frame or cuts the
 link of some transfers on purpose.
 """
 
@@ -99,7 +99,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
         every prefill goes through (none: every prompt is computed in full); `security` is how
         pushes reach decode workers (None: plaintext); `faults` injects transfer faults
-        (`[chaos]`; None: none); `max_queue` bounds the requests waiting for or on the engine
+        (`[faults]`; None: none); `max_queue` bounds the requests waiting for or on the engine
         (more are RESOURCE_EXHAUSTED at once); `streams`: the pushes a state crossing the
         link is striped over (serving/transfer/stripes.py); `name`: this worker's, which its
         pushes carry (the decode worker times the link per sender); `precision`: how its

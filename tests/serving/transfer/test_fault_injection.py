@@ -1,6 +1,6 @@
-"""Fault injection (`[chaos]`, serving/transfer/faults.py): seeded per worker, a corrupted stream is
-rejected by the codec, and a prefill whose push is corrupted or cut fails at once with the
-status the router retries on.
+"""Fault injection (`[faults]`, serving/transfer/faults.py): seeded per worker, a corrupted
+stream is rejected by the codec, and a prefill whose push is corrupted or cut fails at once with
+the status the router retries on.
 
 The last two tests run a `PrefillService` and a `DecodeService` (fake engines) in process on
 one loopback gRPC server, as tests/serving/test_state_streaming.py does.
@@ -20,7 +20,7 @@ from prfaas_jax.engine.codec.format import DATA_MAGIC
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.serving.cluster_config import load_cluster_config
-from prfaas_jax.serving.cluster_sections import ChaosSection
+from prfaas_jax.serving.cluster_sections import FaultsSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transfer.data_path import DataListener
@@ -58,47 +58,54 @@ def write(tmp_path, text: str):
     return path
 
 
-def test_chaos_section(tmp_path):
-    assert load_cluster_config(write(tmp_path, "")).chaos == ChaosSection()
-    assert not ChaosSection().enabled
+def test_faults_section(tmp_path):
+    assert load_cluster_config(write(tmp_path, "")).faults == FaultsSection()
+    assert not FaultsSection().enabled
     config = load_cluster_config(
-        write(tmp_path, "[chaos]\ncorrupt_frame_prob = 0.25\ndrop_transfer_prob = 1\nseed = 7\n")
+        write(tmp_path, "[faults]\ncorrupt_frame_prob = 0.25\ndrop_transfer_prob = 1\nseed = 7\n")
     )
     assert (
-        config.chaos == ChaosSection(corrupt_frame_prob=0.25, drop_transfer_prob=1.0, seed=7)
-        and config.chaos.enabled
+        config.faults == FaultsSection(corrupt_frame_prob=0.25, drop_transfer_prob=1.0, seed=7)
+        and config.faults.enabled
     )
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("corrupt_frame_prob = 1.5\n", "chaos.corrupt_frame_prob: must be in [0, 1]"),
-        ("drop_transfer_prob = -0.1\n", "chaos.drop_transfer_prob: must be in [0, 1]"),
-        ("seed = 0.5\n", "chaos.seed: expected an integer"),
-        ("kill_prob = 0.1\n", "chaos.kill_prob: unknown key"),
+        ("corrupt_frame_prob = 1.5\n", "faults.corrupt_frame_prob: must be in [0, 1]"),
+        ("drop_transfer_prob = -0.1\n", "faults.drop_transfer_prob: must be in [0, 1]"),
+        ("seed = 0.5\n", "faults.seed: expected an integer"),
+        ("kill_prob = 0.1\n", "faults.kill_prob: unknown key"),
     ],
 )
-def test_chaos_section_errors(tmp_path, text, message):
+def test_faults_section_errors(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        load_cluster_config(write(tmp_path, "[chaos]\n" + text))
+        load_cluster_config(write(tmp_path, "[faults]\n" + text))
+
+
+def test_the_former_section_name_is_refused_with_the_new_one(tmp_path):
+    path = write(tmp_path, "[chaos]\ncorrupt_frame_prob = 0.25\n")
+    with pytest.raises(ConfigError) as refused:
+        load_cluster_config(path)
+    assert str(refused.value) == f"{path}: [chaos] is now [faults]"
 
 
 # --- the injector ---------------------------------------------------------------------------
 
 
 def test_off_means_no_injector():
-    assert FaultInjector.build(ChaosSection(), "prfaas-0") is None
+    assert FaultInjector.build(FaultsSection(), "prfaas-0") is None
 
 
 def test_seeded_per_worker():
-    section = ChaosSection(corrupt_frame_prob=0.3, drop_transfer_prob=0.3, seed=11)
+    section = FaultsSection(corrupt_frame_prob=0.3, drop_transfer_prob=0.3, seed=11)
     first = plans(FaultInjector(section, "prfaas-0"), 200)
     assert first == plans(FaultInjector(section, "prfaas-0"), 200)
     assert first != plans(FaultInjector(section, "pd-0"), 200)
     assert first != plans(
         FaultInjector(
-            ChaosSection(corrupt_frame_prob=0.3, drop_transfer_prob=0.3, seed=12), "prfaas-0"
+            FaultsSection(corrupt_frame_prob=0.3, drop_transfer_prob=0.3, seed=12), "prfaas-0"
         ),
         200,
     )
@@ -115,7 +122,7 @@ def test_a_corrupted_stream_is_rejected_by_the_codec():
     header = codec.inspect(frames[:1])
     assert header.num_data_frames > 4
     for seed in range(20):
-        injector = FaultInjector(ChaosSection(corrupt_frame_prob=1.0, seed=seed), "pd-0")
+        injector = FaultInjector(FaultsSection(corrupt_frame_prob=1.0, seed=seed), "pd-0")
         plan = injector.plan(header, 1, "r")
         assert isinstance(plan, TransferFaults) and plan.cut_after is None
         sent = [plan.corrupt(frame) for frame in frames]
@@ -134,7 +141,7 @@ def test_a_drop_cuts_between_the_header_and_the_handoff():
     total = header.num_frames + 1
     cuts = set()
     for seed in range(50):
-        injector = FaultInjector(ChaosSection(drop_transfer_prob=1.0, seed=seed), "prfaas-0")
+        injector = FaultInjector(FaultsSection(drop_transfer_prob=1.0, seed=seed), "prfaas-0")
         plan = injector.plan(header, 1, "r")
         assert plan is not None and plan.corrupt_data_frame is None
         assert 1 <= plan.cut_after <= total - 1
@@ -149,11 +156,11 @@ def test_a_drop_cuts_between_the_header_and_the_handoff():
 
 @pytest.fixture(params=["pd", "prfaas", "pd+data", "prfaas+data"])
 def workers(request):
-    """`start(chaos)`: a PD or PrfaaS (shaped) prefill worker and a decode worker; "+data":
+    """`start(faults)`: a PD or PrfaaS (shaped) prefill worker and a decode worker; "+data":
     the pushes' frames take the data path (serving/transfer/data_path.py)."""
     kind, _, via = request.param.partition("+")
 
-    def start(section: ChaosSection) -> tuple[str, DecodeService, FaultInjector]:
+    def start(section: FaultsSection) -> tuple[str, DecodeService, FaultInjector]:
         shaper = None
         if kind == "prfaas":
             shaper = LinkShaper(LinkProfile(bandwidth_bytes_per_s=50e6, latency_s=0.002))
@@ -201,8 +208,8 @@ def prefill(address: str, request_id: str) -> pb.PrefillReply:
 @pytest.mark.parametrize(
     ("section", "code", "words"),
     [
-        (ChaosSection(corrupt_frame_prob=1.0), grpc.StatusCode.INVALID_ARGUMENT, "checksum"),
-        (ChaosSection(drop_transfer_prob=1.0), grpc.StatusCode.UNAVAILABLE, "link dropped"),
+        (FaultsSection(corrupt_frame_prob=1.0), grpc.StatusCode.INVALID_ARGUMENT, "checksum"),
+        (FaultsSection(drop_transfer_prob=1.0), grpc.StatusCode.UNAVAILABLE, "link dropped"),
     ],
 )
 def test_a_faulty_push_fails_the_prefill_promptly(workers, section, code, words):
@@ -223,7 +230,7 @@ def test_a_faulty_push_fails_the_prefill_promptly(workers, section, code, words)
 
 def test_clean_transfers_are_untouched(workers):
     start, _ = workers
-    address, _, injector = start(ChaosSection(corrupt_frame_prob=1e-9, seed=3))
+    address, _, injector = start(FaultsSection(corrupt_frame_prob=1e-9, seed=3))
     with grpc.insecure_channel(address) as channel:
         tokens = pb_grpc.DecodeWorkerStub(channel).Generate(
             pb.DecodeRequest(request_id="ok", prompt_len=len(PROMPT), max_new_tokens=5),

@@ -18,7 +18,7 @@ from serving_support import serve_workers, wait_for
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine
-from prfaas_jax.serving.cluster_sections import ChaosSection
+from prfaas_jax.serving.cluster_sections import FaultsSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transfer import api
@@ -126,11 +126,11 @@ def test_the_two_ends_satisfy_their_protocols():
 
 @pytest.fixture(params=["stream", "data"])
 def start(request):
-    """`start(chaos, bandwidth)`: a prefill worker (shaped at ``bandwidth`` bytes/s when given)
+    """`start(faults, bandwidth)`: a prefill worker (shaped at ``bandwidth`` bytes/s when given)
     and a decode worker on one server; "data": pushes take the data path."""
     started = []
 
-    def start_workers(chaos: ChaosSection | None = None, bandwidth: float | None = None):
+    def start_workers(faults: FaultsSection | None = None, bandwidth: float | None = None):
         shaper = None
         if bandwidth is not None:
             shaper = LinkShaper(LinkProfile(bandwidth_bytes_per_s=bandwidth, latency_s=0.0))
@@ -141,7 +141,7 @@ def start(request):
             frame_bytes=1024,
             shaper=shaper,
             admit=lambda context: None,
-            faults=FaultInjector.build(chaos or ChaosSection(), "w"),
+            faults=FaultInjector.build(faults or FaultsSection(), "w"),
         )
         decode = DecodeService(
             engine=lambda: FakeDecodeEngine(CFG, max_slots=4, max_len=512),
@@ -179,14 +179,14 @@ def test_a_delivered_transfer_ends_delivered_at_both_ends(start):
 
 
 @pytest.mark.parametrize(
-    ("chaos", "code", "ends_in"),
+    ("faults", "code", "ends_in"),
     [
-        (ChaosSection(corrupt_frame_prob=1.0), grpc.StatusCode.INVALID_ARGUMENT, P.REFUSED),
-        (ChaosSection(drop_transfer_prob=1.0), grpc.StatusCode.UNAVAILABLE, P.CUT),
+        (FaultsSection(corrupt_frame_prob=1.0), grpc.StatusCode.INVALID_ARGUMENT, P.REFUSED),
+        (FaultsSection(drop_transfer_prob=1.0), grpc.StatusCode.UNAVAILABLE, P.CUT),
     ],
 )
-def test_a_failed_transfer_ends_where_its_error_says(start, chaos, code, ends_in):
-    address, prefill, decode = start(chaos)
+def test_a_failed_transfer_ends_where_its_error_says(start, faults, code, ends_in):
+    address, prefill, decode = start(faults)
     with pytest.raises(grpc.RpcError) as err:
         prefill_call(address, "bad")
     assert err.value.code() == code

@@ -1,4 +1,5 @@
-"""Capacity of a deployment, analytic and simulated: `analytic_point`, `saturation_search`.
+"""A deployment's saturation throughput (its capacity), analytic and simulated: `analytic_point`
+and `saturation_search`.
 
 `analytic_point` evaluates the paper's Eqs. 3–6 (`policy.throughput_model`) for exactly the
 deployment simulated: its N_prfaas / N_p / N_d, its threshold, the link's starting bandwidth and

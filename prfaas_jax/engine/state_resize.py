@@ -1,5 +1,5 @@
 """``with_capacity``: the same sequences of a ``ModelState`` in caches of another capacity;
-``check_fits``: its checks alone.
+``check_fits``: its checks alone; ``fresh_state``: a new working state of a given capacity.
 
 Attention caches (MLA, GQA, SWA) have a capacity axis (axis 1); recurrent states do not. Engines
 resize states when a prefix is continued, when a state moves from a prefill engine's bucket to a
