@@ -327,12 +327,19 @@ def test_the_endpoint_over_a_router_in_this_process(tmp_path):
     with serve_in_process(config, engines) as cluster:
         routes = [generate(cluster.router, [7] * n, 3).report.route for n in (100, 20)]
         assert routes == ["prfaas", "pd"]
-        server = MetricsServer(RouterControl(cluster.core).snapshot)
+        control = RouterControl(cluster.core)
+        server = MetricsServer(control.snapshot)
         try:
             types, samples = parse_metrics(scrape_metrics(server.address)[1])
         finally:
             server.stop()
         stats = cluster.stats()
+        # A snapshot is rendered after the router's lock is let go: its histograms are copies
+        # that later requests leave alone.
+        taken = control.snapshot()
+        generate(cluster.router, [7] * 30, 3)
+        assert (taken.ttft.count, sum(h.count for h in taken.exposed_transfer.values())) == (2, 2)
+        assert control.snapshot().ttft.count == 3
     assert set(types) <= set(FAMILIES)
     for route, n in (("prfaas", stats.requests_prfaas), ("pd", stats.requests_pd)):
         assert sample(samples, "prfaas_requests_total", route=route, outcome="ok") == n == 1

@@ -96,6 +96,10 @@ class Histogram:
         self.total += value
         self.count += 1
 
+    def copy(self) -> Histogram:
+        """A copy that later observations leave alone (a scrape renders it outside the lock)."""
+        return dataclasses.replace(self, counts=list(self.counts))
+
 
 @dataclasses.dataclass(frozen=True)
 class RouterSnapshot:
