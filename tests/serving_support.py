@@ -1,7 +1,8 @@
 """Helpers shared by the serving tests, in process (tests/serving) and over real processes
 (tests/cluster): cluster configs written as TOML, a client for the router, in-process workers and
 a whole in-process cluster (the router and its workers, each on a loopback server of its own),
-the malformed requests every router must refuse, and polling.
+the malformed requests every router must refuse, polling, and the router's metrics as a scraper
+reads them.
 
 Cluster tests run real processes on loopback (serving/cluster/launcher.py). The fake engines
 (engine/fake.py) make outputs computable by hand and start in seconds; the real-model
@@ -20,9 +21,11 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
@@ -321,3 +324,32 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape_metrics(address: str, path: str = "/metrics") -> tuple[str, str]:
+    """`GET http://address/path` on a metrics endpoint: its Content-Type and text."""
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=10) as response:
+        return response.headers["Content-Type"], response.read().decode()
+
+
+def parse_metrics(text: str) -> tuple[dict[str, str], Samples]:
+    """The exposition parsed by prometheus_client's parser: each family's exposed name → its
+    type, and each sample's (name, labels) → value."""
+    types: dict[str, str] = {}
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        # The parser names a counter family without its `_total`, as OpenMetrics does.
+        types[family.name + ("_total" if family.type == "counter" else "")] = family.type
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in samples, f"{key} twice"
+            samples[key] = sample.value
+    return types, samples
+
+
+def sample(samples: Samples, name: str, **labels: str) -> float:
+    """The value of the series `name{labels}` (KeyError: no such series)."""
+    return samples[(name, frozenset(labels.items()))]

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import urllib.request
 from collections.abc import Iterator
 
 import grpc
 import pytest
-from serving_support import fake_config, generate
+from serving_support import fake_config, generate, parse_metrics, sample, scrape_metrics
 
 from prfaas_jax.cli import main as prfaas
 from prfaas_jax.config import load_model_config
@@ -119,21 +118,20 @@ def test_bandwidth_abundant_moves_the_prefix_across_clusters(tmp_path):
         report, _ = turn(router, third)
         assert (report.route, report.prefill_instance, report.cached_len) == ("pd", "pd-0", 116)
         assert router.GetStats(pb.GetStatsRequest()).prefix_moves == 1
-        metrics = urllib.request.urlopen(f"http://{ready['metrics']}/metrics", timeout=10).read()
-        lines = set(metrics.decode().splitlines())
-        assert "prfaas_cached_tokens_total 216" in lines and "prfaas_prefix_moves_total 1" in lines
+        samples = parse_metrics(scrape_metrics(ready["metrics"])[1])[1]
+        assert sample(samples, "prfaas_cached_tokens_total") == 216
+        assert sample(samples, "prfaas_prefix_moves_total") == 1
         # The router's cache index follows all three workers (the decode one's cache too) and
         # gave or asked both prefill instances' lengths for each of the three turns.
         index = router.GetStats(pb.GetStatsRequest()).cache_index
         assert index.enabled and (index.instances, index.current) == (3, 3)
         assert index.answered + index.asked == 2 * 3 and index.overestimates == 0
         assert index.snapshots >= 3 and index.events > 0 and index.block_entries > 0
-        answered = f'prfaas_cache_index_lookups_total{{source="index"}} {index.answered}'
-        assert answered in lines
+        assert sample(samples, "prfaas_cache_index_lookups_total", source="index") == index.answered
         # One timed lookup per turn; the router's CPU time is its own process's.
         stats = router.GetStats(pb.GetStatsRequest())
         assert stats.lookups == 3 and 0 < stats.lookup_s < 3.0 and stats.router_cpu_s > 0
-        assert "prfaas_router_lookup_seconds_count 3" in lines
+        assert sample(samples, "prfaas_router_lookup_seconds_count") == 3
 
 
 def test_the_auto_rule_moves_the_prefix_when_the_link_beats_recomputing_it(tmp_path):
@@ -147,8 +145,8 @@ def test_the_auto_rule_moves_the_prefix_when_the_link_beats_recomputing_it(tmp_p
         assert (report.route, report.cached_len, report.uncached_len) == ("pd", 100, 16)
         stats = router.GetStats(pb.GetStatsRequest())
         assert stats.prefix_moves == 1 and dict(stats.cache_rules) == {"abundant": 1, "scarce": 0}
-        metrics = urllib.request.urlopen(f"http://{ready['metrics']}/metrics", timeout=10).read()
-        assert 'prfaas_cache_rule_total{rule="abundant"} 1' in metrics.decode().splitlines()
+        samples = parse_metrics(scrape_metrics(ready["metrics"])[1])[1]
+        assert sample(samples, "prfaas_cache_rule_total", rule="abundant") == 1
 
 
 def test_disabled_cache_computes_everything(tmp_path):

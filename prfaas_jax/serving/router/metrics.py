@@ -1,7 +1,11 @@
-"""The router's Prometheus endpoint: `render_metrics(snapshot) -> str` and `MetricsServer`.
+"""The router's Prometheus metrics: `RouterCollector` (its series, read from a `RouterSnapshot`
+at every scrape), `render_metrics(snapshot) -> str`, `MetricsServer` (`GET /metrics`), and the
+`Histogram` the router keeps its latencies in.
 
-`MetricsServer` serves `GET /metrics` (text exposition format 0.0.4) from a daemon thread on
-127.0.0.1; every scrape renders a fresh `RouterSnapshot`. Metric names:
+prometheus_client writes the exposition (text format 0.0.4: names, label values and help text
+escaped as the format says); this module only says which families the router's numbers make.
+`MetricsServer` serves it from a daemon thread on the router's host; every scrape reads a fresh
+`RouterSnapshot` of the counters the router keeps anyway. Metric names:
 
     prfaas_requests_total{route, outcome}        counter  finished requests ("ok" | "error" |
                                                           "cancelled"; route "none": never routed)
@@ -44,15 +48,29 @@
 
 Token hit rate = cached / prompt tokens; the per-instance series come from each worker's
 `GetStats` (`PrefixCacheStats`), as polled by the router's control loop.
+
+Every counter above is a `CounterMetricFamily` named with its `_total`: the library writes the
+same `_total` sample and TYPE line, and no `_created` series (a family only has one when given a
+creation time, which these are not). Values are spelled as the library spells floats (`3.0`,
+`1.47907e+06`: exact below 2**53) and labels in name order; `le` bounds keep their `%g` spelling
+(`le="1"`), since to Prometheus 2 a respelled bound is a new series.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import http.server
-import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LOOKUP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -60,6 +78,8 @@ LOOKUP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1
 
 @dataclasses.dataclass
 class Histogram:
+    """Cumulative bucket counts (each bucket counts every value at or below its bound)."""
+
     buckets: tuple[float, ...] = TTFT_BUCKETS
     counts: list[int] = dataclasses.field(default_factory=list)  # per bucket; [] → zeros
     total: float = 0.0
@@ -75,6 +95,10 @@ class Histogram:
                 self.counts[i] += 1
         self.total += value
         self.count += 1
+
+    def copy(self) -> Histogram:
+        """A copy that later observations leave alone (a scrape renders it outside the lock)."""
+        return dataclasses.replace(self, counts=list(self.counts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,259 +135,246 @@ class RouterSnapshot:
     router_cpu_s: float = 0.0  # the router process's CPU time
 
 
-def _number(value: float) -> str:
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"  # the exposition format's spelling
-    if math.isnan(value):
-        return "NaN"
-    # Counters must stay exact: 1479070 bytes, not 1.47907e+06.
-    if isinstance(value, int) or float(value).is_integer():
-        return str(int(value))
-    return repr(float(value))
+Rows = Iterable[tuple[Sequence[str], float]]  # each series' label values and its value
 
 
-def _labels(**labels: str) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    return "{" + inner + "}" if inner else ""
+def _family(
+    kind: type[CounterMetricFamily | GaugeMetricFamily],
+    name: str,
+    help_text: str,
+    labels: Sequence[str],
+    rows: Rows,
+) -> Metric:
+    family = kind(name, help_text, labels=labels)
+    for values, value in rows:
+        family.add_metric(values, value)
+    return family
 
 
-def render_metrics(s: RouterSnapshot) -> str:
-    lines: list[str] = []
+def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, help_text, value=value)
 
-    def metric(name: str, kind: str, help_text: str, rows: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines.extend(f"{name}{labels} {_number(value)}" for labels, value in rows)
 
-    metric(
+def _counter(name: str, help_text: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, help_text, value=value)
+
+
+def _histogram(
+    name: str, help_text: str, series: dict[tuple[str, ...], Histogram], labels: Sequence[str] = ()
+) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, help_text, labels=labels)
+    for values, hist in series.items():
+        # `le` as the endpoint has always spelled it (module docstring); counts are cumulative.
+        buckets = [(f"{b:g}", n) for b, n in zip(hist.buckets, hist.counts, strict=True)]
+        family.add_metric(values, [*buckets, ("+Inf", hist.count)], hist.total)
+    return family
+
+
+class RouterCollector(Collector):
+    """The router's metric families, from `snapshot()` at each `collect()`."""
+
+    def __init__(self, snapshot: Callable[[], RouterSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        yield from _routing_families(s)
+        yield from _prefix_families(s)
+        yield _histogram("prfaas_ttft_seconds", "Time to first token at the router.", {(): s.ttft})
+        if s.lookup_time is not None:
+            yield _histogram(
+                "prfaas_router_lookup_seconds",
+                "A request's lookup of every prefill instance's cached prefix at the router.",
+                {(): s.lookup_time},
+            )
+        yield _counter(
+            "prfaas_router_cpu_seconds_total", "CPU time of the router process.", s.router_cpu_s
+        )
+        yield _histogram(
+            "prfaas_exposed_transfer_seconds",
+            "Prefill end to first token: the state transfer compute did not hide.",
+            {(route,): hist for route, hist in sorted(s.exposed_transfer.items())},
+            labels=("route",),
+        )
+
+
+def _routing_families(s: RouterSnapshot) -> Iterator[Metric]:
+    C, G = CounterMetricFamily, GaugeMetricFamily
+    yield _family(
+        C,
         "prfaas_requests_total",
-        "counter",
         "Finished requests by route and outcome.",
-        [(_labels(route=r, outcome=o), n) for (r, o), n in sorted(s.requests.items())],
+        ("route", "outcome"),
+        sorted(s.requests.items()),
     )
-    metric("prfaas_requests_in_flight", "gauge", "Requests in flight.", [("", s.in_flight)])
-    metric("prfaas_threshold_tokens", "gauge", "Routing threshold t (tokens).", [("", s.threshold)])
-    metric(
+    yield _gauge("prfaas_requests_in_flight", "Requests in flight.", s.in_flight)
+    yield _gauge("prfaas_threshold_tokens", "Routing threshold t (tokens).", s.threshold)
+    yield _family(
+        C,
         "prfaas_threshold_changes_total",
-        "counter",
         "Threshold updates by the controller, by trigger.",
-        [(_labels(reason=r), n) for r, n in sorted(s.threshold_changes.items())],
+        ("reason",),
+        [((r,), n) for r, n in sorted(s.threshold_changes.items())],
     )
-    metric(
-        "prfaas_egress_bytes_total", "counter", "PrfaaS to PD link bytes.", [("", s.egress_bytes)]
-    )
-    metric(
+    yield _counter("prfaas_egress_bytes_total", "PrfaaS to PD link bytes.", s.egress_bytes)
+    yield _gauge(
         "prfaas_egress_bytes_per_second",
-        "gauge",
         "PrfaaS egress rate over the controller window.",
-        [("", s.egress_bytes_per_s)],
+        s.egress_bytes_per_s,
     )
-    metric(
+    yield _gauge(
         "prfaas_link_capacity_bytes_per_second",
-        "gauge",
         "Capacity of the inter-cluster link, learned from its transfers.",
-        [("", s.link_capacity_bytes_per_s)],
+        s.link_capacity_bytes_per_s,
     )
-    metric(
+    yield _family(
+        C,
         "prfaas_cache_rule_total",
-        "counter",
         "Requests the two prefix-cache rules would route differently, by the rule chosen.",
-        [(_labels(rule=r), n) for r, n in sorted(s.cache_rules.items())],
+        ("rule",),
+        [((r,), n) for r, n in sorted(s.cache_rules.items())],
     )
     if s.cache_index:
         index = s.cache_index
-        metric(
+        yield _family(
+            C,
             "prfaas_cache_index_lookups_total",
-            "counter",
             "Per-instance cached lengths, by source: the router's cache index or a Lookup RPC.",
-            [
-                (_labels(source="index"), index["answered"]),
-                (_labels(source="asked"), index["asked"]),
-            ],
+            ("source",),
+            [(("index",), index["answered"]), (("asked",), index["asked"])],
         )
-        metric(
+        yield _counter(
             "prfaas_cache_index_overestimates_total",
-            "counter",
             "Requests whose prefill reused less than the cached length routing used.",
-            [("", index["overestimates"])],
+            index["overestimates"],
         )
-        metric(
+        yield _gauge(
             "prfaas_cache_index_instances_current",
-            "gauge",
             "Instances the cache index is in step with.",
-            [("", index["current"])],
+            index["current"],
         )
-    metric(
+    yield _counter(
         "prfaas_link_saved_bytes_total",
-        "counter",
         "State bytes kept off the link: KV the decode side already held.",
-        [("", s.saved_bytes)],
+        s.saved_bytes,
     )
-    metric(
+    yield _gauge(
         "prfaas_link_capacity_samples",
-        "gauge",
         "Transfers the link capacity was learned from (0: the configured bandwidth).",
-        [("", s.link_capacity_samples)],
+        s.link_capacity_samples,
     )
-    metric(
+    yield _counter(
         "prfaas_link_tcp_retransmitted_segments_total",
-        "counter",
         "TCP segments the link retransmitted (counted under --netns only).",
-        [("", s.tcp_retransmitted_segments)],
+        s.tcp_retransmitted_segments,
     )
     cap = s.link_capacity_bytes_per_s
-    metric(
+    yield _gauge(
         "prfaas_egress_utilization",
-        "gauge",
         "Egress rate over link capacity.",
-        [("", s.egress_bytes_per_s / cap if cap > 0 else 0.0)],
+        s.egress_bytes_per_s / cap if cap > 0 else 0.0,
     )
-    metric(
+    yield _family(
+        G,
         "prfaas_queue_depth",
-        "gauge",
         "Outstanding prefills per prefill instance.",
-        [(_labels(instance=i, role=r), n) for (i, r), n in sorted(s.queue_depth.items())],
+        ("instance", "role"),
+        sorted(s.queue_depth.items()),
     )
-    metric(
+    yield _family(
+        G,
         "prfaas_decode_assigned",
-        "gauge",
         "Requests assigned to each decode instance.",
-        [(_labels(instance=i), n) for i, n in sorted(s.decode_assigned.items())],
+        ("instance",),
+        [((i,), n) for i, n in sorted(s.decode_assigned.items())],
     )
-    metric(
+    yield _family(
+        G,
         "prfaas_instances",
-        "gauge",
         "Instances per role.",
-        [(_labels(role=r), n) for r, n in sorted(s.instances.items())],
+        ("role",),
+        [((r,), n) for r, n in sorted(s.instances.items())],
     )
-    metric("prfaas_role_changes_total", "counter", "PD role switches.", [("", s.role_changes)])
-    metric("prfaas_retries_total", "counter", "Attempts after a fault.", [("", s.retries)])
-    metric(
-        "prfaas_resumed_total", "counter", "Streams resumed after a lost decode.", [("", s.resumed)]
-    )
-    metric("prfaas_rejected_total", "counter", "Refused at admission.", [("", s.rejected)])
-    metric("prfaas_instances_down", "gauge", "Instances left out of routing.", [("", s.down)])
-    _prefix_metrics(s, metric)
-    _histograms(lines, "prfaas_ttft_seconds", "Time to first token at the router.", {"": s.ttft})
-    if s.lookup_time is not None:
-        _histograms(
-            lines,
-            "prfaas_router_lookup_seconds",
-            "A request's lookup of every prefill instance's cached prefix at the router.",
-            {"": s.lookup_time},
-        )
-    metric(
-        "prfaas_router_cpu_seconds_total",
-        "counter",
-        "CPU time of the router process.",
-        [("", s.router_cpu_s)],
-    )
-    _histograms(
-        lines,
-        "prfaas_exposed_transfer_seconds",
-        "Prefill end to first token: the state transfer compute did not hide.",
-        {route: hist for route, hist in sorted(s.exposed_transfer.items())},
-        label="route",
-    )
-    return "\n".join(lines) + "\n"
+    yield _counter("prfaas_role_changes_total", "PD role switches.", s.role_changes)
+    yield _counter("prfaas_retries_total", "Attempts after a fault.", s.retries)
+    yield _counter("prfaas_resumed_total", "Streams resumed after a lost decode.", s.resumed)
+    yield _counter("prfaas_rejected_total", "Refused at admission.", s.rejected)
+    yield _gauge("prfaas_instances_down", "Instances left out of routing.", s.down)
 
 
-def _histograms(
-    lines: list[str], name: str, help_text: str, series: dict[str, Histogram], label: str = ""
-) -> None:
-    """One histogram per ``series`` entry (its key the value of ``label``; "" and no label:
-    a single unlabelled histogram)."""
-    lines.append(f"# HELP {name} {help_text}")
-    lines.append(f"# TYPE {name} histogram")
-    for key, hist in series.items():
-        own = f'{label}="{key}",' if label else ""
-        tail = _labels(**{label: key}) if label else ""
-        for bound, count in zip(hist.buckets, hist.counts, strict=True):
-            lines.append(f'{name}_bucket{{{own}le="{bound:g}"}} {count}')
-        lines.append(f'{name}_bucket{{{own}le="+Inf"}} {hist.count}')
-        lines.append(f"{name}_sum{tail} {_number(hist.total)}")
-        lines.append(f"{name}_count{tail} {hist.count}")
-
-
-def _prefix_metrics(s: RouterSnapshot, metric: Callable[..., None]) -> None:
-    metric(
-        "prfaas_prompt_tokens_total",
-        "counter",
-        "Prompt tokens of finished requests.",
-        [("", s.prompt_tokens)],
+def _prefix_families(s: RouterSnapshot) -> Iterator[Metric]:
+    C, G = CounterMetricFamily, GaugeMetricFamily
+    yield _counter(
+        "prfaas_prompt_tokens_total", "Prompt tokens of finished requests.", s.prompt_tokens
     )
-    metric(
+    yield _counter(
         "prfaas_cached_tokens_total",
-        "counter",
         "Prompt tokens reused from a cached prefix instead of prefilled.",
-        [("", s.cached_tokens)],
+        s.cached_tokens,
     )
-    metric(
+    yield _counter(
         "prfaas_prefix_moves_total",
-        "counter",
         "Requests whose reused prefix was fetched from another instance.",
-        [("", s.prefix_moves)],
+        s.prefix_moves,
     )
     caches = sorted(s.prefix_cache.items())
-
-    def per_instance(name: str, kind: str, help_text: str, field: str) -> None:
-        metric(name, kind, help_text, [(_labels(instance=i), c[field]) for i, c in caches])
-
-    per_instance("prfaas_prefix_cache_bytes", "gauge", "Prefix cache bytes held.", "used_bytes")
-    per_instance(
-        "prfaas_prefix_cache_capacity_bytes", "gauge", "Prefix cache budget.", "capacity_bytes"
-    )
-    per_instance(
-        "prfaas_prefix_cache_lookups_total",
-        "counter",
-        "Prefills that consulted the cache.",
-        "lookups",
-    )
-    per_instance(
-        "prfaas_prefix_cache_hits_total", "counter", "Prefills that reused a prefix.", "hits"
-    )
-    per_instance(
-        "prfaas_prefix_cache_evictions_total",
-        "counter",
-        "Blocks and checkpoints evicted.",
-        "evictions",
-    )
-    metric(
+    for kind, name, help_text, field in (
+        (G, "prfaas_prefix_cache_bytes", "Prefix cache bytes held.", "used_bytes"),
+        (G, "prfaas_prefix_cache_capacity_bytes", "Prefix cache budget.", "capacity_bytes"),
+        (C, "prfaas_prefix_cache_lookups_total", "Prefills that consulted the cache.", "lookups"),
+        (C, "prfaas_prefix_cache_hits_total", "Prefills that reused a prefix.", "hits"),
+        (C, "prfaas_prefix_cache_evictions_total", "Blocks and checkpoints evicted.", "evictions"),
+    ):
+        yield _family(kind, name, help_text, ("instance",), [((i,), c[field]) for i, c in caches])
+    yield _family(
+        C,
         "prfaas_prefill_tokens_total",
-        "counter",
         "Prompt tokens per prefill instance, reused or computed.",
-        [
-            (_labels(instance=i, kind=kind), c[f"{kind}_tokens"])
-            for i, c in caches
-            for kind in ("reused", "computed")
-        ],
+        ("instance", "kind"),
+        [((i, k), c[f"{k}_tokens"]) for i, c in caches for k in ("reused", "computed")],
     )
-    metric(
+    yield _family(
+        C,
         "prfaas_prefix_transfer_bytes_total",
-        "counter",
         "Prefix state bytes sent to or fetched from other instances.",
-        [
-            (_labels(instance=i, direction=d), c[f"{d}_bytes"])
-            for i, c in caches
-            for d in ("export", "import")
-        ],
+        ("instance", "direction"),
+        [((i, d), c[f"{d}_bytes"]) for i, c in caches for d in ("export", "import")],
     )
+
+
+def metrics_registry(snapshot: Callable[[], RouterSnapshot]) -> CollectorRegistry:
+    """A registry of the router's own: its collector only (none of the library's process or
+    platform collectors, whose series the endpoint never had)."""
+    registry = CollectorRegistry()
+    registry.register(RouterCollector(snapshot))
+    return registry
+
+
+def render_metrics(snapshot: RouterSnapshot) -> str:
+    """The exposition text of `snapshot`."""
+    return generate_latest(metrics_registry(lambda: snapshot)).decode()
 
 
 class MetricsServer:
-    """`GET /metrics` on `host`:`port` (0: any free port), served from a daemon thread."""
+    """`GET /metrics` on `host`:`port` (0: any free port), served from a daemon thread.
+
+    The library's exposition in Python's HTTP server rather than its `make_wsgi_app`: that app
+    answers any path (this one: 404 but for /metrics) and gives a scraper that asks for it
+    OpenMetrics, whose canonical `le="1.0"` would respell the buckets' series."""
 
     def __init__(
         self, snapshot: Callable[[], RouterSnapshot], port: int = 0, host: str = "127.0.0.1"
     ) -> None:
+        registry = metrics_registry(snapshot)
+
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics is served here")
                     return
-                body = render_metrics(snapshot()).encode()
+                body = generate_latest(registry)
                 self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Type", CONTENT_TYPE_PLAIN_0_0_4)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

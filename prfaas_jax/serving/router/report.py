@@ -113,8 +113,9 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             },
             instances=instances,
             role_changes=counters.role_changes,
-            ttft=core.ttft,
-            exposed_transfer=core.exposed_transfer,
+            # Copies: the scrape renders them after the lock is let go.
+            ttft=core.ttft.copy(),
+            exposed_transfer={route: h.copy() for route, h in core.exposed_transfer.items()},
             prompt_tokens=core.prompt_tokens,
             cached_tokens=core.cached_tokens,
             prefix_moves=core.prefix_moves,
@@ -130,7 +131,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
                 if w.stats is not None and w.stats.HasField("prefix_cache")
             },
             cache_index=_index_fields(_index_stats(core)),
-            lookup_time=core.lookup_time if core.config.prefix_cache.enabled else None,
+            lookup_time=core.lookup_time.copy() if core.config.prefix_cache.enabled else None,
             router_cpu_s=time.process_time(),
         )
 
