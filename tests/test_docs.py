@@ -5,6 +5,8 @@
   checkout. The design contracts are docs/design.md; derivations live in docs/.
 - Every repository path written in backticks in docs/design.md's "Where things are" exists.
 - Every relative link in docs/*.md and README.md resolves to a file or folder.
+- The README is short (at most 250 lines) and opens with the two set-up commands.
+- No user doc cites a commit: numbers carry the command that reproduces them, not a hash.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
 FENCED_BLOCK = re.compile(r"^(```|~~~).*?^\1", re.S | re.M)
 INLINE_CODE = re.compile(r"`[^`\n]*`")
+README_MAX_LINES = 250
+SETUP_COMMANDS = [
+    "pip install -e . && prfaas demo",
+    'pip install -e ".[test]" && python -m pytest -q',
+]
+# A commit cited as a marker ("at 1a2b3c4", "before …"), and any bare abbreviated or full hash:
+# a word of 7 to 40 hex digits holding both a digit and a letter.
+COMMIT_MARKER = re.compile(r"\b(at|before|since|against) [0-9a-f]{7,40}\b")
+BARE_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
 
 
 def _repository_text_files() -> list[pathlib.Path]:
@@ -87,3 +98,24 @@ def test_relative_links_resolve(doc):
     targets = [target for target in LINK.findall(prose) if not re.match(r"[a-z]+:|#", target)]
     broken = [t for t in targets if not (doc.parent / t.split("#", 1)[0]).exists()]
     assert not broken, f"{doc.relative_to(ROOT)}: links to missing files {broken}"
+
+
+def test_readme_is_short_and_opens_with_the_setup_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    first = re.search(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+    assert first, "the README has no fenced block"
+    assert first.group(1).splitlines() == SETUP_COMMANDS
+    before = text[: first.start()].strip().splitlines()
+    assert len(before) == 1 and before[0].startswith("# "), "the set-up block follows the title"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_doc_cites_a_commit(doc):
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    hits = [
+        f"{number}: {line.strip()}"
+        for number, line in enumerate(lines, start=1)
+        if COMMIT_MARKER.search(line) or BARE_HASH.search(line)
+    ]
+    assert not hits, f"{doc.relative_to(ROOT)} cites commits:\n" + "\n".join(hits)
