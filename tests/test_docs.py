@@ -49,7 +49,10 @@ SETUP_COMMANDS = [
 # A commit cited as a marker ("at 1a2b3c4", "before …"), and any bare abbreviated or full hash:
 # a word of 7 to 40 hex digits holding both a digit and a letter.
 COMMIT_MARKER = re.compile(r"\b(at|before|since|against) [0-9a-f]{7,40}\b")
-BARE_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+# Seven to 40 hex digits with a letter and a digit, not part of a number (2.701056e+06).
+BARE_HASH = re.compile(
+    r"(?<![\w.])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w+-]|\.\d)"
+)
 
 
 def _repository_text_files() -> list[pathlib.Path]:
