@@ -1,4 +1,5 @@
-"""The router's control loop inside the simulator: `SimControl`.
+"""The router's control loop inside the simulator: `SimControl`, and `ControlledCluster` (what
+it may ask of the simulated cluster).
 
 The simulated counterpart of `serving/router/control.py`, driving the same policy objects:
 
@@ -12,45 +13,79 @@ The simulated counterpart of `serving/router/control.py`, driving the same polic
   rebalancer is told (`finish`) and the controller re-solves t for the new shape (`resolve`).
 
 Both read the `TrafficWindow` the simulator records every routed request in, as the router does.
+The control reaches the cluster only through `ControlledCluster` (sim/simulator.py implements
+it): it measures, sets t, and drains, resumes or switches a node; it never edits the cluster's
+lists itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from prfaas_jax.policy.live_model import TrafficWindow
+from prfaas_jax.policy.live_model import ClusterShape, TrafficWindow
 from prfaas_jax.policy.rebalancer import Rebalancer, RoleChange, StageObservation
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import LinkObservation, ThresholdController
 from prfaas_jax.sim.cluster import DecodeInstance, PrefillInstance
-
-if TYPE_CHECKING:
-    from prfaas_jax.sim.simulator import Simulator
+from prfaas_jax.sim.config import DeploymentSpec, SimConfig
+from prfaas_jax.sim.events import EventLoop
+from prfaas_jax.sim.result import RoleChangeRecord
 
 Node = PrefillInstance | DecodeInstance
+
+
+class ControlledCluster(Protocol):
+    """The simulated cluster as its control loop sees it."""
+
+    def shape(self) -> ClusterShape: ...
+
+    def link_observation(self, now: float, prfaas_queue: int) -> LinkObservation: ...
+
+    def stage_observation(self, now: float) -> StageObservation: ...
+
+    def set_threshold(self, threshold: float) -> None:
+        """Route the next arrivals with `threshold`."""
+
+    def drain(self, role: Role) -> Node | None:
+        """Stop sending requests to the least loaded serving node of `role` and return it
+        (None: every node of the role already drains)."""
+
+    def resume(self, node: Node) -> None:
+        """A draining node takes requests again, in its old role."""
+
+    def switch(self, node: Node) -> None:
+        """A drained node serves in the other PD role from now on."""
 
 
 class SimControl:
     """Threshold controller, rebalancer and role switches of one simulation (module docstring)."""
 
-    def __init__(self, sim: Simulator) -> None:
-        self.sim = sim
-        config, deployment = sim.config, sim.deployment
+    def __init__(
+        self,
+        cluster: ControlledCluster,
+        loop: EventLoop,
+        config: SimConfig,
+        deployment: DeploymentSpec,
+    ) -> None:
+        self.cluster, self.loop = cluster, loop
         controller, rebalancer = config.controller, config.rebalancer
+        self.rebalancer_spec = rebalancer
         self.traffic = TrafficWindow(
             controller.window if controller else 256,
             controller.rate_memory_s if controller else 60.0,
         )
+        shape = cluster.shape()
         self.controller: ThresholdController | None = None
-        if controller and deployment.use_controller and sim.prfaas and sim.pd_prefill:
+        if controller and deployment.use_controller and shape.num_prfaas and shape.num_pd_prefill:
             self.controller = ThresholdController(
-                controller.config, config.profiles, sim.shape(), self.traffic, sim.threshold
+                controller.config, config.profiles, shape, self.traffic, deployment.threshold
             )
         self.rebalancer: Rebalancer | None = None
         if rebalancer and deployment.use_rebalancer:
             self.rebalancer = Rebalancer(rebalancer.config, config.profiles, self.traffic)
         self._next_rebalance = rebalancer.period_s if rebalancer else 0.0
         self._draining: list[tuple[Node, RoleChange, float]] = []
+        self.role_changes: list[RoleChangeRecord] = []
         active = self.controller is not None or self.rebalancer is not None
         # The window feeds the controller and the rebalancer only; without them, ticks only
         # sample the time series.
@@ -58,83 +93,51 @@ class SimControl:
         self.tick_s = config.router.control_period_s if active else config.bin_s
 
     def tick(self, now: float, prfaas_queue: int) -> None:
-        sim = self.sim
+        cluster = self.cluster
         if self.controller is not None:
-            link = sim.link
-            observation = LinkObservation(
-                now, int(link.sent_bytes), link.capacity_bytes_per_s, prfaas_queue
-            )
-            update = self.controller.observe(observation)
+            update = self.controller.observe(cluster.link_observation(now, prfaas_queue))
             if update is not None:
-                sim.threshold = update.threshold
-        rebalancer = sim.config.rebalancer
-        if self.rebalancer is not None and rebalancer is not None and now >= self._next_rebalance:
-            self._next_rebalance = now + rebalancer.period_s
-            change = self.rebalancer.observe(self._stage_observation(now))
+                cluster.set_threshold(update.threshold)
+        spec = self.rebalancer_spec
+        if self.rebalancer is not None and spec is not None and now >= self._next_rebalance:
+            self._next_rebalance = now + spec.period_s
+            change = self.rebalancer.observe(cluster.stage_observation(now))
             if change is not None:
                 self._drain(now, change)
         if self._draining:
             self._check_drains(now)
 
-    def _stage_observation(self, now: float) -> StageObservation:
-        sim = self.sim
-        return StageObservation(
-            now=now,
-            shape=sim.shape(),
-            threshold=sim.threshold,
-            egress_bytes_per_s=sim.link.capacity_bytes_per_s,
-            pd_prefill_queue=sum(i.outstanding for i in sim.pd_prefill),
-            # What decode nodes hold (running or waiting for a slot), as the router reports it.
-            decode_assigned=sum(d.held for d in sim.decoders),
-            decode_slots=len(sim.decoders) * sim.config.profiles.decode_max_batch_size,
-        )
-
     def _drain(self, now: float, change: RoleChange) -> None:
-        assert self.rebalancer is not None and self.sim.config.rebalancer is not None
-        sim = self.sim
-        nodes: list[Node] = (
-            [*sim.pd_prefill] if change.from_role is Role.PD_PREFILL else [*sim.decoders]
-        )
-        pool = [n for n in nodes if not n.draining]
-        if not pool:
+        assert self.rebalancer is not None and self.rebalancer_spec is not None
+        node = self.cluster.drain(change.from_role)
+        if node is None:
             self.rebalancer.finish(now)
             return
-        node = min(pool, key=lambda n: n.outstanding if isinstance(n, PrefillInstance) else n.held)
-        node.draining = True
-        self._draining.append((node, change, now + sim.config.rebalancer.drain_timeout_s))
-        sim.refresh_serving()
+        self._draining.append((node, change, now + self.rebalancer_spec.drain_timeout_s))
 
     def _check_drains(self, now: float) -> None:
-        assert self.rebalancer is not None and self.sim.config.rebalancer is not None
-        sim, switch_s = self.sim, self.sim.config.rebalancer.switch_s
+        assert self.rebalancer is not None and self.rebalancer_spec is not None
+        switch_s = self.rebalancer_spec.switch_s
         still = []
         for node, change, deadline in self._draining:
             if node.idle:
-                sim.loop.schedule(now + switch_s, self._switch, (node, change))
+                self.loop.schedule(now + switch_s, self._switch, (node, change))
             elif now >= deadline:
-                node.draining = False
+                self.cluster.resume(node)
                 self.rebalancer.finish(now)
-                sim.result.role_change(now, change, applied=False)
+                self.role_changes.append(RoleChangeRecord(now, change, applied=False))
             else:
                 still.append((node, change, deadline))
         self._draining = still
-        sim.refresh_serving()
 
     def _switch(self, job: tuple[Node, RoleChange]) -> None:
         assert self.rebalancer is not None
         node, change = job
-        sim = self.sim
-        now = sim.loop.now
-        if isinstance(node, PrefillInstance):
-            sim.pd_prefill.remove(node)
-            sim.decoders.append(sim.decode_node(node.name))
-        else:
-            sim.decoders.remove(node)
-            sim.pd_prefill.append(sim.pd_prefill_node(node.name))
-        sim.refresh_serving()
+        now = self.loop.now
+        self.cluster.switch(node)
         self.rebalancer.finish(now)
-        sim.result.role_change(now, change, applied=True)
+        self.role_changes.append(RoleChangeRecord(now, change, applied=True))
         if self.controller is not None:
-            update = self.controller.resolve(now, sim.shape())
+            update = self.controller.resolve(now, self.cluster.shape())
             if update is not None:
-                sim.threshold = update.threshold
+                self.cluster.set_threshold(update.threshold)

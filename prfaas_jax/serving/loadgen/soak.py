@@ -262,7 +262,7 @@ def run_soak(
         faults = count_faults(cluster.log_dir)
         restarts = cluster.restarts
     return SoakReport(
-        options=options,
+        options=dataclasses.asdict(options),
         results=results,
         kills=killer.kills if killer else [],
         restarts=restarts,
