@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from toy_profiles import PROFILES
 
-from prfaas_jax.policy.live_model import ClusterShape, LiveProfiles, TrafficWindow
-from prfaas_jax.policy.profiles import Profile
+from prfaas_jax.policy.live_model import ClusterShape, TrafficWindow
 from prfaas_jax.policy.rebalancer import Rebalancer, RebalancerConfig, StageObservation
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.scheduler import Scheduler
@@ -27,13 +27,6 @@ from prfaas_jax.policy.threshold_controller import (
     threshold_candidates,
 )
 
-LIVE = LiveProfiles(
-    prfaas_prefill_s=Profile.polynomial([0.0, 0.001]),
-    pd_prefill_s=Profile.polynomial([0.0, 0.002]),
-    kv_size_mib=Profile.polynomial([0.0, 1 / 1024]),
-    decode_max_batch_size=8,
-    decode_step_s=0.01,
-)
 CONTROLLER = ControllerConfig(candidates=tuple(threshold_candidates(16, 256)))
 REBALANCER = RebalancerConfig(cooldown_s=10.0, consecutive=2)
 TWO_DECODERS = ClusterShape(num_prfaas=1, num_pd_prefill=1, num_pd_decode=2)
@@ -51,7 +44,7 @@ def traffic_until(now: float) -> TrafficWindow:
 
 def scheduler(window: TrafficWindow, *, now: float, controller=CONTROLLER) -> Scheduler:
     return Scheduler.build(
-        LIVE,
+        PROFILES,
         window,
         TWO_DECODERS,
         64.0,
@@ -66,7 +59,7 @@ def stages(
     now: float, shape: ClusterShape, threshold: float, *, queue: int
 ) -> Callable[[], StageObservation]:
     """Measures `queue` requests at PD prefill and one decode slot of the shape's in use."""
-    slots = shape.num_pd_decode * LIVE.decode_max_batch_size
+    slots = shape.num_pd_decode * PROFILES.decode_max_batch_size
     return lambda: StageObservation(now, shape, threshold, 1e6, queue, 1, slots)
 
 
@@ -155,7 +148,7 @@ def test_an_abandoned_change_keeps_t_and_starts_the_cooldown():
 def test_either_timescale_may_be_off():
     window = traffic_until(10.0)
     off = Scheduler.build(
-        LIVE,
+        PROFILES,
         window,
         TWO_DECODERS,
         64.0,
@@ -171,4 +164,4 @@ def test_either_timescale_may_be_off():
     only_t = Scheduler(None, None, rebalance_period_s=0.0, now=0.0)  # no period to check
     assert not only_t.active
     with pytest.raises(ValueError, match="rebalance_period_s"):
-        Scheduler(None, Rebalancer(REBALANCER, LIVE, window), rebalance_period_s=0.0, now=0.0)
+        Scheduler(None, Rebalancer(REBALANCER, PROFILES, window), rebalance_period_s=0.0, now=0.0)
