@@ -31,7 +31,8 @@ from pathlib import Path
 
 from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
-from prfaas_jax.serving.loadgen.bench import BenchOptions, InputDist, run_bench, summarize
+from prfaas_jax.serving.loadgen.bench import BenchOptions, InputDist, run_bench
+from prfaas_jax.serving.loadgen.bench_report import summarize
 from prfaas_jax.tables import table
 
 

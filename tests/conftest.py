@@ -68,7 +68,6 @@ from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.model import decode_step, prefill
 from prfaas_jax.model.seeded_weights import seeded_params, use_weights_cache
 
-jax.config.update("jax_numpy_rank_promotion", "allow")
 jax.config.update("jax_enable_compilation_cache", False)
 # Also where a plugin imported JAX before this file set the variable.
 _TRUE = ("1", "true", "yes", "y", "t", "on")

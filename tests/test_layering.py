@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -161,6 +162,17 @@ def test_the_walk_sees_the_package():
     names = {".".join(_module_parts(p)) for p in MODULES}
     assert {"serving.router.core", "serving.worker.decode", "sim.simulator"} <= names
     assert {"serving.transfer.api", "serving.transfer.sender", "serving.transfer.receiver"} <= names
+
+
+def test_the_package_docstring_lists_the_layers_in_rank_order():
+    """`prfaas_jax/__init__.py` lists the layers as RANK has them: the numbered list's items,
+    each with its rank, name every layer once."""
+    import prfaas_jax
+
+    items = re.findall(r"^(\d+)\. (.+?)(?=^\d+\. |\Z)", prfaas_jax.__doc__, re.M | re.S)
+    listed = {name: int(rank) for rank, text in items for name in re.findall(r"``(\w+)``", text)}
+    assert listed == RANK
+    assert [int(rank) for rank, _ in items] == sorted(set(RANK.values()))
 
 
 def test_relative_imports_are_resolved():

@@ -4,6 +4,10 @@
 Each ``add_<name>`` declares a subcommand's flags and sets its ``_run_<name>``, which imports
 the serving layer (and gRPC) only when the command runs. demo, bench and soak show their
 progress on stderr (cli/progress.py).
+
+The module is over 450 lines because it declares five commands' flags — `bench` alone takes
+about twenty, `vllm bench serve`'s and the link's — and the flag groups they share with
+cli/chat_command.py and cli/openai_command.py (the router, its ready file, TLS and tokens).
 """
 
 from __future__ import annotations
@@ -311,12 +315,8 @@ def _bench_target(args: argparse.Namespace):
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.loadgen.bench import (
-        BenchOptions,
-        format_summary,
-        run_bench,
-        summarize,
-    )
+    from prfaas_jax.serving.loadgen.bench import BenchOptions, run_bench
+    from prfaas_jax.serving.loadgen.bench_report import format_summary, summarize
 
     router, link_device = _bench_target(args)
     opts = BenchOptions(

@@ -18,8 +18,8 @@ carries no traffic (p = 0 or p = 1) is +∞, which also covers the two baselines
 implicit: `EXPECTED` uses E[T(L) | class] (and E[S_kv(L) | L > t]); `AT_MEAN` uses T(E[L | class])
 as Eqs. 3–4 are printed. A server's throughput is the reciprocal of its *mean* service time, and
 T_prefill is convex in l, so T(E[L]) ≤ E[T(L)] (Jensen) and `AT_MEAN` overstates throughput; the
-paper's Θ_prfaas = 1.61 (Table 6) matches E[T(L)] (docs/planning.md, "Calibration of the case
-study").
+paper's Θ_prfaas = 1.61 (Table 6, `planning/paper_tables.py`) matches E[T(L)] (docs/planning.md,
+"Calibration of the case study").
 
 Units: lengths in tokens, times in s, S_kv in MiB (2^20 bytes), bandwidth in Gbps (1e9 bit/s).
 """

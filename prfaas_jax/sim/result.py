@@ -1,18 +1,21 @@
-"""What one simulation run records: `SimResult` (per-request times, time series, policy actions).
+"""What one simulation run records: `SimResult` (per-request times, time series, policy actions),
+with `Sample` (one row of the time series) and `RoleChangeRecord`.
 
 Per request (indexed by request id): arrival, prefill end, first token, finish, whether it was
 offloaded to PrfaaS, its uncached length, its output length and the bytes its state took to
-decode. Every `bin_s` of simulated time: the link's cumulative bytes offered and sent, its
-capacity, the threshold t, requests outstanding at PrfaaS and PD prefill, requests waiting for
-a decode slot and the PD prefill/decode split. Plus every threshold change (the controller's
+decode. Every `bin_s` of simulated time a `Sample`: the link's cumulative bytes offered and sent,
+its capacity, the threshold t, requests outstanding at PrfaaS and PD prefill, requests waiting
+for a decode slot and the PD prefill/decode split. Plus every threshold change (the controller's
 `ThresholdUpdate`s), every role change (applied or abandoned), the prefix caches' token hit
-rates, and — for a run that stops at its last arrival — the backlog then.
+rates, and — for a run that stops at its last arrival — the backlog then. The simulator hands
+it these values; the result never reads the simulator.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import astuple, dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,21 +25,26 @@ from prfaas_jax.policy.threshold_controller import ThresholdUpdate
 from prfaas_jax.sim.config import DeploymentSpec
 
 if TYPE_CHECKING:
-    from prfaas_jax.sim.simulator import Simulator
     from prfaas_jax.sim.workload import Request
 
-SERIES = (
-    "time_s",
-    "sent_bytes",
-    "offered_bytes",
-    "capacity_gbps",
-    "threshold",
-    "prfaas_queue",
-    "pd_prefill_queue",
-    "decode_waiting",
-    "num_pd_prefill",
-    "num_pd_decode",
-)
+
+@dataclass(frozen=True)
+class Sample:
+    """The cluster at one instant: one row of `SimResult.series` (keys: `SERIES`)."""
+
+    time_s: float
+    sent_bytes: float
+    offered_bytes: float
+    capacity_gbps: float
+    threshold: float
+    prfaas_queue: int
+    pd_prefill_queue: int
+    decode_waiting: int
+    num_pd_prefill: int
+    num_pd_decode: int
+
+
+SERIES = tuple(f.name for f in fields(Sample))
 
 
 @dataclass(frozen=True)
@@ -97,38 +105,28 @@ class SimResult:
         self.finish[i] = now
         self.kv_bytes[i] = req.kv_bytes
 
-    def sample(self, sim: Simulator, now: float, prfaas_queue: int) -> None:
-        row = (
-            now,
-            sim.link.sent_bytes,
-            sim.link.offered_bytes,
-            sim.link.capacity_bytes_per_s * 8 / 1e9,
-            sim.threshold,
-            prfaas_queue,
-            sum(i.outstanding for i in sim.pd_prefill),
-            sum(d.num_waiting for d in sim.decoders),
-            len(sim.pd_prefill),
-            len(sim.decoders),
-        )
-        for key, value in zip(SERIES, row, strict=True):
+    def sample(self, row: Sample) -> None:
+        for key, value in zip(SERIES, astuple(row), strict=True):
             self.series[key].append(float(value))
 
-    def role_change(self, now: float, change: RoleChange, *, applied: bool) -> None:
-        self.role_changes.append(RoleChangeRecord(now, change, applied))
-
-    def close(self, sim: Simulator) -> None:
-        """Closing bookkeeping once the loop has stopped."""
-        self.num_arrived, self.num_finished = sim.n_arrived, sim.n_finished
-        self.backlog = sim.backlog()
+    def close(
+        self,
+        last: Sample,
+        *,
+        num_arrived: int,
+        num_finished: int,
+        backlog: int,
+        threshold_updates: Sequence[ThresholdUpdate],
+        role_changes: Sequence[RoleChangeRecord],
+        cache_hit_rate: dict[str, float],
+    ) -> None:
+        """Closing bookkeeping once the loop has stopped; `last` is the cluster then."""
+        self.num_arrived, self.num_finished, self.backlog = num_arrived, num_finished, backlog
         done = self.finish[~np.isnan(self.finish)]
-        self.end_s = float(done.max()) if done.size else sim.loop.now
-        self.sent_bytes, self.offered_bytes = sim.link.sent_bytes, sim.link.offered_bytes
-        if sim.controller is not None:
-            self.threshold_updates = list(sim.controller.history)
-        if sim.caches is not None:
-            for kind, cache in sim.caches.items():
-                rate = cache.hit_tokens / cache.lookup_tokens if cache.lookup_tokens else 0.0
-                self.cache_hit_rate[kind.value] = rate
-        if not self.series["time_s"] or self.series["time_s"][-1] < sim.loop.now:
-            prfaas_queue = sum(i.outstanding for i in sim.prfaas)
-            self.sample(sim, sim.loop.now, prfaas_queue)
+        self.end_s = float(done.max()) if done.size else last.time_s
+        self.sent_bytes, self.offered_bytes = last.sent_bytes, last.offered_bytes
+        self.threshold_updates = list(threshold_updates)
+        self.role_changes = list(role_changes)
+        self.cache_hit_rate = dict(cache_hit_rate)
+        if not self.series["time_s"] or self.series["time_s"][-1] < last.time_s:
+            self.sample(last)

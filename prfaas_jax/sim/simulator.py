@@ -17,7 +17,9 @@ KV shipped for an offloaded request is S_kv(l) less the length-dependent part of
 PD cluster already holds, S_kv(c_pd) − S_kv(0): the recurrent state always travels.
 
 Every control period a tick runs the router's control loop (`SimControl`: threshold controller,
-rebalancer, role switches) and, every `bin_s`, samples the time series (`SimResult`).
+rebalancer, role switches) and, every `bin_s`, samples the time series (`SimResult`). The
+simulator is the `ControlledCluster` the control loop drives: it measures the link and the
+stages, sets t, and drains, resumes or switches a node when the control asks.
 """
 
 from __future__ import annotations
@@ -25,13 +27,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from prfaas_jax.policy.live_model import ClusterShape
+from prfaas_jax.policy.rebalancer import StageObservation
 from prfaas_jax.policy.routing import ClusterKind, ClusterView, Role, pick_decode, route
+from prfaas_jax.policy.threshold_controller import LinkObservation
 from prfaas_jax.sim.cache_model import CacheModel
 from prfaas_jax.sim.cluster import DecodeInstance, LinkModel, PrefillInstance
 from prfaas_jax.sim.config import DeploymentSpec, SimConfig
-from prfaas_jax.sim.control import SimControl
+from prfaas_jax.sim.control import Node, SimControl
 from prfaas_jax.sim.events import EventLoop
-from prfaas_jax.sim.result import SimResult
+from prfaas_jax.sim.result import Sample, SimResult
 from prfaas_jax.sim.workload import Request, generate_requests
 
 BYTES_PER_MIB = 2**20
@@ -90,7 +94,7 @@ class Simulator:
         )
         self.max_queue = deployment.prfaas_max_queue or config.router.prfaas_max_queue
         self.refresh_serving()
-        self.control = SimControl(self)
+        self.control = SimControl(self, loop, config, deployment)
         self.controller, self.rebalancer = self.control.controller, self.control.rebalancer
         num = min(config.workload.requests, len(config.workload.trace) or config.workload.requests)
         self.result = SimResult.empty(deployment, num)
@@ -126,13 +130,70 @@ class Simulator:
     def shape(self) -> ClusterShape:
         return ClusterShape(len(self.prfaas), len(self.pd_prefill), len(self.decoders))
 
+    # --- what the control loop sees and does (`ControlledCluster`) -------------------------
+
+    def link_observation(self, now: float, prfaas_queue: int) -> LinkObservation:
+        link = self.link
+        return LinkObservation(now, int(link.sent_bytes), link.capacity_bytes_per_s, prfaas_queue)
+
+    def stage_observation(self, now: float) -> StageObservation:
+        return StageObservation(
+            now=now,
+            shape=self.shape(),
+            threshold=self.threshold,
+            egress_bytes_per_s=self.link.capacity_bytes_per_s,
+            pd_prefill_queue=sum(i.outstanding for i in self.pd_prefill),
+            # What decode nodes hold (running or waiting for a slot), as the router reports it.
+            decode_assigned=sum(d.held for d in self.decoders),
+            decode_slots=len(self.decoders) * self.config.profiles.decode_max_batch_size,
+        )
+
+    def set_threshold(self, threshold: float) -> None:
+        self.threshold = threshold
+
+    def drain(self, role: Role) -> Node | None:
+        nodes: list[Node] = [*self.pd_prefill] if role is Role.PD_PREFILL else [*self.decoders]
+        pool = [n for n in nodes if not n.draining]
+        if not pool:
+            return None
+        node = min(pool, key=lambda n: n.outstanding if isinstance(n, PrefillInstance) else n.held)
+        node.draining = True
+        self.refresh_serving()
+        return node
+
+    def resume(self, node: Node) -> None:
+        node.draining = False
+        self.refresh_serving()
+
+    def switch(self, node: Node) -> None:
+        if isinstance(node, PrefillInstance):
+            self.pd_prefill.remove(node)
+            self.decoders.append(self.decode_node(node.name))
+        else:
+            self.decoders.remove(node)
+            self.pd_prefill.append(self.pd_prefill_node(node.name))
+        self.refresh_serving()
+
     # --- running ----------------------------------------------------------------------------
 
     def run(self) -> SimResult:
         self._schedule_next_arrival()
         self.loop.schedule(0.0, self._tick)
         self.loop.run()
-        self.result.close(self)
+        now = self.loop.now
+        caches = self.caches or {}
+        self.result.close(
+            self._sample(now, sum(i.outstanding for i in self.prfaas)),
+            num_arrived=self.n_arrived,
+            num_finished=self.n_finished,
+            backlog=self.backlog(),
+            threshold_updates=self.controller.history if self.controller is not None else (),
+            role_changes=self.control.role_changes,
+            cache_hit_rate={
+                kind.value: cache.hit_tokens / cache.lookup_tokens if cache.lookup_tokens else 0.0
+                for kind, cache in caches.items()
+            },
+        )
         return self.result
 
     def _schedule_next_arrival(self) -> None:
@@ -256,12 +317,26 @@ class Simulator:
         waiting_decode = sum(d.num_waiting for d in self.decoders)
         return self.n_arrived - self.n_first - in_prefill + waiting_decode
 
+    def _sample(self, now: float, prfaas_queue: int) -> Sample:
+        return Sample(
+            time_s=now,
+            sent_bytes=self.link.sent_bytes,
+            offered_bytes=self.link.offered_bytes,
+            capacity_gbps=self.link.capacity_bytes_per_s * 8 / 1e9,
+            threshold=self.threshold,
+            prfaas_queue=prfaas_queue,
+            pd_prefill_queue=sum(i.outstanding for i in self.pd_prefill),
+            decode_waiting=sum(d.num_waiting for d in self.decoders),
+            num_pd_prefill=len(self.pd_prefill),
+            num_pd_decode=len(self.decoders),
+        )
+
     def _tick(self, _: object = None) -> None:
         now = self.loop.now
         prfaas_queue = sum(i.outstanding for i in self.prfaas)
         self.control.tick(now, prfaas_queue)
         if now >= self._next_bin:
             self._next_bin = now + self.config.bin_s
-            self.result.sample(self, now, prfaas_queue)
+            self.result.sample(self._sample(now, prfaas_queue))
         if not (self._arrivals_done and self.n_finished == self.n_arrived):
             self.loop.schedule(now + self.control.tick_s, self._tick)

@@ -11,8 +11,9 @@
    Each is derived here a second time, in plain Python from the paper's Eqs. 3–6 and the
    documented inputs (`HAND_*` below), without the code under test, and the search must agree
    to 1e-3.
-3. **The paper's printed numbers.** A separate, loose comparison with Table 6 and §4.3–4.4,
-   whose numbers are rounded to two or three digits (and whose egress is "≈ 13 Gbps").
+3. **The paper's printed numbers.** A separate, loose comparison with Table 6 and §4.3–4.4
+   (`paper_tables.TABLE6`), whose numbers are rounded to two or three digits (and whose egress
+   is "≈ 13 Gbps").
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
+from prfaas_jax.planning.paper_tables import TABLE6
 from prfaas_jax.planning.plan_config import load_plan_config
 from prfaas_jax.policy.search import search
 from prfaas_jax.policy.throughput_model import StageTime
@@ -220,13 +222,16 @@ def test_calibration_round_trip_h20_profile_returns_table_6_pd_prefill(case_stud
     # The H20 profile k1·(c0 + c1·l) + k2·c2·l² is solved from Table 6's two PD-prefill
     # throughputs: 3 / E[T_H20(L) | L ≤ 19,400] = 1.64 and 9 / E[T_H20(L)] = 2.11. Both are
     # linear in (k1, k2); solve them here and check the config's coefficients.
+    paper, homogeneous_paper = TABLE6.prfaas_pd, TABLE6.homogeneous_pd
+    assert paper.pd_prefill is not None and homogeneous_paper.pd_prefill is not None
     c0, c1, c2 = HAND_H200
-    below = _moment(0, -math.inf, 19_400)
-    a1 = (c0 * below + c1 * _moment(1, -math.inf, 19_400)) / below
-    b1 = c2 * _moment(2, -math.inf, 19_400) / below
+    below = _moment(0, -math.inf, TABLE6.threshold)
+    a1 = (c0 * below + c1 * _moment(1, -math.inf, TABLE6.threshold)) / below
+    b1 = c2 * _moment(2, -math.inf, TABLE6.threshold) / below
     a2 = c0 + c1 * _moment(1, -math.inf, math.inf)
     b2 = c2 * _moment(2, -math.inf, math.inf)
-    r1, r2 = 3 / 1.64, 9 / 2.11
+    r1 = paper.num_pd_prefill / paper.pd_prefill
+    r2 = homogeneous_paper.num_pd_prefill / homogeneous_paper.pd_prefill
     det = a1 * b2 - a2 * b1
     k1, k2 = (r1 * b2 - r2 * b1) / det, (a1 * r2 - a2 * r1) / det
     assert (k1, k2) == pytest.approx((2.1448, 7.7645), abs=5e-5)  # docs/planning.md
@@ -235,10 +240,10 @@ def test_calibration_round_trip_h20_profile_returns_table_6_pd_prefill(case_stud
 
     # ... and the code returns the two numbers the profile was solved from.
     _, plan = case_study
-    assert plan.best.stages.pd_prefill == pytest.approx(1.64, rel=1e-5)
+    assert plan.best.stages.pd_prefill == pytest.approx(paper.pd_prefill, rel=1e-5)
     homogeneous = plan.homogeneous_pd
-    assert homogeneous.lambda_max == pytest.approx(2.11, rel=1e-5)
-    assert homogeneous.stages.pd_prefill == pytest.approx(2.11, rel=1e-5)
+    assert homogeneous.lambda_max == pytest.approx(homogeneous_paper.lambda_max, rel=1e-5)
+    assert homogeneous.stages.pd_prefill == pytest.approx(homogeneous_paper.pd_prefill, rel=1e-5)
 
 
 def test_calibration_round_trip_decode_constants(case_study):
@@ -247,7 +252,9 @@ def test_calibration_round_trip_decode_constants(case_study):
     # (BS_max rounded to an integer: 1e-3 from 0.782).
     _, plan = case_study
     per_instance = HAND_BS_MAX / (HAND_DECODE_STEP_S * HAND_OUTPUT_LEN)
-    assert per_instance == pytest.approx(0.782, rel=1e-3)
+    paper = TABLE6.prfaas_pd
+    assert paper.pd_decode / paper.num_pd_decode == 0.782
+    assert per_instance == pytest.approx(paper.pd_decode / paper.num_pd_decode, rel=1e-3)
     assert plan.best.stages.pd_decode == pytest.approx(5 * per_instance, rel=1e-12)
     assert plan.homogeneous_pd.stages.pd_decode == pytest.approx(3 * per_instance, rel=1e-12)
     assert plan.naive_heterogeneous.stages.pd_decode == pytest.approx(8 * per_instance, rel=1e-12)
@@ -262,14 +269,22 @@ def test_calibration_round_trip_gpu_cost(case_study):
     assert plan.equal_cost_speedup_vs_homogeneous == pytest.approx(
         plan.speedup_vs_homogeneous * 96 / 128, rel=1e-12
     )
-    assert plan.equal_cost_speedup_vs_homogeneous == pytest.approx(1.15, rel=2e-3)
+    assert plan.equal_cost_speedup_vs_homogeneous == pytest.approx(
+        TABLE6.equal_cost_speedup_vs_homogeneous, rel=2e-3
+    )
 
 
 # 2. Predictions: the search against the hand derivation of Eqs. 3–6.
 
 
 def test_hand_derivation_lands_on_19400_and_3_5(hand):
+    paper = TABLE6.prfaas_pd
     assert (hand.t, hand.n_p, hand.n_d) == (19_400, 3, 5)
+    assert (hand.t, hand.n_p, hand.n_d) == (
+        TABLE6.threshold,
+        paper.num_pd_prefill,
+        paper.num_pd_decode,
+    )
     assert hand.runner_up < hand.lambda_max  # a single optimum: no tie for the search to break
 
 
@@ -348,29 +363,60 @@ def test_prediction_time_at_mean_overstates_prfaas(case_study):
 # 3. The paper's printed numbers (Table 6, §4.3–4.4): rounded, so compared loosely.
 
 
+def _counts(point) -> tuple[int, int, int]:
+    return (point.num_prfaas, point.num_pd_prefill, point.num_pd_decode)
+
+
 def test_paper_table_6_loosely(case_study):
     _, plan = case_study
-    best = plan.best
-    assert 17_500 <= best.routing.threshold <= 21_500  # paper: 19.4K
-    assert (best.num_prfaas, best.num_pd_prefill, best.num_pd_decode) == (4, 3, 5)
-    assert best.lambda_max == pytest.approx(3.24, rel=0.03)
-    assert best.stages.prfaas == pytest.approx(1.61, rel=0.05)
-    assert best.stages.pd_prefill == pytest.approx(1.64, rel=0.05)
-    assert best.stages.pd_decode == pytest.approx(3.91, rel=0.05)
-    assert best.routing.offload_fraction == pytest.approx(0.496, abs=0.005)
-    assert best.routing.mean_long_len == pytest.approx(44_000, rel=0.05)  # paper: ≈ 44K
-    assert 10.0 <= best.egress_gbps <= 16.0  # paper: ≈ 13 Gbps
+    best, paper = plan.best, TABLE6.prfaas_pd
+    assert 17_500 <= best.routing.threshold <= 21_500
+    assert 17_500 <= TABLE6.threshold <= 21_500  # paper: 19.4K
+    assert _counts(best) == _counts(paper) == (4, 3, 5)
+    assert best.lambda_max == pytest.approx(paper.lambda_max, rel=0.03)
+    assert best.stages.prfaas == pytest.approx(paper.prfaas, rel=0.05)
+    assert best.stages.pd_prefill == pytest.approx(paper.pd_prefill, rel=0.05)
+    assert best.stages.pd_decode == pytest.approx(paper.pd_decode, rel=0.05)
+    assert best.routing.offload_fraction == pytest.approx(TABLE6.offload_fraction, abs=0.005)
+    assert best.routing.mean_long_len == pytest.approx(TABLE6.mean_long_len, rel=0.05)  # ≈ 44K
+    assert TABLE6.egress_gbps - 3 <= best.egress_gbps <= TABLE6.egress_gbps + 3  # ≈ 13 Gbps
 
-    homogeneous = plan.homogeneous_pd
-    assert (homogeneous.num_pd_prefill, homogeneous.num_pd_decode) == (9, 3)
-    assert homogeneous.lambda_max == pytest.approx(2.11, rel=0.03)
-    assert homogeneous.stages.pd_decode == pytest.approx(2.35, rel=0.05)
+    homogeneous, homogeneous_paper = plan.homogeneous_pd, TABLE6.homogeneous_pd
+    assert _counts(homogeneous) == _counts(homogeneous_paper) == (0, 9, 3)
+    assert homogeneous.lambda_max == pytest.approx(homogeneous_paper.lambda_max, rel=0.03)
+    assert homogeneous.stages.pd_decode == pytest.approx(homogeneous_paper.pd_decode, rel=0.05)
 
-    naive = plan.naive_heterogeneous
-    assert (naive.num_prfaas, naive.num_pd_prefill, naive.num_pd_decode) == (4, 0, 8)
-    assert naive.lambda_max == pytest.approx(2.45, rel=0.05)
-    assert naive.stages.pd_decode == pytest.approx(6.25, rel=0.05)
+    naive, naive_paper = plan.naive_heterogeneous, TABLE6.naive_heterogeneous
+    assert _counts(naive) == _counts(naive_paper) == (4, 0, 8)
+    assert naive.lambda_max == pytest.approx(naive_paper.lambda_max, rel=0.05)
+    assert naive.stages.pd_decode == pytest.approx(naive_paper.pd_decode, rel=0.05)
 
-    assert plan.speedup_vs_homogeneous == pytest.approx(1.54, abs=0.05)
-    assert plan.speedup_vs_naive == pytest.approx(3.24 / 2.45, rel=0.05)  # paper: +32%
-    assert plan.equal_cost_speedup_vs_homogeneous == pytest.approx(1.15, abs=0.02)  # §4.4
+    assert plan.speedup_vs_homogeneous == pytest.approx(TABLE6.speedup_vs_homogeneous, abs=0.05)
+    assert plan.speedup_vs_naive == pytest.approx(
+        paper.lambda_max / naive_paper.lambda_max, rel=0.05
+    )  # paper: +32%
+    assert plan.speedup_vs_naive == pytest.approx(TABLE6.speedup_vs_naive, rel=0.05)
+    assert plan.equal_cost_speedup_vs_homogeneous == pytest.approx(
+        TABLE6.equal_cost_speedup_vs_homogeneous, abs=0.02
+    )  # §4.4
+
+
+def test_table_6_holds_together():
+    """The printed numbers agree with each other (Eq. 6 and the ratios), to their rounding."""
+    paper, homogeneous, naive = TABLE6.prfaas_pd, TABLE6.homogeneous_pd, TABLE6.naive_heterogeneous
+    assert paper.prfaas is not None and paper.pd_prefill is not None
+    p = TABLE6.offload_fraction
+    bounds = (paper.prfaas / p, paper.pd_prefill / (1 - p), paper.pd_decode)
+    assert min(bounds) == pytest.approx(paper.lambda_max, abs=0.01)  # 1.61 / 0.496 = 3.246
+    assert homogeneous.lambda_max == homogeneous.pd_prefill  # p = 0, decode does not bind
+    assert naive.lambda_max == naive.prfaas  # p = 1, decode does not bind
+    assert paper.lambda_max / homogeneous.lambda_max == pytest.approx(
+        TABLE6.speedup_vs_homogeneous, abs=0.005
+    )
+    assert paper.lambda_max / naive.lambda_max == pytest.approx(TABLE6.speedup_vs_naive, abs=0.005)
+    # Every deployment's decode rate per instance is the same hardware's: 0.78 req/s.
+    for column in (paper, homogeneous, naive):
+        assert column.pd_decode / column.num_pd_decode == pytest.approx(0.782, abs=0.0015)
+    # The P90 TTFT: 64 % lower than homogeneous PD's, the same as naive heterogeneous's.
+    assert 1 - paper.ttft_p90_s / homogeneous.ttft_p90_s == pytest.approx(0.64, abs=0.005)
+    assert paper.ttft_p90_s == naive.ttft_p90_s

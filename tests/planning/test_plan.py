@@ -9,6 +9,7 @@ import pytest
 
 from prfaas_jax.cli import main
 from prfaas_jax.errors import ConfigError
+from prfaas_jax.planning.paper_tables import TABLE6
 from prfaas_jax.planning.plan_config import load_plan_config
 from prfaas_jax.policy.length_distribution import EmpiricalLengths
 from prfaas_jax.policy.search import search
@@ -63,9 +64,15 @@ def test_cli_json_keys(capsys):
     assert {"n_pd_prefill", "n_pd_decode", "lambda_max", "stage_throughput"} <= set(homogeneous)
     naive = out["baselines"]["naive_heterogeneous"]
     assert {"n_prfaas", "n_pd_decode", "lambda_max", "stage_throughput"} <= set(naive)
-    assert out["threshold_tokens"] == 19400
+    paper = TABLE6.prfaas_pd
+    assert out["threshold_tokens"] == 19400 == TABLE6.threshold
     assert (out["n_prfaas"], out["n_pd_prefill"], out["n_pd_decode"]) == (4, 3, 5)
-    assert out["lambda_max"] == pytest.approx(3.24, rel=0.03)
+    assert (out["n_prfaas"], out["n_pd_prefill"], out["n_pd_decode"]) == (
+        paper.num_prfaas,
+        paper.num_pd_prefill,
+        paper.num_pd_decode,
+    )
+    assert out["lambda_max"] == pytest.approx(paper.lambda_max, rel=0.03)
 
 
 def test_cli_bandwidth_flag(capsys):

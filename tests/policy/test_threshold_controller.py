@@ -10,15 +10,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from toy_profiles import PROFILES
 
 from prfaas_jax.policy.live_model import (
     ClusterShape,
-    LiveProfiles,
     TrafficWindow,
     live_model,
     solve_threshold,
 )
-from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.threshold_controller import (
     ControllerConfig,
     LinkObservation,
@@ -26,13 +25,6 @@ from prfaas_jax.policy.threshold_controller import (
     threshold_candidates,
 )
 
-PROFILES = LiveProfiles(
-    prfaas_prefill_s=Profile.polynomial([0.0, 0.001]),
-    pd_prefill_s=Profile.polynomial([0.0, 0.002]),
-    kv_size_mib=Profile.polynomial([0.0, 1 / 1024]),
-    decode_max_batch_size=8,
-    decode_step_s=0.01,
-)
 SHAPE = ClusterShape(num_prfaas=1, num_pd_prefill=1, num_pd_decode=1)
 CANDIDATES = tuple(threshold_candidates(16, 256))
 

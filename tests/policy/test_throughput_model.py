@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from prfaas_jax.planning.paper_tables import TABLE6
 from prfaas_jax.policy.length_distribution import EmpiricalLengths, TruncatedLogNormal
 from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.search import (
@@ -66,10 +67,17 @@ def test_eq5_pd_decode():
     assert pd_decode_throughput(5, 20, 0.025, 1024) == pytest.approx(3.90625, rel=1e-12)
 
 
+# Table 6's PrfaaS-PD stages: Θ_prfaas 1.61, Θ_pd-p 1.64, Θ_pd-d 3.91 req/s at p = 0.496.
+TABLE6_STAGES = StageThroughputs(
+    TABLE6.prfaas_pd.prfaas, TABLE6.prfaas_pd.pd_prefill, TABLE6.prfaas_pd.pd_decode
+)
+
+
 def test_eq6_bounds_and_lambda_max():
-    stages = StageThroughputs(prfaas=1.61, pd_prefill=1.64, pd_decode=3.91)
+    stages = TABLE6_STAGES
+    assert (stages, TABLE6.offload_fraction) == (StageThroughputs(1.61, 1.64, 3.91), 0.496)
     # 1.61 / 0.496 = 3.2459677, 1.64 / 0.504 = 3.2539683.
-    bounds = stage_bounds(0.496, stages)
+    bounds = stage_bounds(TABLE6.offload_fraction, stages)
     assert bounds == pytest.approx((3.2459677419354840, 3.2539682539682540, 3.91), rel=1e-12)
     assert min(bounds) == pytest.approx(3.245967741935484, rel=1e-12)
 
@@ -80,9 +88,10 @@ def test_eq6_idle_stages_do_not_bind():
 
 
 def test_eq7_eq8_residuals():
-    stages = StageThroughputs(prfaas=1.61, pd_prefill=1.64, pd_decode=3.91)
+    stages = TABLE6_STAGES
     # 3.2459677 − 3.2539683 = −0.0080005;  1.61 + 1.64 − 3.91 = −0.66.
-    assert prefill_imbalance(0.496, stages) == pytest.approx(-0.008000512032770, rel=1e-9)
+    imbalance = prefill_imbalance(TABLE6.offload_fraction, stages)
+    assert imbalance == pytest.approx(-0.008000512032770, rel=1e-9)
     assert producer_consumer_gap(stages) == pytest.approx(-0.66, rel=1e-12)
 
 

@@ -15,11 +15,10 @@ from prfaas_jax.serving.loadgen.bench import (
     LinkDevice,
     _router_costs,
     arrival_times,
-    format_summary,
     input_lengths,
     make_prompts,
-    summarize,
 )
+from prfaas_jax.serving.loadgen.bench_report import format_summary, summarize
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 

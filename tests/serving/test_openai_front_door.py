@@ -310,7 +310,8 @@ def test_bench_through_the_front_door_counts_what_the_grpc_bench_counts(door):
     straight to the router completes alike — every request, every output token (from the usage
     chunks), the same share offloaded (prompts past t = 64 go to PrfaaS) — with TTFT and ITL
     timed from the SSE stream."""
-    from prfaas_jax.serving.loadgen.bench import BenchOptions, run_bench, summarize
+    from prfaas_jax.serving.loadgen.bench import BenchOptions, run_bench
+    from prfaas_jax.serving.loadgen.bench_report import summarize
 
     router = ROUTER[door]
     common = {"num_prompts": 12, "input_dist": "uniform", "input_len": 64, "output_len": 5}

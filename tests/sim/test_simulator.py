@@ -20,6 +20,7 @@ import pytest
 
 from prfaas_jax.cli import main
 from prfaas_jax.errors import ConfigError
+from prfaas_jax.planning.paper_tables import TABLE6
 from prfaas_jax.policy.rebalancer import Rebalancer
 from prfaas_jax.policy.threshold_controller import ThresholdController
 from prfaas_jax.sim.cluster import (
@@ -396,7 +397,9 @@ def test_prfaas_pd_p90_ttft_is_below_homogeneous_at_the_same_load(case_study):
         d.name: float(np.percentile(ttft_s(Simulator(config, d).run()), 90))
         for d in config.deployments
     }
-    assert p90["prfaas_pd"] < 0.5 * p90["homogeneous_pd"]  # Table 6: 3.51 s vs 9.73 s
+    assert p90["prfaas_pd"] < 0.5 * p90["homogeneous_pd"]
+    # The bound the paper's own P90s meet (Table 6: 3.51 s against 9.73 s).
+    assert TABLE6.prfaas_pd.ttft_p90_s < 0.5 * TABLE6.homogeneous_pd.ttft_p90_s
 
 
 def test_bandwidth_drop_controller_raises_t_and_egress_stays_under_the_link():

@@ -47,6 +47,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig, load_model_config
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_config import load_cluster_config, resolve_cluster_path
+from prfaas_jax.serving.cluster_sections import EngineKind
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.security import router_channel
@@ -243,7 +244,7 @@ def run_demo(
 
     started = time.perf_counter()
     cluster_config = load_cluster_config(resolve_cluster_path(config))
-    if cluster_config.model.engine != "jax":
+    if cluster_config.model.engine is not EngineKind.JAX:
         raise UserError(
             f'{cluster_config.path}: the demo checks real model outputs: it needs engine = "jax"'
         )

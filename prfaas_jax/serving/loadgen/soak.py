@@ -33,6 +33,7 @@ from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_sections import EngineKind
 from prfaas_jax.serving.loadgen.soak_report import RequestResult, SoakReport, count_faults
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -210,7 +211,7 @@ def run_soak(
     started = time.monotonic()
     with ClusterProcesses(config_path, log_dir=log_dir, restart_workers=True) as cluster:
         config = cluster.config
-        if config.model.engine != "fake":
+        if config.model.engine is not EngineKind.FAKE:
             raise UserError(
                 f"{config.path}: the soak checks outputs by hand: [model] engine = fake"
             )
@@ -262,7 +263,7 @@ def run_soak(
         faults = count_faults(cluster.log_dir)
         restarts = cluster.restarts
     return SoakReport(
-        options=options,
+        options=dataclasses.asdict(options),
         results=results,
         kills=killer.kills if killer else [],
         restarts=restarts,

@@ -30,15 +30,11 @@ import dataclasses
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from prfaas_jax.serving.transfer.faults import CORRUPT_MARK, DROP_MARK
 from prfaas_jax.tables import table
-
-if TYPE_CHECKING:
-    from prfaas_jax.serving.loadgen.soak import SoakOptions
 
 
 @dataclasses.dataclass
@@ -109,7 +105,9 @@ def _latency(values: Sequence[float]) -> dict[str, float | None]:
 
 @dataclasses.dataclass
 class SoakReport:
-    options: SoakOptions
+    # The run's `SoakOptions` as a record (serving/loadgen/soak.py drives the run; the report
+    # only renders what it was asked for, so it does not import the driver).
+    options: dict[str, float | int]
     results: list[RequestResult]
     kills: list[dict]
     restarts: int
@@ -154,7 +152,7 @@ class SoakReport:
     def to_dict(self) -> dict:
         failed = [r for r in self.results if r.outcome == "failed"]
         return {
-            "options": dataclasses.asdict(self.options),
+            "options": dict(self.options),
             "counts": self.counts(),
             "failures": {
                 "codes": dict(collections.Counter(r.code for r in failed)),
@@ -223,6 +221,6 @@ class SoakReport:
                 f"TTFT cost of a retry: {cost['mean_ms']:+.0f} ms mean, "
                 f"{cost['p50_ms']:+.0f} ms P50"
             )
-        arrivals = self.options.duration_s
+        arrivals = self.options["duration_s"]
         lines.append(f"wall time {self.wall_s:.0f} s ({arrivals:.0f} s of arrivals)")
         return "\n".join(lines)

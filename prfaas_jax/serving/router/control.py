@@ -2,14 +2,15 @@
 
 Every `control_period_s` the loop polls each worker's `GetStats`, sums the PrfaaS workers'
 link counters (egress bytes, the capacity each learned from its own transfers, the kernel's TCP
-segment counters under `--netns`) and hands the policy objects what they watch:
-the `ThresholdController` a `LinkObservation` each period (a new t takes effect for the next
-request), the `Rebalancer` a `StageObservation` every `rebalancer.period_s`. A role change is
-carried out on its own thread as drain → switch → resume: the node stops receiving requests,
-the thread waits until the router has no request on it (up to `drain_timeout_s`, else the
-change is abandoned and the node resumes its old role), sends `SetRole` (retried while the
-worker still finishes its last stream), then routes to the node in its new role, tells the
-rebalancer, and has the controller re-solve t for the new shape. The loop keeps its counters
+segment counters under `--netns`) and hands the dual-timescale `Scheduler`
+(policy/scheduler.py) what it watches: a `LinkObservation` each period for the threshold
+controller (a new t takes effect for the next request), a `StageObservation` every
+`rebalancer.period_s` for the rebalancer. A role change is carried out on its own thread as
+drain → switch → resume: the node stops receiving requests, the thread waits until the router
+has no request on it (up to `drain_timeout_s`, else the change is abandoned and the node resumes
+its old role), sends `SetRole` (retried while the worker still finishes its last stream), then
+routes to the node in its new role and tells the scheduler, whose controller re-solves t for the
+new shape. The loop keeps its counters
 in a `ControlCounters`; `router_stats` and `snapshot` render them with the core's for `GetStats`
 and the Prometheus endpoint (serving/router/report.py).
 
@@ -32,9 +33,10 @@ import grpc
 
 from prfaas_jax.policy.live_model import ClusterShape, LiveProfiles
 from prfaas_jax.policy.profiles import Profile
-from prfaas_jax.policy.rebalancer import Rebalancer, RoleChange, StageObservation
+from prfaas_jax.policy.rebalancer import RoleChange, StageObservation
 from prfaas_jax.policy.routing import Role
-from prfaas_jax.policy.threshold_controller import LinkObservation, ThresholdController
+from prfaas_jax.policy.scheduler import Scheduler
+from prfaas_jax.policy.threshold_controller import LinkObservation
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.router.core import RouterCore
 from prfaas_jax.serving.router.handles import WorkerHandle, kv_size_profile
@@ -60,17 +62,18 @@ class RouterControl:
             decode_max_batch_size=config.engine.max_slots,
             decode_step_s=config.profile.decode_step_s,
         )
-        self.controller = None
-        if config.controller.enabled:
-            self.controller = ThresholdController(
-                config.controller_config(), profiles, self.shape(), core.traffic, core.threshold
-            )
-        self.rebalancer = None
-        if config.rebalancer.enabled:
-            self.rebalancer = Rebalancer(config.rebalancer.config, profiles, core.traffic)
+        self.scheduler = Scheduler.build(
+            profiles,
+            core.traffic,
+            self.shape(),
+            core.threshold,
+            controller=config.controller_config() if config.controller.enabled else None,
+            rebalancer=config.rebalancer.config if config.rebalancer.enabled else None,
+            rebalance_period_s=config.rebalancer.period_s,
+            now=time.monotonic(),
+        )
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self.counters = ControlCounters()
-        self._last_rebalance = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="router-control", daemon=True)
 
@@ -162,19 +165,17 @@ class RouterControl:
                 core.link = dataclasses.replace(
                     core.link, capacity_bytes_per_s=capacity, utilization=utilization
                 )
-        if self.controller is not None and capacity > 0:
-            observation = LinkObservation(
+        scheduler = self.scheduler
+        update = scheduler.observe_link(
+            lambda: LinkObservation(
                 now, egress, capacity, prfaas_queue, out_segments, retransmitted
             )
-            update = self.controller.observe(observation)
-            if update is not None:
-                self._apply_threshold(update.threshold, update.reason)
-        rebalance_period = core.config.rebalancer.period_s
-        if self.rebalancer is not None and now - self._last_rebalance >= rebalance_period:
-            self._last_rebalance = now
-            change = self.rebalancer.observe(self._stage_observation(now, capacity))
-            if change is not None:
-                threading.Thread(target=self._switch, args=(change,), daemon=True).start()
+        )
+        if update is not None:
+            self._apply_threshold(update.threshold, update.reason)
+        change = scheduler.observe_stages(now, lambda: self._stage_observation(now, capacity))
+        if change is not None:
+            threading.Thread(target=self._switch, args=(change,), daemon=True).start()
 
     def _link_capacity(self, prfaas: list[WorkerHandle]) -> tuple[float, int]:
         """``(bytes/s, transfers)``: the PrfaaS link's capacity, summed over its workers, each
@@ -225,12 +226,11 @@ class RouterControl:
     # --- drain, switch, resume ------------------------------------------------------------
 
     def _switch(self, change: RoleChange) -> None:
-        assert self.rebalancer is not None
         core, timeout = self.core, self.core.config.rebalancer.drain_timeout_s
         with core.lock:
             candidates = core.serving(change.from_role)
             if not candidates:
-                self.rebalancer.finish(time.monotonic())
+                self.scheduler.finished(time.monotonic(), None)
                 return
             node = min(candidates, key=lambda w: w.outstanding_prefills + w.assigned_decodes)
             node.draining_to = change.to_role
@@ -253,13 +253,10 @@ class RouterControl:
                     node.role = change.to_role
                     self.counters.role_changes += 1
                 node.draining_to = None
-            now = time.monotonic()
-            self.rebalancer.finish(now)
+            update = self.scheduler.finished(time.monotonic(), self.shape() if switched else None)
             log.info("%s %s", node.name, f"now {node.role.value}" if switched else "kept its role")
-        if switched and self.controller is not None:
-            update = self.controller.resolve(now, self.shape())
-            if update is not None:
-                self._apply_threshold(update.threshold, update.reason)
+        if update is not None:
+            self._apply_threshold(update.threshold, update.reason)
 
     def _set_role(self, node: WorkerHandle, role: Role) -> bool:
         """True once the node switched; False while it still closes its last stream."""

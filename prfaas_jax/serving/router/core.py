@@ -85,7 +85,7 @@ from prfaas_jax.serving.router.handles import (
     reserve_kv,
 )
 from prfaas_jax.serving.router.metrics import LOOKUP_BUCKETS, Histogram
-from prfaas_jax.serving.router.record import Failure, RequestRecord, Route, backoff_s
+from prfaas_jax.serving.router.record import Failure, Outcome, RequestRecord, Route, backoff_s
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
@@ -130,7 +130,7 @@ class RouterCore:
         self.traffic = TrafficWindow(config.controller.window)
         self.in_flight: set[str] = set()
         self.stopping = False  # `stop_admitting` was called: new requests are refused
-        self.finished: dict[tuple[str, str], int] = {}
+        self.finished: dict[tuple[Route, Outcome], int] = {}
         self.ttft = Histogram()
         self.lookup_time = Histogram(LOOKUP_BUCKETS)
         # Prefill end → first token, per route ("prfaas", "pd"): the transfer compute did not hide.
@@ -174,8 +174,8 @@ class RouterCore:
             if w.role is role and w.draining_to is None and not w.down
         ]
 
-    def _count(self, route_name: str, outcome: str) -> None:
-        key = (route_name, outcome)
+    def _count(self, route: Route, outcome: Outcome) -> None:
+        key = (route, outcome)
         self.finished[key] = self.finished.get(key, 0) + 1
 
     def _lookup(self, prompt: list[int]) -> dict[str, int]:
@@ -308,17 +308,17 @@ class RouterCore:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         record = RequestRecord(request_id, prompt, request.max_new_tokens, sampling, received)
         context.add_callback(record.cancel)
-        outcome = "error"
+        outcome = Outcome.ERROR
         try:
             yield from self._serve(record, context)
-            outcome = "ok" if record.owed == 0 else "cancelled"
+            outcome = Outcome.OK if record.owed == 0 else Outcome.CANCELLED
         except _RejectedError as err:
-            outcome = "rejected"  # counted in `rejected`, not as a failure
+            outcome = Outcome.REJECTED  # counted in `rejected`, not as a failure
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
         finally:
             with self.lock:
                 self.in_flight.discard(request_id)
-                if outcome != "rejected":
+                if outcome is not Outcome.REJECTED:
                     self._count(record.route, outcome)
 
     def _serve(

@@ -1,5 +1,5 @@
 """The router's record of one request: `RequestRecord`, `Route` (where its latest attempt was
-prefilled) and `Failure` (why an attempt failed).
+prefilled), `Failure` (why an attempt failed) and `Outcome` (how the request ended).
 
 A request may take several attempts — a prefill worker or its link dies mid-transfer, a state
 arrives corrupt, a decode worker dies mid-stream — and the client must still see each token
@@ -38,6 +38,15 @@ class Route(enum.StrEnum):
     NONE = "none"  # not routed yet
     PRFAAS = "prfaas"
     PD = "pd"
+
+
+class Outcome(enum.StrEnum):
+    """How a request ended: the `outcome` label of the router's metrics."""
+
+    OK = "ok"  # every token owed was streamed
+    ERROR = "error"  # the attempts ran out, or the router failed it
+    CANCELLED = "cancelled"  # the client left before the last token
+    REJECTED = "rejected"  # refused at admission: counted apart, never as a finished request
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,6 +15,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.router.core import RouterCore
 from prfaas_jax.serving.router.metrics import RouterSnapshot
+from prfaas_jax.serving.router.record import Outcome, Route
 from prfaas_jax.serving.transport.messages import role_to_proto
 
 
@@ -46,11 +47,9 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             workers.append(stats)
         return pb.RouterStats(
             threshold=core.threshold,
-            requests_prfaas=sum(
-                n for (r, o), n in core.finished.items() if r == "prfaas" and o == "ok"
-            ),
-            requests_pd=sum(n for (r, o), n in core.finished.items() if r == "pd" and o == "ok"),
-            requests_failed=sum(n for (_, o), n in core.finished.items() if o != "ok"),
+            requests_prfaas=core.finished.get((Route.PRFAAS, Outcome.OK), 0),
+            requests_pd=core.finished.get((Route.PD, Outcome.OK), 0),
+            requests_failed=sum(n for (_, o), n in core.finished.items() if o is not Outcome.OK),
             requests_in_flight=len(core.in_flight),
             egress_bytes=counters.egress_bytes,
             egress_bytes_per_s=counters.egress_rate,

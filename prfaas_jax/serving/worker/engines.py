@@ -24,6 +24,7 @@ from prfaas_jax.config import Impl, ModelConfig, load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
 from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_sections import EngineKind
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class EngineFactory:
 
     @property
     def fake(self) -> bool:
-        return self.config.model.engine == "fake"
+        return self.config.model.engine is EngineKind.FAKE
 
     @property
     def interprets_kernels(self) -> bool:
