@@ -30,6 +30,9 @@ Both queues are bounded, so a burst costs refusals, not memory: at most `max_pen
 states are held outside a slot (received or being received, waiting for their `Generate` or for
 a slot), and at most `max_waiting` `Generate` calls wait for a state or a slot. Beyond that, a
 push is refused before any of its frames is read, a call at once; both RESOURCE_EXHAUSTED.
+
+The module is over 450 lines: keeping a received state, `ReserveKv`, `Generate` and the engine
+thread share one lock and one request table, and are read together.
 """
 
 from __future__ import annotations
