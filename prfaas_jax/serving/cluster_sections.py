@@ -114,7 +114,16 @@ class InstancesSection:
 @dataclass(frozen=True)
 class LinkSection:
     bandwidth_mbps: float = 16.0  # the PrfaaS cluster's egress, 1e6 bit/s
-    latency_ms: float = 5.0
+    latency_ms: float = 5.0  # one-way delay, added by the sender (unless rtt_ms is set)
+    # The link in packets (serving/cluster/wan.py; under --netns a delay line TCP sees, else
+    # only the delay applies, in the sender): the round trip (both ways; > 0 replaces
+    # latency_ms), the standard deviation of extra one-way delay, the long-run share of
+    # packets lost, the mean packets per loss burst, and whether jitter may reorder packets.
+    rtt_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_percent: float = 0.0
+    loss_burst: float = 1.0
+    reorder: bool = False
     burst_kib: float = 16.0
     schedule: tuple[tuple[float, float], ...] = ()  # (seconds after start, bandwidth factor)
     repeat_s: float = 0.0  # > 0: the schedule repeats with this period
@@ -137,6 +146,9 @@ class LinkSection:
         _check(1 <= self.streams <= 16, "link.streams", "must be in [1, 16]")
         ok = self.latency_ms >= 0 and self.burst_kib > 0
         _check(ok, "link", "needs latency_ms ≥ 0 and burst_kib > 0")
+        _check(self.rtt_ms >= 0 and self.jitter_ms >= 0, "link", "needs rtt_ms, jitter_ms ≥ 0")
+        _check(0 <= self.loss_percent < 100, "link.loss_percent", "must be in [0, 100)")
+        _check(self.loss_burst >= 1, "link.loss_burst", "must be ≥ 1 (packets)")
         times = [at for at, _ in self.schedule]
         ok = times == sorted(times) and all(at >= 0 and f > 0 for at, f in self.schedule)
         _check(ok, "link.schedule", "must be [at_s ≥ 0, factor > 0] pairs in time order")
@@ -151,6 +163,16 @@ class LinkSection:
     @property
     def wire_precision(self) -> WirePrecision:
         return WirePrecision.parse(self.precision)
+
+    @property
+    def one_way_delay_s(self) -> float:
+        return self.rtt_ms / 2e3 if self.rtt_ms else self.latency_ms / 1e3
+
+    @property
+    def in_packets(self) -> bool:
+        """Whether the link asks for what only a packet path can do — a round trip, jitter or
+        loss — so `--netns` puts the delay line of serving/cluster/wan.py in it."""
+        return bool(self.rtt_ms or self.jitter_ms or self.loss_percent)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_confi
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
 
+WAN_ROLE = "wan"  # the delay line's child: neither a worker nor the router
+WORKER_ROLES = frozenset(role.value for role in Role)
+
 
 class ClusterProcesses:
     def __init__(
@@ -87,7 +90,7 @@ class ClusterProcesses:
                 "--netns runs both clusters on this machine: it does not go with --only"
             )
         if netns:
-            require_netns()
+            require_netns(wan=self.config.link.in_packets)
             if self.config.security.tls:
                 raise UserError(
                     "--netns with [security] certificates is not supported: the generated "
@@ -115,6 +118,8 @@ class ClusterProcesses:
         self._children_lock = threading.Lock()
         self._stopping = threading.Event()
         self._supervisor: threading.Thread | None = None
+        self._link_schedule: threading.Thread | None = None
+        self._schedule_start: tuple[float, float] | None = None
         self._workers_file = self.log_dir / "workers.json"
 
     def __enter__(self) -> ClusterProcesses:
@@ -232,7 +237,12 @@ class ClusterProcesses:
         router = None
         try:
             if self.netns:
-                self.topology = NetnsTopology.create(self.config.link.bandwidth_bytes_per_s)
+                link = self.config.link
+                self.topology = NetnsTopology.create(
+                    link.bandwidth_bytes_per_s, wan=link.in_packets
+                )
+                if self.topology.wan:
+                    self._start_wan(deadline)
             pending = list(roles.items())
             if self.compile_cache:
                 # One worker per engine kind first: the others then hit the compile cache.
@@ -258,6 +268,16 @@ class ClusterProcesses:
                     target=self._supervise, name="cluster-supervisor", daemon=True
                 )
                 self._supervisor.start()
+            if self.topology is not None and self.config.link.schedule:
+                # t = 0 of the schedule, on both clocks: the ready info gives the wall time.
+                self._schedule_start = (time.monotonic(), time.time())
+                self._link_schedule = threading.Thread(
+                    target=self.topology.follow_schedule,
+                    args=(self.config.link, self._schedule_start[0], self._stopping),
+                    name="link-schedule",
+                    daemon=True,
+                )
+                self._link_schedule.start()
         except BaseException:
             self.stop()
             raise
@@ -277,7 +297,32 @@ class ClusterProcesses:
         }
         if self.topology is not None:
             self.ready["netns"] = self.topology.describe()
+            if self._schedule_start is not None:
+                self.ready["netns"]["schedule_start_unix_s"] = self._schedule_start[1]
         return self.ready
+
+    def _start_wan(self, deadline: float) -> None:
+        """The delay line of the WAN namespace (serving/cluster/wan.py), served once its address
+        file names it."""
+        topology = self.topology
+        assert topology is not None
+        child = self._spawn(
+            "wan",
+            WAN_ROLE,
+            "prfaas_jax.serving.cluster.wan",
+            [*topology.wan_argv(), "--stats-file", str(self.log_dir / "wan-stats.json")],
+            prefix=topology.wan_exec_prefix(),
+        )
+        while not child.address_file.exists():
+            if (exited := child.exited()) is not None:
+                raise ClusterError(
+                    f"the delay line exited with status {exited[1]} while starting; its log "
+                    f"({child.log_path}) ends with:\n{child.log_tail()}"
+                )
+            if time.monotonic() > deadline or self._stop.is_set():
+                raise ClusterError("the delay line of the WAN namespace did not start")
+            time.sleep(0.05)
+        child.info = json.loads(child.address_file.read_text())
 
     def _write_workers(self) -> dict:
         """The workers listing the router reads (and re-reads after a restart), atomically;
@@ -290,7 +335,7 @@ class ClusterProcesses:
             workers |= {
                 c.name: {"address": c.info["address"], "pid": c.info["pid"], "role": c.role}
                 for c in self.children
-                if c.role != "router"
+                if c.role in WORKER_ROLES
             }
         write_json(self._workers_file, workers)
         return workers
@@ -315,7 +360,8 @@ class ClusterProcesses:
         as long as the cluster)."""
         while not self._stopping.wait(0.1):
             with self._children_lock:
-                dead = [c for c in self.children if c.role != "router" and c.exited() is not None]
+                workers = [c for c in self.children if c.role in WORKER_ROLES]
+                dead = [c for c in workers if c.exited() is not None]
             for child in dead:
                 if self._stopping.is_set():
                     return
@@ -357,7 +403,7 @@ class ClusterProcesses:
         with self._children_lock:
             children = list(self.children)
         for child in children:
-            if self.restart_workers and child.role != "router":
+            if self.restart_workers and child.role in WORKER_ROLES:
                 continue
             if child.popen.poll() is not None:
                 return child.name
@@ -368,6 +414,8 @@ class ClusterProcesses:
         self._stopping.set()
         if self._supervisor is not None and self._supervisor is not threading.current_thread():
             self._supervisor.join(timeout=self.ready_timeout_s)
+        if self._link_schedule is not None:
+            self._link_schedule.join(timeout=15)
         processes = [p for child in reversed(self.children) for p in child.group()]
         for child in processes:  # the router first: it stops taking requests
             child.signal_group(signal.SIGTERM)

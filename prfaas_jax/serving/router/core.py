@@ -140,7 +140,7 @@ class RouterCore:
         self.saved_bytes = 0  # state bytes increments kept off the link
         # The link as the control loop last saw it (serving/router/control.py), for the
         # per-request cache rule; until then, as configured and idle.
-        self.link = LinkView(config.link.bandwidth_bytes_per_s, 0.0, config.link.latency_ms / 1e3)
+        self.link = LinkView(config.link.bandwidth_bytes_per_s, 0.0, config.link.one_way_delay_s)
         self.cache_rule = CacheRule(config, cfg)
         self.predictor = TtftPredictor(config, cfg)
         self.watchdog = Watchdog()

@@ -119,7 +119,7 @@ class TtftPredictor:
             else:  # one PrfaaS worker's share of the configured link
                 share = max(config.instances.prfaas_prefill, 1)
                 bandwidth = config.link.bandwidth_bytes_per_s / share
-                latency = config.link.latency_ms / 1e3
+                latency = config.link.one_way_delay_s
             link = LinkCost(bandwidth, latency, self._kv_profile)
         outputs = traffic.mean_output_len() if len(traffic) else 1.0
         return predict_ttft(

@@ -48,6 +48,28 @@ class LinkProfile:
             raise ValueError("repeat_s must be 0 or exceed the last schedule time")
 
 
+def schedule_factor(
+    schedule: Sequence[tuple[float, float]], repeat_s: float, offset: float
+) -> tuple[float, float]:
+    """The bandwidth factor ``offset`` seconds into ``schedule`` (``(at_s, factor)`` pairs in
+    time order, 1.0 before the first; the whole repeating every ``repeat_s`` if positive), and
+    the next offset (> ``offset``) at which it may change; inf if never."""
+    if not schedule:
+        return 1.0, math.inf
+    times = [at for at, _ in schedule]
+    base = 0.0
+    if repeat_s:
+        cycles = math.floor(offset / repeat_s)
+        base, offset = cycles * repeat_s, offset - cycles * repeat_s
+    i = bisect.bisect_right(times, offset)
+    factor = schedule[i - 1][1] if i > 0 else 1.0
+    if i < len(times):
+        return factor, base + times[i]
+    if repeat_s:
+        return factor, base + repeat_s
+    return factor, math.inf
+
+
 class LinkShaper:
     """A token-bucket shaper with a fluctuation schedule (module docstring)."""
 
@@ -61,8 +83,6 @@ class LinkShaper:
         self._profile, self._clock, self._sleep = profile, clock, sleep
         self._bandwidth, self._latency = profile.bandwidth_bytes_per_s, profile.latency_s
         self._start = clock()
-        self._times = [at for at, _ in profile.schedule]
-        self._factors = [f for _, f in profile.schedule]
         self._lock = threading.Lock()
         self._tokens = float(profile.burst_bytes)
         self._filled_at = self._start
@@ -73,20 +93,9 @@ class LinkShaper:
 
     def _factor_and_next(self, t: float) -> tuple[float, float]:
         """factor(t) and the next time (> t) it may change; inf if never."""
-        if not self._times:
-            return 1.0, math.inf
-        offset = t - self._start
-        base = 0.0
-        if self._profile.repeat_s:
-            cycles = math.floor(offset / self._profile.repeat_s)
-            base, offset = cycles * self._profile.repeat_s, offset - cycles * self._profile.repeat_s
-        i = bisect.bisect_right(self._times, offset)
-        factor = self._factors[i - 1] if i > 0 else 1.0
-        if i < len(self._times):
-            return factor, self._start + base + self._times[i]
-        if self._profile.repeat_s:
-            return factor, self._start + base + self._profile.repeat_s
-        return factor, math.inf
+        profile = self._profile
+        factor, next_offset = schedule_factor(profile.schedule, profile.repeat_s, t - self._start)
+        return factor, self._start + next_offset
 
     def rate(self, t: float | None = None) -> float:
         """The link rate in bytes/s at time t (default: now)."""

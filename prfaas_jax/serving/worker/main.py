@@ -72,11 +72,13 @@ log = logging.getLogger("prfaas.worker")
 
 def link_profile(config: ClusterConfig, *, kernel_shaped: bool = False) -> LinkProfile:
     """One PrfaaS worker's share of the cluster's egress link; ``kernel_shaped``: the kernel
-    holds the rate (`--netns`), the sender only adds the propagation delay."""
+    holds the rate (`--netns`), the sender only adds the propagation delay — none when the
+    link is in packets (`[link] in_packets`): the WAN namespace's delay line holds it then, so
+    it is not counted twice."""
     link, share = config.link, max(config.instances.prfaas_prefill, 1)
     return LinkProfile(
         bandwidth_bytes_per_s=math.inf if kernel_shaped else link.bandwidth_bytes_per_s / share,
-        latency_s=link.latency_ms / 1e3,
+        latency_s=0.0 if kernel_shaped and link.in_packets else link.one_way_delay_s,
         burst_bytes=link.burst_kib * 1024,
         schedule=link.schedule,
         repeat_s=link.repeat_s,
