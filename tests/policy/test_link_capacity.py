@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from prfaas_jax.policy.link_capacity import CapacityMeter, FrameArrival, backlog_sample
+from prfaas_jax.policy.link_rtt import RttMeter
 
 
 def test_a_sample_times_the_later_half_of_the_frames_that_queued_behind_another():
@@ -94,3 +95,14 @@ def test_samples_too_short_to_time_are_ignored():
     assert meter.samples == 0 and meter.estimate(0.0) == 0.0
     with pytest.raises(ValueError, match="weight"):
         CapacityMeter(weight=0.0)
+
+
+def test_the_round_trip_meter_smooths_and_forgets():
+    meter = RttMeter(weight=0.25, stale_s=30.0)
+    assert meter.estimate(0.0) == 0.0 and not meter.add(0.0, 0.0)  # unmeasured: ignored
+    assert meter.add(0.040, 1.0) and meter.estimate(1.0) == pytest.approx(0.040)
+    meter.add(0.080, 2.0)  # 0.040 + ¼ · (0.080 − 0.040)
+    assert meter.estimate(2.0) == pytest.approx(0.050) and meter.samples == 2
+    assert meter.estimate(32.5) == 0.0  # no sample for more than 30 s
+    meter.add(0.020, 40.0)  # starts afresh
+    assert meter.estimate(40.0) == pytest.approx(0.020)

@@ -17,12 +17,13 @@ Each direction (told apart by the packet's IPv4 destination) has its own state:
   standard deviation `jitter_s`, clipped so no packet arrives before ``arrival``; without
   `reorder` a packet is never released before the one ahead of it (so jitter spreads a flow's
   arrivals without reordering TCP into collapse), with `reorder` each keeps its own time.
-- **loss**: a Gilbert model of mean loss rate `loss` and mean burst length `loss_burst` packets.
-  A two-state chain (good, bad) steps once per packet; a packet is lost exactly when the chain is
-  in the bad state. The bad state lasts a geometric number of packets with mean `loss_burst`
-  (it leaves with probability r = 1 / loss_burst), and the chain enters it with probability
-  p = loss · r / (1 − loss), so its stationary share, the long-run loss rate, is
-  p / (p + r) = loss. `loss_burst = 1` gives independent losses (Bernoulli, p = loss).
+- **loss**: long-run rate `loss`, in bursts of `loss_burst` consecutive packets on average.
+  With `loss_burst` at most 1 / (1 − loss) — what independent losses give, so the default 1
+  included — each packet is lost independently with probability `loss` (Bernoulli). Above it,
+  a Gilbert chain of two states (good, bad) steps once per packet and a packet is lost exactly
+  when the chain is bad: it leaves the bad state with probability r = 1 / loss_burst (so a burst
+  lasts loss_burst packets on average, geometrically) and enters it with p = loss · r /
+  (1 − loss), so its stationary share, the long-run loss rate, is p / (p + r) = loss.
 
 Draws come from a `random.Random(seed)` per direction, so a run is reproducible given its packet
 order. The process exits when its parent (the launcher) dies or on SIGTERM; the TUN device and the
@@ -86,15 +87,18 @@ class WanModel:
 
 
 class GilbertLoss:
-    """The loss chain of one direction (module docstring): `lost()` steps it once."""
+    """The loss process of one direction (module docstring): `lost()` decides one packet."""
 
     def __init__(self, loss: float, burst: float, rng: random.Random) -> None:
-        self._rng = rng
+        self._rng, self._loss = rng, loss
+        self.independent = burst <= 1.0 / (1.0 - loss)
         self._leave = 1.0 / burst  # r: bad → good
-        self._enter = loss * self._leave / (1.0 - loss) if loss else 0.0  # p: good → bad
+        self._enter = loss * self._leave / (1.0 - loss)  # p: good → bad
         self._bad = False
 
     def lost(self) -> bool:
+        if self.independent:
+            return self._rng.random() < self._loss
         if self._bad:
             self._bad = self._rng.random() >= self._leave
         else:

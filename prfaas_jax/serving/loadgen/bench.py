@@ -317,6 +317,16 @@ def run_bench(
         "duration_s": duration,
         "egress_bytes": after.egress_bytes - before.egress_bytes,
         "link_kernel_bytes": link_after - link_before if link is not None else None,
+        # What TCP measured on the transfers: the round trip at the end of the run, and the
+        # segments it retransmitted during it (on the data connections; and in the PrfaaS
+        # namespace as a whole, where the kernel counts it: --netns).
+        "link_rtt_s": after.link_rtt_s,
+        "link_retransmitted": (
+            after.link_data_retransmitted_segments - before.link_data_retransmitted_segments
+        ),
+        "namespace_retransmitted": (
+            after.tcp_retransmitted_segments - before.tcp_retransmitted_segments
+        ),
         "threshold_start": before.threshold,
         "threshold_end": after.threshold,
         "model": before.model,

@@ -73,6 +73,9 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
         # The kernel's count on the link device (None: no device given): state bytes plus
         # gRPC, TCP and IP framing, retransmissions and anything else that crossed it.
         "link_kernel_bytes": context.get("link_kernel_bytes"),
+        "link_rtt_s": context.get("link_rtt_s", 0.0),
+        "link_retransmitted": context.get("link_retransmitted", 0),
+        "namespace_retransmitted": context.get("namespace_retransmitted", 0),
         "threshold_start": context["threshold_start"],
         "threshold_end": context["threshold_end"],
     }
@@ -125,6 +128,13 @@ def format_summary(s: dict, opts: BenchOptions) -> str:
         rows.append(("Egress on the link device (bytes)", str(kernel)))
         if egress:
             rows.append(("  over the router's count", f"{kernel / egress - 1:+.1%}"))
+    rtt = s.get("link_rtt_s") or 0.0
+    rows += [
+        ("Link RTT, measured by TCP (ms)", f"{rtt * 1e3:.1f}" if rtt else "–"),
+        ("TCP retransmissions on the transfers", str(s.get("link_retransmitted", 0))),
+    ]
+    if s["link_kernel_bytes"] is not None:
+        rows.append(("  in the PrfaaS namespace", str(s.get("namespace_retransmitted", 0))))
     rows += [
         ("Threshold t (start → end)", f"{s['threshold_start']:.0f} → {s['threshold_end']:.0f}"),
     ]

@@ -85,7 +85,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index", "lookups", "lookup_s", "router_cpu_s")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index", "lookups", "lookup_s", "router_cpu_s", "link_rtt_s", "link_data_retransmitted_segments")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -130,6 +130,8 @@ class RouterStats(_message.Message):
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     LOOKUP_S_FIELD_NUMBER: _ClassVar[int]
     ROUTER_CPU_S_FIELD_NUMBER: _ClassVar[int]
+    LINK_RTT_S_FIELD_NUMBER: _ClassVar[int]
+    LINK_DATA_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -160,7 +162,9 @@ class RouterStats(_message.Message):
     lookups: int
     lookup_s: float
     router_cpu_s: float
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ..., lookups: _Optional[int] = ..., lookup_s: _Optional[float] = ..., router_cpu_s: _Optional[float] = ...) -> None: ...
+    link_rtt_s: float
+    link_data_retransmitted_segments: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ..., lookups: _Optional[int] = ..., lookup_s: _Optional[float] = ..., router_cpu_s: _Optional[float] = ..., link_rtt_s: _Optional[float] = ..., link_data_retransmitted_segments: _Optional[int] = ...) -> None: ...
 
 class CacheIndexStats(_message.Message):
     __slots__ = ("enabled", "instances", "current", "block_entries", "checkpoint_entries", "events", "snapshots", "answered", "asked", "overestimates")
@@ -271,7 +275,7 @@ class PrefixCacheStats(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., block_size: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., checkpoints: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., exports: _Optional[int] = ..., export_bytes: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., import_failures: _Optional[int] = ...) -> None: ...
 
 class LinkState(_message.Message):
-    __slots__ = ("bandwidth_bytes_per_s", "latency_s", "learned_bytes_per_s", "learned_samples", "tcp_counted", "tcp_out_segments", "tcp_retransmitted_segments")
+    __slots__ = ("bandwidth_bytes_per_s", "latency_s", "learned_bytes_per_s", "learned_samples", "tcp_counted", "tcp_out_segments", "tcp_retransmitted_segments", "measured_rtt_s", "rtt_samples", "data_retransmitted_segments")
     BANDWIDTH_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     LEARNED_BYTES_PER_S_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +283,9 @@ class LinkState(_message.Message):
     TCP_COUNTED_FIELD_NUMBER: _ClassVar[int]
     TCP_OUT_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     TCP_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_RTT_S_FIELD_NUMBER: _ClassVar[int]
+    RTT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    DATA_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     bandwidth_bytes_per_s: float
     latency_s: float
     learned_bytes_per_s: float
@@ -286,7 +293,10 @@ class LinkState(_message.Message):
     tcp_counted: bool
     tcp_out_segments: int
     tcp_retransmitted_segments: int
-    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., learned_bytes_per_s: _Optional[float] = ..., learned_samples: _Optional[int] = ..., tcp_counted: _Optional[bool] = ..., tcp_out_segments: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ...) -> None: ...
+    measured_rtt_s: float
+    rtt_samples: int
+    data_retransmitted_segments: int
+    def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ..., learned_bytes_per_s: _Optional[float] = ..., learned_samples: _Optional[int] = ..., tcp_counted: _Optional[bool] = ..., tcp_out_segments: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., measured_rtt_s: _Optional[float] = ..., rtt_samples: _Optional[int] = ..., data_retransmitted_segments: _Optional[int] = ...) -> None: ...
 
 class SetRoleRequest(_message.Message):
     __slots__ = ("role",)

@@ -149,6 +149,12 @@ class RouterControl:
             ]
             out_segments = sum(link.tcp_out_segments for link in counted)
             retransmitted = sum(link.tcp_retransmitted_segments for link in counted)
+            links = [w.stats.link for w in prfaas if w.stats is not None]
+            rtts = [link.measured_rtt_s for link in links if link.measured_rtt_s > 0]
+            self.counters.rtt_s = sum(rtts) / len(rtts) if rtts else 0.0
+            self.counters.data_retransmitted = sum(
+                link.data_retransmitted_segments for link in links
+            )
             prfaas_queue = sum(w.outstanding_prefills for w in prfaas)
             self._samples.append((now, egress))
             while now - self._samples[0][0] > RATE_WINDOW_S:
@@ -165,6 +171,9 @@ class RouterControl:
                 core.link = dataclasses.replace(
                     core.link, capacity_bytes_per_s=capacity, utilization=utilization
                 )
+            # One way, measured where TCP could (else the configured delay stays).
+            latency = self.counters.rtt_s / 2 or core.config.link.one_way_delay_s
+            core.link = dataclasses.replace(core.link, latency_s=latency)
         scheduler = self.scheduler
         update = scheduler.observe_link(
             lambda: LinkObservation(

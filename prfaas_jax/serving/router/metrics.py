@@ -23,6 +23,7 @@ escaped as the format says); this module only says which families the router's n
     prfaas_link_saved_bytes_total                counter  kept off the link by increments
     prfaas_cache_rule_total{rule}                counter  "scarce" | "abundant", where they differ
     prfaas_link_tcp_retransmitted_segments_total counter  where the kernel counts them (--netns)
+    prfaas_link_rtt_seconds                      gauge    the round trip TCP measured on transfers
     prfaas_egress_utilization                    gauge    rate / cap
     prfaas_queue_depth{instance, role}           gauge    router-side outstanding prefills
     prfaas_decode_assigned{instance}             gauge    requests on each decode node
@@ -127,6 +128,7 @@ class RouterSnapshot:
     saved_bytes: int = 0
     cache_rules: dict[str, int] = dataclasses.field(default_factory=dict)  # rule → requests
     tcp_retransmitted_segments: int = 0
+    link_rtt_s: float = 0.0
     # instance → its PrefixCacheStats fields (prfaas.proto), as last polled
     prefix_cache: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     # the router's cache index: CacheIndexStats fields (empty without one)
@@ -267,6 +269,11 @@ def _routing_families(s: RouterSnapshot) -> Iterator[Metric]:
         "prfaas_link_tcp_retransmitted_segments_total",
         "TCP segments the link retransmitted (counted under --netns only).",
         s.tcp_retransmitted_segments,
+    )
+    yield _gauge(
+        "prfaas_link_rtt_seconds",
+        "The link's round trip as TCP measured it on the transfers (0: none measured lately).",
+        s.link_rtt_s,
     )
     cap = s.link_capacity_bytes_per_s
     yield _gauge(

@@ -28,6 +28,8 @@ class ControlCounters:
     capacity: float = 0.0  # the PrfaaS link's capacity the controller uses, bytes/s
     capacity_samples: int = 0  # transfers it was learned from (0: the configured bandwidth)
     retransmitted: int = 0  # TCP segments the link retransmitted, where the kernel counts them
+    rtt_s: float = 0.0  # the link's round trip TCP measured on the transfers (0: none lately)
+    data_retransmitted: int = 0  # segments TCP resent on the transfers' data connections
     threshold_changes: dict[str, int] = dataclasses.field(default_factory=dict)  # by reason
     last_reason: str = ""
     role_changes: int = 0
@@ -56,6 +58,8 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             link_capacity_bytes_per_s=counters.capacity,
             link_capacity_samples=counters.capacity_samples,
             tcp_retransmitted_segments=counters.retransmitted,
+            link_rtt_s=counters.rtt_s,
+            link_data_retransmitted_segments=counters.data_retransmitted,
             threshold_changes=sum(counters.threshold_changes.values()),
             role_changes=counters.role_changes,
             last_threshold_reason=counters.last_reason,
@@ -104,6 +108,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             link_capacity_bytes_per_s=counters.capacity,
             link_capacity_samples=counters.capacity_samples,
             tcp_retransmitted_segments=counters.retransmitted,
+            link_rtt_s=counters.rtt_s,
             queue_depth={
                 (w.name, w.role.value): w.outstanding_prefills for w in workers if w.role.is_prefill
             },

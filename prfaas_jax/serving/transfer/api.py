@@ -231,11 +231,15 @@ class PushFailedError(TransferError):
 class Delivery:
     """What a delivered transfer tells its sender: the link's time for the frames that queued
     behind each other (``backlog_bytes`` in ``backlog_s``; policy/link_capacity.py) over all its
-    stripes, and the frames the decode worker counted."""
+    stripes, the frames the decode worker counted, and what TCP measured on its data
+    connections — the smoothed round trip (the largest over its stripes; 0.0: no data
+    connection) and the segments it retransmitted."""
 
     backlog_bytes: int
     backlog_s: float
     frames: int
+    rtt_s: float = 0.0
+    retransmits: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

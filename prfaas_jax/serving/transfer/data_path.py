@@ -275,6 +275,8 @@ class DataSender:
         self._tls = isinstance(conn, ssl.SSLSocket)
         self._lock = threading.Lock()
         self._open = True
+        # What the kernel measured on this connection, read as it closes (`tcp_info`).
+        self.rtt_s, self.retransmits = 0.0, 0
 
     @classmethod
     def connect(
@@ -338,10 +340,32 @@ class DataSender:
                     self._conn.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
+        with self._lock:
+            if self._open:
+                self.rtt_s, self.retransmits = tcp_info(self._conn)
         self.abort()
         with self._lock:
             self._open = False
             self._conn.close()
+
+
+# struct tcp_info (linux/tcp.h): eight one-byte fields, then 32-bit ones; tcpi_rtt (the smoothed
+# round trip, µs) is the 16th of those and tcpi_total_retrans the 24th.
+_TCP_INFO = struct.Struct("<8B24I")
+_RTT, _TOTAL_RETRANS = 8 + 15, 8 + 23
+
+
+def tcp_info(conn: socket.socket) -> tuple[float, int]:
+    """``(smoothed round trip in seconds, segments retransmitted)`` the kernel measured on
+    ``conn``; (0.0, 0) where it cannot say (not Linux, not TCP, closed)."""
+    try:
+        raw = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except (OSError, AttributeError):
+        return 0.0, 0
+    if len(raw) < _TCP_INFO.size:
+        return 0.0, 0
+    fields = _TCP_INFO.unpack(raw)
+    return fields[_RTT] / 1e6, fields[_TOTAL_RETRANS]
 
 
 def push_messages(

@@ -159,7 +159,14 @@ class StatePush:
             if self.transfer.phase is TransferPhase.SEALED:
                 self.transfer.end(TransferPhase.DELIVERED)
                 backlog_bytes, backlog_s = striped_sample(replies)
-                return Delivery(backlog_bytes, backlog_s, frames=replies[0].frames)
+                senders = list(self._senders)
+                return Delivery(
+                    backlog_bytes,
+                    backlog_s,
+                    frames=replies[0].frames,
+                    rtt_s=max((sender.rtt_s for sender in senders), default=0.0),
+                    retransmits=sum(sender.retransmits for sender in senders),
+                )
             # Stopped although every push went through: cannot happen, but say so.
             error = TransferError("the prefill stopped before its state was sent")
             error.ends_in = TransferPhase.ABANDONED

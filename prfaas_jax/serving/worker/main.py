@@ -214,6 +214,8 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         rate = self.kernel_link.rate() if self.kernel_link is not None else self.shaper.rate()
         state = pb.LinkState(bandwidth_bytes_per_s=rate, latency_s=self.shaper.latency_s)
         state.learned_bytes_per_s, state.learned_samples = self.prefill.learned_link()
+        state.measured_rtt_s, state.rtt_samples = self.prefill.measured_rtt()
+        state.data_retransmitted_segments = self.prefill.retransmits
         if self.kernel_link is not None:  # the namespace's TCP is the link's
             try:
                 state.tcp_out_segments, state.tcp_retransmitted_segments = tcp_segments()

@@ -61,6 +61,7 @@ from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.policy.link_capacity import CapacityMeter
+from prfaas_jax.policy.link_rtt import RttMeter
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -115,8 +116,11 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         self.name, self.precision = name, precision
         # A PrfaaS worker learns its link's rate from its own transfers (never from the shaper).
         self.link_meter = CapacityMeter() if shaper is not None else None
+        # And its round trip, as TCP measured it on the pushes' data connections.
+        self.rtt_meter = RttMeter() if shaper is not None else None
         self._engine_lock = threading.Lock()
         self._count_lock = threading.Lock()
+        self.retransmits = 0  # segments TCP resent on the data connections of delivered pushes
         self.queued = 0  # waiting for or running on the engine
         self.transferring = 0
         self.completed = 0
@@ -131,6 +135,14 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         for the meter's `stale_s`."""
         with self._count_lock:
             meter = self.link_meter
+            if meter is None:
+                return 0.0, 0
+            return meter.estimate(time.monotonic()), meter.samples
+
+    def measured_rtt(self) -> tuple[float, int]:
+        """``(seconds, transfers)``: the link's round trip as TCP measured it (`RttMeter`)."""
+        with self._count_lock:
+            meter = self.rtt_meter
             if meter is None:
                 return 0.0, 0
             return meter.estimate(time.monotonic()), meter.samples
@@ -257,9 +269,12 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             context.abort(err.status, f"pushing the state to {request.decode_address}: {err}")
         assert result is not None  # a push that delivered was sealed, so prefill finished
         self._count("completed", 1)
-        if self.link_meter is not None:
+        if self.link_meter is not None and self.rtt_meter is not None:
             with self._count_lock:
-                self.link_meter.add(delivery.backlog_bytes, delivery.backlog_s, time.monotonic())
+                now = time.monotonic()
+                self.link_meter.add(delivery.backlog_bytes, delivery.backlog_s, now)
+                self.rtt_meter.add(delivery.rtt_s, now)
+                self.retransmits += delivery.retransmits
         return pb.PrefillReply(
             first_token=result.first_token,
             state_bytes=encoder.state_header.payload_nbytes,
