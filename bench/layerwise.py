@@ -11,7 +11,11 @@ means, TTFT, and the ratio of exposed transfers; the tokens must be equal in bot
 single-process greedy generation (exit status 1 otherwise).
 
     python bench/layerwise.py [--model recall-tiny] [--groups 4] [--bandwidth-mbps 2]
-                              [--prompts 8] [--lengths 100,200,400] [--netns] [--json]
+                              [--prompts 8] [--lengths 100,200,400] [--rtts 0]
+                              [--netns] [--json]
+
+``--rtts`` repeats both runs per round trip (``[link] rtt_ms``; under ``--netns`` in the packet
+path, serving/cluster/wan.py, else a delay the sender adds to each frame).
 
 What layer-wise emission can hide is bounded twice: by the last chunk's compute time, and by
 the bytes of the layers before the last group. The toy ``recall-tiny`` (KDA, KDA, KDA, MLA)
@@ -59,6 +63,7 @@ pd_decode = 1
 [link]
 bandwidth_mbps = {bandwidth_mbps}
 latency_ms = 0
+rtt_ms = {rtt_ms}
 
 [router]
 threshold = 16           # every prompt here goes to PrfaaS
@@ -70,13 +75,18 @@ enabled = false          # t stays put
 NEW_TOKENS = 4
 
 
-def run_mode(groups: int, args: argparse.Namespace, prompts: list[list[int]], root: Path) -> dict:
-    path = root / f"layer-groups-{groups}.toml"
+def run_mode(
+    groups: int, rtt_ms: float, args: argparse.Namespace, prompts: list[list[int]], root: Path
+) -> dict:
+    name = f"layer-groups-{groups}-rtt{rtt_ms:g}"
+    path = root / f"{name}.toml"
     path.write_text(
-        CONFIG.format(model=args.model, groups=groups, bandwidth_mbps=args.bandwidth_mbps)
+        CONFIG.format(
+            model=args.model, groups=groups, bandwidth_mbps=args.bandwidth_mbps, rtt_ms=rtt_ms
+        )
     )
     started = time.perf_counter()
-    with ClusterProcesses(path, log_dir=root / f"logs-{groups}", netns=args.netns) as cluster:
+    with ClusterProcesses(path, log_dir=root / f"logs-{name}", netns=args.netns) as cluster:
         ready = cluster.start()
         start_s = time.perf_counter() - started
         rows = []
@@ -100,7 +110,7 @@ def run_mode(groups: int, args: argparse.Namespace, prompts: list[list[int]], ro
                         "state_bytes": report.state_bytes,
                     }
                 )
-    return {"layer_groups": groups, "cluster_start_s": start_s, "requests": rows}
+    return {"layer_groups": groups, "rtt_ms": rtt_ms, "cluster_start_s": start_s, "requests": rows}
 
 
 def mean(rows: list[dict], key: str) -> float:
@@ -114,25 +124,32 @@ def main() -> int:
     parser.add_argument("--bandwidth-mbps", type=float, default=2.0, help="the link (Mbit/s)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts per length")
     parser.add_argument("--lengths", default="100,200,400", help="prompt lengths, comma-separated")
-    parser.add_argument("--netns", action="store_true", help="kernel-shaped veth (root)")
+    parser.add_argument("--rtts", default="0", help="round trips (ms), comma-separated")
+    parser.add_argument("--netns", action="store_true", help="the link in the kernel (root)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args()
     if args.groups < 2:
         parser.error("--groups must be ≥ 2 (1 is the chunk-wise baseline)")
-    lengths = [int(n) for n in args.lengths.split(",")]
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+        rtts = [float(x) for x in args.rtts.split(",")]
+    except ValueError as err:
+        parser.error(f"a comma-separated list of numbers: {err}")
     cfg, params = load_model(args.model)
     rng = np.random.default_rng(0)
     prompts = [
         rng.integers(0, cfg.vocab_size, n).tolist() for n in lengths for _ in range(args.prompts)
     ]
     with tempfile.TemporaryDirectory(prefix="prfaas-layerwise-") as tmp:
-        modes = [run_mode(g, args, prompts, Path(tmp)) for g in (1, args.groups)]
+        modes = [
+            run_mode(g, rtt, args, prompts, Path(tmp)) for rtt in rtts for g in (1, args.groups)
+        ]
     expected = reference_tokens(cfg, params, prompts, NEW_TOKENS, 512)
     same = all([r["tokens"] for r in mode["requests"]] == expected for mode in modes)
     by_length = []
-    for length in lengths:
-        row = {"prompt_len": length}
-        for mode in modes:
+    for rtt, length in [(rtt, length) for rtt in rtts for length in lengths]:
+        row = {"rtt_ms": rtt, "prompt_len": length}
+        for mode in (m for m in modes if m["rtt_ms"] == rtt):
             rows = [r for r in mode["requests"] if r["prompt_len"] == length]
             tag = "layerwise" if mode["layer_groups"] > 1 else "chunkwise"
             for key in ("prefill_ms", "exposed_transfer_ms", "ttft_ms"):
@@ -145,7 +162,7 @@ def main() -> int:
     result = {
         "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
-        "link": "kernel tbf on a veth (netns)" if args.netns else "in-process token bucket",
+        "link": "kernel tbf and delay line (netns)" if args.netns else "in-process token bucket",
         "model": args.model,
         "bandwidth_mbps": args.bandwidth_mbps,
         "layer_groups": args.groups,
@@ -161,14 +178,15 @@ def main() -> int:
         f"({', '.join(k.value for k in cfg.layers)}), "
         f"{args.prompts} prompts per length, one at a time; means in ms"
     )
-    head = ("prompt", "state B", "prefill", "exposed", "TTFT", "prefill", "exposed", "TTFT", "÷")
-    print(f"{'':>16}{'chunk-wise':^24}{'layer-wise (' + str(args.groups) + ' groups)':^24}")
-    print("".join(f"{h:>8}" for h in head))
+    head = ("RTT", "prompt", "state B", "prefill", "exposed", "TTFT", "prefill", "exposed", "TTFT")
+    print(f"{'':>24}{'chunk-wise':^24}{'layer-wise (' + str(args.groups) + ' groups)':^24}")
+    print("".join(f"{h:>8}" for h in (*head, "÷")))
     for row in by_length:
         cells = [row["prompt_len"], row["state_bytes"]]
         for tag in ("chunkwise", "layerwise"):
             cells += [row[f"{tag}_{k}"] for k in ("prefill_ms", "exposed_transfer_ms", "ttft_ms")]
-        text = [f"{cells[0]:>8}", f"{cells[1]:>8}"] + [f"{c:>8.1f}" for c in cells[2:]]
+        text = [f"{row['rtt_ms']:>8g}", f"{cells[0]:>8}", f"{cells[1]:>8}"]
+        text += [f"{c:>8.1f}" for c in cells[2:]]
         print("".join(text) + f"{row['exposed_ratio']:>8.2f}")
     print(f"outputs equal single-process greedy generation in both runs: {'yes' if same else 'NO'}")
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}))

@@ -36,16 +36,14 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import tomllib
 from pathlib import Path
 
 import numpy as np
+from sim_inputs import ROUTES, plan_and_trace, toml_text
 
-from prfaas_jax.config import load_model_config
-from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.loadgen.bench import BenchOptions, BenchResult, InputDist, run_bench
 from prfaas_jax.sim.config import load_sim_config
@@ -53,17 +51,6 @@ from prfaas_jax.sim.simulator import Simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = ROOT / "configs" / "clusters" / "toy.toml"
-ROUTES = ("prfaas", "pd")
-
-
-def _toml(sections: dict[str, dict]) -> str:
-    """A TOML document of flat tables (values: numbers, booleans, strings, lists of them)."""
-    lines = []
-    for name, keys in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in keys.items()]
-        lines.append("")
-    return "\n".join(lines)
 
 
 def cluster_config(root: Path, groups: int) -> Path:
@@ -72,7 +59,7 @@ def cluster_config(root: Path, groups: int) -> Path:
     toy["controller"] = {"enabled": False}  # t stays put: the simulator routes alike
     toy["prefix_cache"] = {"enabled": False}
     path = root / f"toy-groups-{groups}.toml"
-    path.write_text(_toml(toy))
+    path.write_text(toml_text(toy))
     return path
 
 
@@ -97,70 +84,16 @@ def measure(root: Path, groups: int, args: argparse.Namespace) -> tuple[list[Ben
     return records, tomllib.loads(config.read_text())
 
 
-def fit_line(lengths: list[int], seconds: list[float]) -> list[float]:
-    """[c0, c1] of the least-squares line; a constant when the lengths do not vary."""
-    if len(set(lengths)) < 2:
-        return [statistics.fmean(seconds), 0.0]
-    c1, c0 = np.polyfit(np.asarray(lengths, float), np.asarray(seconds, float), 1)
-    return [max(float(c0), 0.0), max(float(c1), 0.0)]
-
-
 def simulate(root: Path, records: list[BenchResult], toy: dict, groups: int, tag: str) -> dict:
     """Replay ``records`` through the simulator with profiles fitted to them (module doc)."""
-    cfg = load_model_config(toy["model"]["preset"])
-    max_len = toy["engine"]["max_len"]
-    profile = {}
-    for route in ROUTES:
-        done = [r for r in records if r.route == route and r.prefill_s is not None]
-        profile[route] = fit_line([r.prompt_len for r in done], [r.prefill_s for r in done])
-    tpot = [(r.e2el - r.ttft) / (r.output_tokens - 1) for r in records if r.output_tokens > 1]
-    local = [r.exposed_transfer for r in records if r.route == "pd" and r.exposed_transfer]
-    handoff_s = statistics.median(local) if local else 0.0
-    start = min(r.sent for r in records)
-    trace = root / f"trace-{tag}.jsonl"
-    trace.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "timestamp": (r.sent - start) * 1e3,
-                    "input_length": r.prompt_len,
-                    "output_length": r.output_tokens,
-                    "hash_ids": [],
-                }
-            )
-            + "\n"
-            for r in sorted(records, key=lambda r: r.sent)
-        )
-    )
-    lengths = root / f"lengths-{tag}.txt"
-    lengths.write_text("".join(f"{r.prompt_len}\n" for r in records))
+    fitted = plan_and_trace(root, records, toy, tag)
     link = toy["link"]
-    plan = {
-        "workload": {"output_len": statistics.fmean(r.output_tokens for r in records)},
-        "workload.input_len": {"distribution": "trace", "path": str(lengths)},
-        "prfaas": {"instances": 1, "gpus_per_instance": 1, "egress_gbps": 1.0},
-        "prfaas.prefill_time_s": {"kind": "polynomial", "coeffs": profile["prfaas"]},
-        "local": {
-            "instances": 2,
-            "gpus_per_instance": 1,
-            "decode_max_batch_size": toy["engine"]["max_slots"],
-            "decode_step_s": statistics.fmean(tpot),
-        },
-        "local.prefill_time_s": {"kind": "polynomial", "coeffs": profile["pd"]},
-        "kv_size_mib": {
-            "kind": "table",
-            "lengths": [1, max_len],
-            "values": [state_nbytes(cfg, n) / 2**20 for n in (1, max_len)],
-        },
-        "search": {"threshold_step": 16},
-    }
-    (root / f"plan-{tag}.toml").write_text(_toml(plan))
     sim = {
-        "workload": {"arrivals": "trace", "path": str(trace)},
+        "workload": {"arrivals": "trace", "path": str(fitted["trace"])},
         "link": {
             "schedule": [[0, link["bandwidth_mbps"] / 1e3]],
             "latency_s": link.get("latency_ms", 0.0) / 1e3,
-            "handoff_s": handoff_s,
+            "handoff_s": fitted["handoff_s"],
             "layerwise": groups > 1,
             "chunks": groups,
         },
@@ -175,14 +108,14 @@ def simulate(root: Path, records: list[BenchResult], toy: dict, groups: int, tag
         },
     }
     path = root / f"sim-{tag}.toml"
-    path.write_text(f'plan = "plan-{tag}.toml"\n' + _toml(sim))
+    path.write_text(f'plan = "plan-{tag}.toml"\n' + toml_text(sim))
     config = load_sim_config(path)
     result = Simulator(config, config.deployments[0]).run()
     return {
         "result": result,
-        "profile": profile,
-        "decode_step_s": statistics.fmean(tpot),
-        "handoff_s": handoff_s,
+        "profile": fitted["profile"],
+        "decode_step_s": fitted["decode_step_s"],
+        "handoff_s": fitted["handoff_s"],
     }
 
 
