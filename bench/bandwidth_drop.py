@@ -153,7 +153,7 @@ def simulate(root: Path, records: list, toy: dict, sent0: float, args: argparse.
                 [max(args.drop_at - sent0, 0.0), gbps * args.drop],
                 [args.drop_at + args.drop_for - sent0, gbps],
             ],
-            "latency_s": args.rtt_ms / 2e3,
+            "rtt_ms": args.rtt_ms,
             "handoff_s": fitted["handoff_s"],
         },
         "router": {"prfaas_max_queue": 64, "control_period_s": 0.5},

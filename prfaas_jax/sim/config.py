@@ -10,8 +10,8 @@ model leaves out. Sections (docs/simulator.md explains every key):
     plan = "…/plans/x.toml"   relative to this file
     [workload]      arrivals = "poisson" | "gamma" | "trace", rate, burstiness, requests, seed,
                     path (trace), output_len;  [workload.prefix] groups, zipf, shared_len
-    [link]          schedule = [[time_s, gbps], …], latency_s, handoff_s, layerwise, chunks,
-                    rdma_gbps
+    [link]          schedule = [[time_s, gbps], …], latency_s or rtt_ms, handoff_s, layerwise,
+                    chunks, rdma_gbps
     [decode]        step_fixed_fraction
     [cache]         block_len, prfaas_blocks, pd_blocks           (optional: prefix caches)
     [router]        prfaas_max_queue, bandwidth_abundant, control_period_s
@@ -51,6 +51,9 @@ SECTIONS += ("rebalancer", "saturation", "report", "deployments")
 class LinkSpec:
     schedule: tuple[tuple[float, float], ...]  # (from time s, Gbps), first at 0
     latency_s: float = 0.0  # propagation delay: a state arrives this long after its last byte
+    # The round trip, as a cluster config's `[link] rtt_ms`: > 0 replaces latency_s by half of
+    # it (the simulator's link is bytes, not packets: no loss or jitter here).
+    rtt_ms: float = 0.0
     handoff_s: float = 0.0  # fixed cost of handing any state to decode (both routes)
     layerwise: bool = True  # transfer overlaps prefill, layer by layer
     chunks: int = 60  # pieces the state is produced in (≈ layers)
@@ -65,6 +68,12 @@ class LinkSpec:
             raise ValueError("the bandwidth schedule's Gbps must be positive")
         if self.chunks < 1 or not self.rdma_gbps > 0 or min(self.latency_s, self.handoff_s) < 0:
             raise ValueError("need chunks ≥ 1, rdma_gbps > 0, latency_s ≥ 0 and handoff_s ≥ 0")
+        if self.rtt_ms < 0:
+            raise ValueError("rtt_ms must be ≥ 0")
+
+    @property
+    def one_way_s(self) -> float:
+        return self.rtt_ms / 2e3 if self.rtt_ms else self.latency_s
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,7 @@ class Simulator:
 
     def _delivered(self, req: Request) -> None:
         """The state's last byte left the link; decode has it `latency_s` + `handoff_s` later."""
-        delay = self.config.link.latency_s + self.config.link.handoff_s
+        delay = self.config.link.one_way_s + self.config.link.handoff_s
         if delay > 0:
             self.loop.schedule(self.loop.now + delay, self._first_token, req)
         else:

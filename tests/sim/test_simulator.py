@@ -28,7 +28,7 @@ from prfaas_jax.sim.cluster import (
     LinkModel,
     incremental_prefill_s,
 )
-from prfaas_jax.sim.config import SaturationSpec, load_sim_config, with_overrides
+from prfaas_jax.sim.config import LinkSpec, SaturationSpec, load_sim_config, with_overrides
 from prfaas_jax.sim.events import EventLoop
 from prfaas_jax.sim.report import exposed_transfer_s, ttft_s
 from prfaas_jax.sim.saturation import analytic_point, saturation_search
@@ -423,3 +423,11 @@ def test_bandwidth_drop_controller_raises_t_and_egress_stays_under_the_link():
     sent = np.diff(np.asarray(series["sent_bytes"])) * 8 / 1e9 / np.diff(time_s)
     assert np.all(sent[degraded] <= degraded_gbps * (1 + 1e-9))
     assert result.num_finished == result.num_arrived == 9000
+
+
+def test_a_round_trip_replaces_the_latency_by_half_of_it():
+    schedule = ((0.0, 1.0),)
+    assert LinkSpec(schedule, latency_s=0.004).one_way_s == 0.004
+    assert LinkSpec(schedule, latency_s=0.004, rtt_ms=40.0).one_way_s == pytest.approx(0.020)
+    with pytest.raises(ValueError, match="rtt_ms"):
+        LinkSpec(schedule, rtt_ms=-1.0)
