@@ -229,7 +229,8 @@ def test_a_killed_launchers_delay_line_and_namespaces_go(tmp_path):
             text=True,
         )
     assert wan_processes.stdout.strip() == ""
-    assert set(left) <= set(remove_stale())
+    # The next start's clean-up (another test's cluster may have started first and done it).
+    remove_stale()
     assert owned_namespaces(serve.pid) == []
 
 

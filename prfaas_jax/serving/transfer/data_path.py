@@ -324,11 +324,15 @@ class DataSender:
             if parts:
                 parts[0] = parts[0][sent:]
 
-    def end(self) -> None:
-        """The push ended on purpose: the `end` record, then close."""
+    def end(self, *, close: bool = True) -> None:
+        """The push ended on purpose: the `end` record, then close (``close`` False: the caller
+        closes it once the receiver answered, so `tcp_info` counts every retransmission)."""
         try:
             self._conn.sendall(RECORD.pack(0, END))
-        finally:
+        except BaseException:
+            self.close()
+            raise
+        if close:
             self.close()
 
     def abort(self) -> None:
@@ -374,12 +378,14 @@ def push_messages(
     sender: DataSender | None,
     *,
     stopped: Callable[[], bool] = lambda: False,
+    keep_open: bool = False,
 ) -> Iterator[pb.StateChunk | FrameChunk]:
     """`PushState`'s request stream: ``first`` (with the data connection's ticket), then the
     ``(frame, queued)`` pairs — on ``sender``'s connection, which ends with its `end` record
     unless ``stopped()`` says the push was given up, or (``sender`` None) as messages of the
     stream, a secondary stripe's with its `last` message. A broken data connection ends the
-    stream quietly: the decode worker's reply says what happened."""
+    stream quietly: the decode worker's reply says what happened. ``keep_open``: a connection
+    that ended cleanly is left for the caller to close (after the reply)."""
     if sender is None:
         yield first
         for frame, queued in frames:
@@ -388,13 +394,16 @@ def push_messages(
             yield pb.StateChunk(last=True)  # a secondary stripe's clean end
         return
     first.data_ticket = sender.ticket
+    ended = False
     try:
         yield first
         for frame, queued in frames:
             sender.send(frame, queued)
         if not stopped():
-            sender.end()
+            sender.end(close=not keep_open)
+            ended = True
     except OSError:
         pass
     finally:
-        sender.close()
+        if not (ended and keep_open):
+            sender.close()

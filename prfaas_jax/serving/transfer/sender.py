@@ -133,7 +133,9 @@ class StatePush:
             sender=self._name,
         )
         frames = self._outbox.frames_to_send(lane)
-        yield from push_messages(first, frames, sender, stopped=lambda: self._outbox.stopped)
+        yield from push_messages(
+            first, frames, sender, stopped=lambda: self._outbox.stopped, keep_open=True
+        )
 
     def put_all(self, frames: Iterable[bytes | FrameParts]) -> None:
         for frame in frames:
@@ -156,10 +158,11 @@ class StatePush:
         except grpc.RpcError as err:
             error = PushFailedError(err.details() or "", err.code())
         else:
+            # The receiver has every byte: TCP's counts of the connections are final now.
+            senders = self._close_senders()
             if self.transfer.phase is TransferPhase.SEALED:
                 self.transfer.end(TransferPhase.DELIVERED)
                 backlog_bytes, backlog_s = striped_sample(replies)
-                senders = list(self._senders)
                 return Delivery(
                     backlog_bytes,
                     backlog_s,
@@ -170,9 +173,18 @@ class StatePush:
             # Stopped although every push went through: cannot happen, but say so.
             error = TransferError("the prefill stopped before its state was sent")
             error.ends_in = TransferPhase.ABANDONED
+        self._close_senders()
         self.transfer.end(error.ends_in)
         raise error
 
     def cancel(self) -> None:
         self.transfer.end(TransferPhase.ABANDONED)
         self._outbox.cancel()
+        self._close_senders()
+
+    def _close_senders(self) -> list[DataSender]:
+        """Close the data connections (each reads its `tcp_info` as it closes)."""
+        senders = list(self._senders)
+        for sender in senders:
+            sender.close()
+        return senders
