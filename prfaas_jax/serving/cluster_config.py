@@ -16,8 +16,9 @@ except `[model] preset` (docs/serving.md explains each):
                   PrfaaS instance, sharing its mesh: engine/spmd.py)
     [link]        bandwidth_mbps, latency_ms, rtt_ms, jitter_ms, loss_percent, loss_burst, reorder
                   (the link in packets: serving/cluster/wan.py), burst_kib, schedule ([[at_s,
-                  factor], …]), repeat_s, streams, precision (how a state crossing the link is encoded: "native",
-                  "bf16", "int8", "fp8_e4m3" or per kind, "state=bf16,kv=int8")
+                  factor], …]), repeat_s, streams, precision (how a state crossing the link is
+                  encoded: "native", "bf16", "int8", "fp8_e4m3" or per kind,
+                  "state=bf16,kv=int8")
     [router]      threshold, prfaas_max_queue, cache_rule, cache_index (the cached lengths
                   from an index of the instances' cache events; serving/router/cache_feed.py),
                   replicate_prefixes (a hot prefix is copied to the instance load picks),
