@@ -126,25 +126,14 @@ class Transfer:
 
     def move(self, to: TransferPhase) -> None:
         with self._lock:
-            if to not in LEGAL_TRANSITIONS[self._phase]:
-                raise TransferPhaseError(
-                    f"{self.request_id}: transfer {self._phase.value} → {to.value} is not a "
-                    "legal move"
-                )
             self._set(to)
 
     def advance(self, to: TransferPhase) -> None:
         """`move`, unless the transfer is already there (every frame of a stream advances it
         to STREAMING) or already ended (a verdict another thread gave first)."""
         with self._lock:
-            if self._phase is to or self._phase in FINAL_PHASES:
-                return
-            if to not in LEGAL_TRANSITIONS[self._phase]:
-                raise TransferPhaseError(
-                    f"{self.request_id}: transfer {self._phase.value} → {to.value} is not a "
-                    "legal move"
-                )
-            self._set(to)
+            if self._phase is not to and self._phase not in FINAL_PHASES:
+                self._set(to)
 
     def end(self, to: TransferPhase) -> bool:
         """The final verdict ``to``, unless there already is one; whether it was given."""
@@ -153,15 +142,15 @@ class Transfer:
         with self._lock:
             if self._phase in FINAL_PHASES:
                 return False
-            if to not in LEGAL_TRANSITIONS[self._phase]:  # DELIVERED before SEALED
-                raise TransferPhaseError(
-                    f"{self.request_id}: transfer {self._phase.value} → {to.value} is not a "
-                    "legal move"
-                )
-            self._set(to)
+            self._set(to)  # DELIVERED before SEALED is still refused
             return True
 
     def _set(self, to: TransferPhase) -> None:
+        """The move to ``to``, checked (caller holds the lock)."""
+        if to not in LEGAL_TRANSITIONS[self._phase]:
+            raise TransferPhaseError(
+                f"{self.request_id}: transfer {self._phase.value} → {to.value} is not a legal move"
+            )
         self._phase = to
         if to in FINAL_PHASES and self._ledger is not None:
             self._ledger.record(to)
