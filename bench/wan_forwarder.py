@@ -70,14 +70,14 @@ def in_ns(namespace: str, script: str, *args: object, **popen) -> subprocess.Pop
 
 
 def run(topology: NetnsTopology, port: str, rate_mbps: float, args, stats: Path) -> dict:
+    # The run's own root qdisc: none (the default), or a tbf at the rate.
+    subprocess.run(
+        ["tc", "-n", topology.prfaas_ns, "qdisc", "del", "dev", LINK_DEVICE, "root"],
+        check=False,
+        capture_output=True,
+    )
     if rate_mbps:
-        set_tbf(LINK_DEVICE, rate_mbps * 1e6 / 8, namespace=topology.prfaas_ns, add=False)
-    else:  # no shaping: replace the tbf by the default qdisc
-        subprocess.run(
-            ["tc", "-n", topology.prfaas_ns, "qdisc", "del", "dev", LINK_DEVICE, "root"],
-            check=False,
-            capture_output=True,
-        )
+        set_tbf(LINK_DEVICE, rate_mbps * 1e6 / 8, namespace=topology.prfaas_ns, add=True)
     line = subprocess.Popen(
         [
             *topology.wan_exec_prefix(), sys.executable, "-m", "prfaas_jax.serving.cluster.wan",
@@ -126,7 +126,7 @@ def main() -> int:
     except ValueError as err:
         parser.error(f"--rates: {err}")
     topology = NetnsTopology.create(100e6 / 8, wan=True)
-    rows = []
+    rows, sink = [], None
     try:
         sink = in_ns(topology.pd_ns, SINK, topology.pd_host)
         port = sink.stdout.readline().strip()
@@ -134,9 +134,10 @@ def main() -> int:
             rows = [
                 run(topology, port, r, args, Path(tmp) / f"{i}.json") for i, r in enumerate(rates)
             ]
-        sink.kill()
-        sink.wait()
     finally:
+        if sink is not None:
+            sink.kill()
+            sink.wait()
         topology.close()
     report = {
         "rtt_ms": args.rtt_ms,
