@@ -47,6 +47,7 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir, enable_compile_cache
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_config import load_cluster_config, serving_model_config
+from prfaas_jax.serving.loadgen.demo import send
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.state_bytes import state_nbytes
@@ -99,14 +100,9 @@ checkpoint_every = 4
 def ask(
     stub: pb_grpc.RouterStub, prompt: list[int], new: int
 ) -> tuple[list[int], pb.RequestReport]:
-    tokens, report = [], None
-    request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=new)
-    for message in stub.Generate(request, timeout=900):
-        tokens += message.token_ids
-        if message.finished:
-            report = message.report
-    assert report is not None, "the stream ended without a report"
-    return tokens, report
+    """One request, streamed to its end (as `prfaas demo` sends one): its tokens and report."""
+    result = send(stub, f"long-{len(prompt)}-{time.monotonic_ns()}", prompt, new)
+    return result.tokens, result.report
 
 
 def row(kind: str, prompt: list[int], tokens: list[int], report: pb.RequestReport) -> dict:

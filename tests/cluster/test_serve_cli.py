@@ -126,18 +126,23 @@ def test_launcher_death_takes_the_cluster_down(tmp_path):
     assert not [pid for pid in pids if alive(pid)], "orphan processes"
 
 
-def test_config_mistakes_are_one_line(tmp_path):
-    bad = tmp_path / "bad.toml"
-    bad.write_text('[model]\npreset = "tiny"\n[router]\nthreshhold = 1\n')
+def refused_at_start(config: pathlib.Path) -> str:
+    """`prfaas serve --config CONFIG`'s one line on stderr, once it exited with status 2."""
     result = subprocess.run(
-        [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(bad)],
+        [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0
-    assert "router.threshhold: unknown key" in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    return result.stderr
+
+
+def test_config_mistakes_are_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\npreset = "tiny"\n[router]\nthreshhold = 1\n')
+    assert "router.threshhold: unknown key" in refused_at_start(bad)
 
 
 def test_a_max_len_past_a_trained_limit_is_refused_at_start(tmp_path):
@@ -152,15 +157,8 @@ def test_a_max_len_past_a_trained_limit_is_refused_at_start(tmp_path):
     )
     config = fake_config(tmp_path / "cluster.toml", model={"preset": str(model)})
     config.write_text(config.read_text().replace("max_len = 512", "max_len = 8192"))
-    result = subprocess.run(
-        [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0, result.stderr
-    assert "engine.max_len: 8192 tokens exceed tiny's max_len 4096" in result.stderr
-    assert "trained for" in result.stderr
+    error = refused_at_start(config)
+    assert "engine.max_len: 8192 tokens exceed tiny's max_len 4096" in error
+    assert "trained for" in error
     config.write_text(config.read_text().replace("max_len = 8192", "max_len = 4096"))
     assert load_cluster_config(config).engine.max_len == 4096
