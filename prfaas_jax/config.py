@@ -307,6 +307,10 @@ class ModelConfig:
     state_dtype: str = "float32"  # recurrent states of linear layers
     tie_embeddings: bool = False
     max_len: int = 131072  # longest sequence the model is meant to see
+    # True: max_len is the positional range the weights were trained for (an imported Hugging
+    # Face checkpoint's max_position_embeddings), which `with_max_len` may lower but never lift.
+    # False (every preset here: NoPE MLA, or RoPE on weights with no trained range): a default.
+    max_len_fixed: bool = False
     linear: LinearAttentionConfig | None = None
     attention: AttentionConfig | None = None  # GQA layers
     swa: AttentionConfig | None = None  # SWA layers
@@ -362,6 +366,18 @@ class ModelConfig:
             kind
         ]
 
+    def with_max_len(self, max_len: int) -> ModelConfig:
+        """This model holding up to ``max_len`` tokens, lifted or lowered: the limit is not part
+        of the model (`fingerprint` leaves it out), so states stay exchangeable. A ``ConfigError``
+        when ``max_len`` is past a fixed limit (``max_len_fixed``)."""
+        _check(max_len >= 1, f"max_len must be ≥ 1, got {max_len}")
+        _check(
+            not self.max_len_fixed or max_len <= self.max_len,
+            f"{max_len} tokens exceed {self.name}'s max_len {self.max_len}, the positional "
+            "range its weights were trained for (max_len_fixed)",
+        )
+        return dataclasses.replace(self, max_len=max_len)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict that ``config_from_dict`` turns back into an equal config."""
         return _plain(dataclasses.asdict(self))
@@ -369,9 +385,9 @@ class ModelConfig:
     def fingerprint(self) -> str:
         """Hex SHA-256 of the canonical config.
 
-        ``name`` and ``max_len`` are excluded: neither changes the math nor the state layout, so
-        deployments with different serving limits can still exchange states. Computed once per
-        config (every state header is checked against it).
+        ``name``, ``max_len`` and ``max_len_fixed`` are excluded: none changes the math or the
+        state layout, so deployments with different serving limits can still exchange states.
+        Computed once per config (every state header is checked against it).
         """
         return self._fingerprint
 
@@ -380,6 +396,7 @@ class ModelConfig:
         canonical = self.to_dict()
         canonical.pop("name")
         canonical.pop("max_len")
+        canonical.pop("max_len_fixed")
         blob = json.dumps(canonical, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()
 

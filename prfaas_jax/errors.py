@@ -20,3 +20,8 @@ class CheckpointError(UserError):
 
 class EngineError(UserError, ValueError):
     """A request or state an engine cannot take (wrong model, too long, out of range)."""
+
+
+class LengthLimitError(EngineError):
+    """A request that needs more positions than the engine holds (its ``max_len``): it cannot
+    succeed on that engine however often it is tried, so a server answers it as final."""

@@ -30,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.policy.routing import Role
-from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl
@@ -223,7 +223,7 @@ def serve_in_process(
     UNIMPLEMENTED, which never takes an instance out of routing). With `prefix_caches`, each
     prefill instance has the prefix cache `[prefix_cache]` describes and serves it, as a worker
     process does. The router's control loop is not started: it only renders `GetStats`."""
-    cfg = load_model_config(config.model.preset)
+    cfg = serving_model_config(config)
     shapers, faults, controls = shapers or {}, faults or {}, controls or {}
     prefill: dict[str, PrefillService] = {}
     decode: dict[str, DecodeService] = {}

@@ -90,5 +90,26 @@ def test_toml_file_errors(tmp_path):
 def test_fingerprint_tracks_the_math_only():
     cfg = load_model_config("tiny")
     assert cfg.fingerprint() == dataclasses.replace(cfg, name="x", max_len=7).fingerprint()
+    assert cfg.fingerprint() == dataclasses.replace(cfg, max_len_fixed=True).fingerprint()
     assert cfg.fingerprint() != dataclasses.replace(cfg, norm_eps=1e-6).fingerprint()
     assert cfg.fingerprint() != load_model_config("tiny-gdn").fingerprint()
+
+
+def test_with_max_len_lifts_a_default_limit_and_keeps_a_trained_one():
+    """A preset's max_len is a default (NoPE MLA, or RoPE without a trained range): lifted or
+    lowered at will. One marked `max_len_fixed` (an imported checkpoint's trained positional
+    range) may be lowered, never lifted."""
+    cfg = load_model_config("recall-tiny")
+    assert (cfg.max_len, cfg.max_len_fixed) == (4096, False)
+    lifted = cfg.with_max_len(32768)
+    assert lifted.max_len == 32768
+    assert lifted == dataclasses.replace(cfg, max_len=32768)
+    assert lifted.fingerprint() == cfg.fingerprint()
+    assert cfg.with_max_len(512).max_len == 512
+    fixed = dataclasses.replace(cfg, max_len_fixed=True)
+    assert fixed.with_max_len(4096).max_len == 4096
+    assert fixed.with_max_len(1024).max_len == 1024
+    with pytest.raises(ConfigError, match="4097 tokens exceed recall-tiny's max_len 4096"):
+        fixed.with_max_len(4097)
+    with pytest.raises(ConfigError, match="max_len must be ≥ 1"):
+        cfg.with_max_len(0)

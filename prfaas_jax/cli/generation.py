@@ -20,7 +20,7 @@ from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.generate import generate, prompt_logits
 from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
-from prfaas_jax.errors import UserError
+from prfaas_jax.errors import ConfigError, UserError
 from prfaas_jax.model.sharding import make_mesh
 from prfaas_jax.model.weights import load_model
 from prfaas_jax.ops.dispatch import Impl
@@ -103,13 +103,16 @@ def prompt_ids(request: GenerateRequest, cfg: ModelConfig) -> list[int]:
 
 
 def with_max_len(cfg: ModelConfig, max_len: int | None) -> ModelConfig:
-    """``cfg`` holding up to ``max_len`` tokens (unchanged for None). The limit is not part of
-    the model (`ModelConfig.fingerprint` leaves it out): states stay exchangeable."""
+    """``cfg`` holding up to ``max_len`` tokens (unchanged for None), as a cluster's
+    ``[engine] max_len`` does (`ModelConfig.with_max_len`: a fixed limit is never lifted)."""
     if max_len is None:
         return cfg
     if max_len < 1:
         raise UserError(f"--max-len must be at least 1, got {max_len}")
-    return dataclasses.replace(cfg, max_len=max_len)
+    try:
+        return cfg.with_max_len(max_len)
+    except ConfigError as err:
+        raise UserError(f"--max-len: {err}") from None
 
 
 def sampling_params(request: GenerateRequest) -> SamplingParams:

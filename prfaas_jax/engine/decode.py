@@ -30,7 +30,7 @@ from prfaas_jax.engine.sampling import (
     sampling_knobs,
 )
 from prfaas_jax.engine.state_resize import check_fits, with_capacity
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState, decode_step, init_state
 from prfaas_jax.model.sharding import shard_params, shard_state
 from prfaas_jax.ops.dispatch import Impl
@@ -163,7 +163,7 @@ class DecodeEngine:
         length = int(np.asarray(state.lengths)[0])
         # Each step absorbs the previous token, so n new tokens need L + n positions.
         if length + max_new_tokens > self.max_len:
-            raise EngineError(
+            raise LengthLimitError(
                 f"state ({length} tokens) + max_new_tokens ({max_new_tokens}) exceed the decode "
                 f"engine's max_len {self.max_len}"
             )

@@ -58,7 +58,7 @@ from prfaas_jax.engine.codec.layout import (
     state_from_arrays,
 )
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState
 
 STATE_MISMATCH = "does not match its tokens"
@@ -221,7 +221,7 @@ class FakePrefillEngine:
         ids = head + new
         capacity = max_len or len(ids)
         if len(ids) > capacity:
-            raise EngineError(f"prompt ({len(ids)}) exceeds max_len {capacity}")
+            raise LengthLimitError(f"prompt ({len(ids)}) exceeds max_len {capacity}")
         compute_s = self.seconds_per_token * len(new)  # only the uncached part costs
         state = state_from_arrays(self.cfg, len(ids), _arrays(self.cfg, ids), capacity)
         if on_layers is not None and len(self.groups) > 1:  # its one call, layer by layer
@@ -287,7 +287,9 @@ class FakeDecodeEngine:
         prompt = self._checked(state)
         length = len(prompt)
         if length + max_new_tokens > self.max_len:
-            raise EngineError(f"state ({length}) + {max_new_tokens} exceed max_len {self.max_len}")
+            raise LengthLimitError(
+                f"state ({length}) + {max_new_tokens} exceed max_len {self.max_len}"
+            )
         if not self.free_slots:
             raise EngineError(f"all {self.max_slots} slots are busy")
         slot = self.free_slots[0]
@@ -302,7 +304,7 @@ class FakeDecodeEngine:
         """The tokens of `state`, once it is checked to be their fake state and to fit."""
         prompt = _checked_tokens(self.cfg, state, "the state")
         if len(prompt) > self.max_len:
-            raise EngineError(f"state ({len(prompt)}) exceeds max_len {self.max_len}")
+            raise LengthLimitError(f"state ({len(prompt)}) exceeds max_len {self.max_len}")
         return prompt
 
     def step(self) -> list[tuple[int, int]]:

@@ -46,7 +46,7 @@ from prfaas_jax.engine.sampling import (
     sampling_knobs,
 )
 from prfaas_jax.engine.state_resize import fresh_state, with_capacity
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState, prefill, prefill_layers
 from prfaas_jax.model.sharding import shard_params, shard_state, to_host
 from prfaas_jax.ops.dispatch import Impl
@@ -183,9 +183,14 @@ class PrefillEngine:
         total = prefix_len + num_tokens
         if num_tokens < 1:
             raise EngineError("the prompt is empty")
-        limit = self.cfg.max_len if max_len is None else min(max_len, self.cfg.max_len)
-        if total > limit:
+        if max_len is not None and max_len > self.cfg.max_len:
+            # Never cut to the model's limit silently: the caller lifts it (cfg.with_max_len).
             raise EngineError(
+                f"a capacity of {max_len} tokens exceeds the model's max_len {self.cfg.max_len}"
+            )
+        limit = self.cfg.max_len if max_len is None else max_len
+        if total > limit:
+            raise LengthLimitError(
                 f"prefix ({prefix_len}) + prompt ({num_tokens}) = {total} tokens exceed "
                 f"{'the model' if max_len is None else 'max_len'}'s limit of {limit}"
             )

@@ -1,8 +1,9 @@
 """Toy-cluster configs (`configs/clusters/*.toml`): `load_cluster_config(path) -> ClusterConfig`.
 
-Also exposes `instance_roles` (the instance names and their starting roles); the section
-dataclasses it reads into are serving/cluster_sections.py. Sections and keys, all optional
-except `[model] preset` (docs/serving.md explains each):
+Also exposes `serving_model_config` (the model every process of the cluster serves, holding
+`[engine] max_len` tokens) and `instance_roles` (the instance names and their starting roles);
+the section dataclasses it reads into are serving/cluster_sections.py. Sections and keys, all
+optional except `[model] preset` (docs/serving.md explains each):
 
     [model]       preset, seed, impl ("chunk" | "reference" | "pallas"), engine ("jax" | "fake")
     [engine]      max_len, chunk_len, buckets, max_slots, frame_bytes, compile_cache,
@@ -45,6 +46,14 @@ except `[model] preset` (docs/serving.md explains each):
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type or out
 of range (`toml_config`); a section under its former name gets one naming the new one
 (`[chaos] is now [faults]`).
+
+One limit. `[engine] max_len` is the number of tokens (prompt + new) a request may hold in this
+cluster, decided once, here: it replaces the preset's `max_len`, lifting it as `prfaas generate
+--max-len` does for one run, and the router, the front door, every worker's engines and `prfaas
+bench` (through the router's stats) read it. A preset whose limit is the positional range its
+weights were trained for (`max_len_fixed`: an imported Hugging Face checkpoint) cannot be lifted:
+a larger `[engine] max_len` is a `ConfigError` when the config is loaded, so `prfaas serve` and
+every process refuse it at start.
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from prfaas_jax.config import ModelConfig, load_model_config
+from prfaas_jax.errors import ConfigError
 from prfaas_jax.mesh_spec import parse_mesh_spec
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.routing import Role
@@ -109,6 +120,13 @@ class ClusterConfig:
         """The threshold controller's policy: `[controller]`'s keys, candidates every
         `threshold_step` tokens up to `engine.max_len`."""
         return self.controller.config
+
+
+def serving_model_config(config: ClusterConfig) -> ModelConfig:
+    """The model the cluster serves: `[model] preset` holding `[engine] max_len` tokens (module
+    docstring, "One limit"). Every process builds its model from this, never from the preset
+    alone. A `ConfigError` when `max_len` is past a fixed limit."""
+    return load_model_config(config.model.preset).with_max_len(config.engine.max_len)
 
 
 def instance_roles(config: ClusterConfig) -> dict[str, Role]:
@@ -185,6 +203,11 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         config, hosts=_hosts(doc.get("hosts", {}), where.at("hosts"), config)
     )
     _check_processes(config, where)
+    model = load_model_config(config.model.preset)
+    try:
+        model.with_max_len(engine.max_len)
+    except ConfigError as err:  # past a trained positional range: refused before any process
+        raise where.at("engine").at("max_len").error(str(err)) from None
     return config
 
 

@@ -160,6 +160,15 @@ def test_max_len_replaces_the_models_limit(tmp_path, capsys):
     assert len(json.loads(out)["tokens"]) == 3
     code, _, err = _generate(capsys, "--prompt-ids", ",".join(["5"] * 30), "--max-len", "20")
     assert code == 2 and "max_len 20" in err
+    # A limit the weights were trained to (max_len_fixed, as an imported checkpoint has) holds.
+    fixed = tmp_path / "fixed.toml"
+    fixed.write_text(text.replace("\nmax_len = 4096\n", "\nmax_len = 24\nmax_len_fixed = true\n"))
+    prompt = ("--model", str(fixed), "--prompt-ids", ",".join(["5"] * 30))
+    code, _, err = _generate(capsys, *prompt, "--max-len", "40")
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "--max-len: 40 tokens exceed tiny's max_len 24, the positional range" in err
+    code, out, err = _generate(capsys, *prompt[:2], "--prompt-ids", "5,5", "--max-len", "20")
+    assert code == 0, err
 
 
 def test_generate_reads_text_from_stdin(monkeypatch, capsys):

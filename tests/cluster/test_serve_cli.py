@@ -1,5 +1,6 @@
 """`prfaas serve`: the ready file appears once every server is SERVING; SIGTERM and SIGINT stop
-every process and remove it; config mistakes are one line and status 2."""
+every process and remove it; config mistakes, a `[engine] max_len` past a model's trained limit
+among them, are one line and status 2."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import grpc
 import pytest
 from serving_support import fake_config, generate
 
+from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.server import health_status
+from prfaas_jax.toml_config import resolve
 
 
 def alive(pid: int) -> bool:
@@ -123,15 +126,39 @@ def test_launcher_death_takes_the_cluster_down(tmp_path):
     assert not [pid for pid in pids if alive(pid)], "orphan processes"
 
 
-def test_config_mistakes_are_one_line(tmp_path):
-    bad = tmp_path / "bad.toml"
-    bad.write_text('[model]\npreset = "tiny"\n[router]\nthreshhold = 1\n')
+def refused_at_start(config: pathlib.Path) -> str:
+    """`prfaas serve --config CONFIG`'s one line on stderr, once it exited with status 2."""
     result = subprocess.run(
-        [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(bad)],
+        [sys.executable, "-m", "prfaas_jax.cli", "serve", "--config", str(config)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 2
-    assert result.stderr.strip().count("\n") == 0
-    assert "router.threshhold: unknown key" in result.stderr
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    return result.stderr
+
+
+def test_config_mistakes_are_one_line(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\npreset = "tiny"\n[router]\nthreshhold = 1\n')
+    assert "router.threshhold: unknown key" in refused_at_start(bad)
+
+
+def test_a_max_len_past_a_trained_limit_is_refused_at_start(tmp_path):
+    """`[engine] max_len` past a model's fixed limit (`max_len_fixed`: the positional range an
+    imported checkpoint's weights were trained for) is one line and status 2; a max_len within
+    it loads."""
+    model = tmp_path / "fixed.toml"
+    model.write_text(
+        resolve("models", "tiny")
+        .read_text()
+        .replace("\nmax_len = 4096\n", "\nmax_len = 4096\nmax_len_fixed = true\n")
+    )
+    config = fake_config(tmp_path / "cluster.toml", model={"preset": str(model)})
+    config.write_text(config.read_text().replace("max_len = 512", "max_len = 8192"))
+    error = refused_at_start(config)
+    assert "engine.max_len: 8192 tokens exceed tiny's max_len 4096" in error
+    assert "trained for" in error
+    config.write_text(config.read_text().replace("max_len = 8192", "max_len = 4096"))
+    assert load_cluster_config(config).engine.max_len == 4096

@@ -10,6 +10,11 @@ prefill (pd-0) and a PD decode worker (pd-1) on loopback servers, fake engines.
   attempts (docs/serving.md, "Status codes"). Three is counted four ways: prompts the prefill
   engines computed, transfers the injectors damaged, the router's "attempt k failed" log lines,
   and its `retries` counter (attempts after the first).
+- A refusal no retry can change. A worker whose engine holds fewer tokens than the router
+  admits (a prefill engine on PD or PrfaaS, or the decode engine, at 200 of the cluster's 512)
+  refuses a 300-token prompt as past its limit, marked final: the client gets INVALID_ARGUMENT
+  at once, after one attempt — one prompt computed, one "attempt 1 failed" line, no retry —
+  where a corrupt state above is tried `max_attempts` times.
 - No live instance. Every worker dies under a request that is streaming: the router waits
   `retry_wait_s` for an instance to come back, then fails it UNAVAILABLE, having streamed only
   correct tokens; a new request that finds no live instance fails UNAVAILABLE at once, with no
@@ -42,6 +47,7 @@ VOCAB = CFG.vocab_size
 MAX_ATTEMPTS = 3
 RETRY_WAIT_S = 3.0
 WAIT_S = 30.0  # bounds a broken run only
+SHORT = 200  # tokens an engine of `test_a_refusal_past_an_engines_limit_is_not_retried` holds
 
 
 def prompt(n: int, offset: int = 0) -> list[int]:
@@ -56,6 +62,13 @@ class CountingPrefill(FakePrefillEngine):
     def prefill(self, tokens: Sequence[int], **options: object) -> FakePrefillResult:
         self.prompts.append(list(tokens))
         return super().prefill(tokens, **options)
+
+
+class ShortPrefill(CountingPrefill):
+    """A prefill engine that holds `SHORT` tokens, fewer than the cluster's max_len."""
+
+    def prefill(self, tokens: Sequence[int], **options: object) -> FakePrefillResult:
+        return super().prefill(tokens, **{**options, "max_len": SHORT})
 
 
 def instances(decode_step_s: float = 0.0):
@@ -119,6 +132,50 @@ def test_attempts_exhausted_end_with_the_last_status(tmp_path, caplog, faults, c
         assert stats.retries == 2 * (MAX_ATTEMPTS - 1)
         assert (stats.requests_failed, stats.requests_in_flight) == (2, 0)
         assert cluster.core.finished == {("pd", "error"): 1, ("prfaas", "error"): 1}
+
+
+@pytest.mark.parametrize(
+    ("short", "threshold", "route"),
+    [("prefill", 1000, "pd"), ("prefill", 64, "prfaas"), ("decode", 64, "prfaas")],
+    ids=["pd-prefill", "prfaas-prefill", "decode"],
+)
+def test_a_refusal_past_an_engines_limit_is_not_retried(tmp_path, caplog, short, threshold, route):
+    path = fake_config(tmp_path / "cluster.toml", router={"threshold": threshold})
+    config = load_cluster_config(path)
+    engines = instances()
+    if short == "prefill":
+        engines = {**engines, "prfaas-0": (Role.PRFAAS_PREFILL, ShortPrefill())}
+        engines["pd-0"] = (Role.PD_PREFILL, ShortPrefill())
+    else:
+        engines["pd-1"] = (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=SHORT))
+    with serve_in_process(config, engines) as cluster:
+        long = prompt(300, 3)
+        request = pb.GenerateRequest(prompt_token_ids=long, max_new_tokens=6)
+        with (
+            caplog.at_level(logging.WARNING, logger="prfaas.router"),
+            pytest.raises(grpc.RpcError) as err,
+        ):
+            list(cluster.router.Generate(request, timeout=WAIT_S))
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        details = err.value.details()
+        assert details.startswith("not retried: invalid_argument: ")
+        assert f"max_len {SHORT}" in details
+        failed = [r.getMessage() for r in caplog.records if "failed (" in r.getMessage()]
+        assert len(failed) == 1 and ": attempt 1 failed (invalid_argument: " in failed[0]
+        assert computed(engines) == 1
+        stats = cluster.stats()
+        assert (stats.retries, stats.requests_failed, stats.requests_in_flight) == (0, 1, 0)
+        assert cluster.core.finished == {(route, "error"): 1}
+        # The same cluster serves what fits.
+        fits = prompt(150, 4)
+        tokens = [
+            t
+            for m in cluster.router.Generate(
+                pb.GenerateRequest(prompt_token_ids=fits, max_new_tokens=6), timeout=WAIT_S
+            )
+            for t in m.token_ids
+        ]
+        assert tokens == expected(fits, 6, VOCAB)
 
 
 def test_no_live_instance_waits_retry_wait_s_then_unavailable(tmp_path):

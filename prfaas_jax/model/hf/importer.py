@@ -7,11 +7,14 @@ index) in the hub layout that ``save_pretrained`` writes. ``model_type`` picks t
 package's parameter layout, following that checkpoint's own conventions (docs/hf-import.md).
 The result is checked leaf by leaf against ``init_params``'s structure, shapes and dtypes, so an
 imported model is interchangeable with a randomly initialised one: same jitted functions, same
-state, same orbax layout. Every problem with the checkpoint raises ``CheckpointError``.
+state, same orbax layout. Every problem with the checkpoint raises ``CheckpointError``. The
+checkpoint's context length (``max_position_embeddings``) is the positional range its weights
+were trained for: the config's ``max_len`` with ``max_len_fixed``, which no run may lift.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -52,7 +55,8 @@ def _family(hf: HfConfig) -> ModuleType:
 
 def _config(hf: HfConfig, directory: Path, name: str | None) -> ModelConfig:
     try:
-        return _family(hf).config_from_hf(hf, name or directory.resolve().name)
+        cfg = _family(hf).config_from_hf(hf, name or directory.resolve().name)
+        return dataclasses.replace(cfg, max_len_fixed=True)
     except ConfigError as err:
         raise CheckpointError(f"{hf.source}: {err}") from None
 

@@ -46,10 +46,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from prfaas_jax.errors import UserError
-from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.frontdoor.openai_api import (
     ApiError,
     Completion,
@@ -391,12 +390,12 @@ def cluster_front_door(
     """The front door of a cluster whose router is at `router`, as `prfaas serve --openai-port`
     runs it: the config's model, its tokenizer and max_len, and its `[security]` (TLS to the
     router with the node certificate; the bearer token required of clients and passed on)."""
-    cfg = load_model_config(config.model.preset)
+    cfg = serving_model_config(config)
     door = FrontDoor(
         router,
         model=config.model.preset,
         vocab_size=cfg.vocab_size,
-        max_len=config.engine.max_len,
+        max_len=cfg.max_len,
         token=read_token(config.security),
         credentials=channel_credentials(config.security),
         tokenizer=load_tokenizer(config.model.preset, cfg.vocab_size),

@@ -22,7 +22,9 @@ the `RequestReport`. If the client goes away, both calls are cancelled.
 Faults. One prefill + decode is an *attempt*; the router keeps a `RequestRecord` (prompt,
 budget, sampling, tokens already streamed) and retries a failed attempt — a prefill worker or
 link that dies mid-transfer, a state the decode worker rejects, a decode worker that dies
-mid-stream, a deadline — up to `max_attempts` in all, with backoff. A retry prefills the prompt
+mid-stream, a deadline — up to `max_attempts` in all, with backoff; an attempt a worker refused
+as final (the request itself, e.g. a prompt past its engine's limit: `Failure.retryable`) is
+not retried, the client gets that status at once. A retry prefills the prompt
 plus the tokens already streamed and decodes only what is still owed, sampling from the same
 key-schedule index, so the client sees every token exactly once and the same tokens as an
 uninterrupted run. An attempt whose decode stream stays silent for `stall_timeout_s` (a hung
@@ -355,6 +357,8 @@ class RouterCore:
             log.warning(
                 "%s: attempt %d failed (%s)", record.request_id, record.attempts, failure.describe()
             )
+            if not failure.retryable:  # a worker refused the request itself: it fails now
+                context.abort(failure.code, f"not retried: {failure.describe()}")
             self._probe(plan[1], plan[2])
             if record.attempts >= router.max_attempts:
                 context.abort(

@@ -19,8 +19,7 @@ import argparse
 import logging
 import os
 
-from prfaas_jax.config import load_model_config
-from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.cluster_config import load_cluster_config, serving_model_config
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl, read_workers
 from prfaas_jax.serving.router.core import RouterCore, RouterService
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = install_stop_handlers()
     config = load_cluster_config(args.config)
     workers = read_workers(args.workers)
-    core = RouterCore(config, load_model_config(config.model.preset), workers)
+    core = RouterCore(config, serving_model_config(config), workers)
     control = RouterControl(core, args.workers)
     token = read_token(config.security)
     server = ServingServer(

@@ -3,8 +3,9 @@ prefilled), `Failure` (why an attempt failed) and `Outcome` (how the request end
 
 A request may take several attempts — a prefill worker or its link dies mid-transfer, a state
 arrives corrupt, a decode worker dies mid-stream — and the client must still see each token
-exactly once. The record is what makes that possible: the prompt, the budget, the sampling
-settings, and every token already streamed to the client. An attempt after k streamed tokens
+exactly once; an attempt a worker refused for good (`Failure.retryable`) is the last. The
+record is what makes that possible: the prompt, the budget, the sampling settings, and every
+token already streamed to the client. An attempt after k streamed tokens
 prefills `prompt + streamed` (all of it is context now), asks for the `max_new_tokens − k`
 tokens still owed, and samples from index k of the request's key schedule
 (`SamplingParams.first_index`), so greedy or seeded, the client gets the tokens one
@@ -21,6 +22,7 @@ import threading
 import grpc
 
 from prfaas_jax.engine.sampling_params import SamplingParams
+from prfaas_jax.serving.transport.messages import is_final
 
 BACKOFF_BASE_S = 0.05
 BACKOFF_CAP_S = 1.0
@@ -51,14 +53,24 @@ class Outcome(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Failure:
-    """A failed attempt: the status it ended with and what the worker said."""
+    """A failed attempt: the status it ended with, what the worker said, and whether another
+    attempt may succeed (`retryable`)."""
 
     code: grpc.StatusCode
     details: str
+    final: bool = False  # the worker marked its refusal final (messages.abort_final)
 
     @classmethod
     def of(cls, err: grpc.RpcError) -> Failure:
-        return cls(err.code(), err.details() or err.code().name)
+        return cls(err.code(), err.details() or err.code().name, is_final(err))
+
+    @property
+    def retryable(self) -> bool:
+        """False for a refusal retrying cannot change: a worker refused the request itself (its
+        checks, a prompt past its engine's limit) and said so. Everything else is retried — a
+        dead worker or link, a deadline, a full queue, a role switch, and a state the decode
+        worker rejects, which may have been damaged on the way (docs/serving.md, "Retries")."""
+        return not self.final
 
     def describe(self) -> str:
         return f"{self.code.name.lower()}: {self.details}"

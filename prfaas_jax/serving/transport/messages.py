@@ -5,11 +5,20 @@
 and the request checks every entry point shares: `check_prompt` (tokens and budget) and
 `check_request_id`. `router_max_request_bytes` bounds a valid `GenerateRequest`, so the router's
 port refuses anything larger (RESOURCE_EXHAUSTED) before parsing it.
+
+A refusal that no retry can change — a worker's own checks of the request, a prompt past its
+engine's limit — is sent as final (`abort_final`): its status carries gRPC's server pushback
+trailer with a negative delay (`NO_RETRY`, gRFC A6: "do not retry"), which the router reads
+(`is_final`) to fail the request at once instead of trying it again. Anything else a worker
+answers, a rejected state included, leaves the router free to retry (docs/serving.md, "Retries").
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NoReturn
+
+import grpc
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.sampling_params import SamplingParams
@@ -24,6 +33,8 @@ _ROLES = {
 }
 _FROM_PROTO = {value: role for role, value in _ROLES.items()}
 MAX_REQUEST_ID_LEN = 256
+# gRPC's server pushback trailer; a negative delay asks the client not to retry (gRFC A6).
+NO_RETRY = (("grpc-retry-pushback-ms", "-1"),)
 
 
 def role_to_proto(role: Role) -> int:
@@ -96,6 +107,23 @@ def check_request_id(request_id: str) -> None:
             f"request_id contains the non-printable character U+{ord(bad):04X}; "
             "use printable characters only"
         )
+
+
+def abort_final(context: grpc.ServicerContext, code: grpc.StatusCode, details: str) -> NoReturn:
+    """Abort the call with ``code``, marked final (`NO_RETRY`): whatever refused it would
+    refuse it again, so the caller should not retry."""
+    context.set_trailing_metadata(NO_RETRY)
+    context.abort(code, details)
+    raise AssertionError("context.abort returned")
+
+
+def is_final(err: grpc.RpcError) -> bool:
+    """Whether the server ended ``err``'s call with `abort_final` (a negative pushback)."""
+    trailing = getattr(err, "trailing_metadata", None)
+    for key, value in (trailing() if trailing is not None else None) or ():
+        if key == NO_RETRY[0][0]:
+            return value.lstrip().startswith("-")
+    return False
 
 
 def router_max_request_bytes(max_len: int) -> int:

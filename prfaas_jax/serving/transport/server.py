@@ -24,10 +24,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from prfaas_jax.errors import UserError
+from prfaas_jax.errors import LengthLimitError, UserError
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2
 from prfaas_jax.serving.transport import security
+from prfaas_jax.serving.transport.messages import abort_final
 
 MAX_MESSAGE_BYTES = 64 * 2**20
 STOP_GRACE_S = 2.0  # what `stop` leaves the calls in flight to finish
@@ -104,7 +105,10 @@ def full_service_name(service: str) -> str:
 
 
 def abort_for(context: grpc.ServicerContext, err: Exception) -> NoReturn:
-    """Abort the RPC with the status code that fits `err` (user errors: INVALID_ARGUMENT)."""
+    """Abort the RPC with the status code that fits `err` (user errors: INVALID_ARGUMENT; a
+    request past the engine's limit, `LengthLimitError`, final: see messages.abort_final)."""
+    if isinstance(err, LengthLimitError):
+        abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
     if isinstance(err, UserError | ValueError):
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
     if isinstance(err, TimeoutError):

@@ -10,7 +10,10 @@ and fails a `Generate` already waiting for that state; UNAVAILABLE or CANCELLED 
 transfer, which fails nothing here (the sender's status tells the router what happened). The
 service then keeps the state for its request, or refuses it: a second state for one request is
 ALREADY_EXISTS, one whose length differs from the prompt length the router announced is
-INVALID_ARGUMENT.
+INVALID_ARGUMENT. A `Generate` or `ReserveKv` whose request fails this node's checks (a prompt
+and budget past `max_len` among them), or that the engine refuses as past its limit, ends
+INVALID_ARGUMENT marked final (serving/transport/messages.py `abort_final`): the router does not
+retry it. A refused state is not final: it may have been damaged on the way.
 
 Each request's record moves only along the `LEGAL_TRANSITIONS` of its `Phase`
 (serving/worker/decode_request.py): parked or waiting, ready, taken, decoding, then finished,
@@ -50,14 +53,14 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import DecodeEngineLike
-from prfaas_jax.errors import UserError
+from prfaas_jax.errors import LengthLimitError, UserError
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transfer.api import ReceivedState, TransferError
 from prfaas_jax.serving.transfer.data_path import DataListener
 from prfaas_jax.serving.transfer.increments import DecodeKvCache
 from prfaas_jax.serving.transfer.receiver import IncomingPush, PushIntake
-from prfaas_jax.serving.transport.messages import check_prompt
+from prfaas_jax.serving.transport.messages import abort_final, check_prompt
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
 
 _DONE = object()
@@ -230,7 +233,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 raise UserError("request_id is empty")
             check_prompt(tokens, self.cfg, max_len=self.max_len, max_new_tokens=1)
         except UserError as err:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
+            abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         kv_cache = self.intake.kv_cache
         if kv_cache is None:
             return pb.KvReserveReply(cached_len=0)
@@ -242,8 +245,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         self._ready.append(req)
         self._cv.notify_all()
 
-    def _fail(self, req: DecodeRequest, message: str) -> None:
-        req.out.put((grpc.StatusCode.INVALID_ARGUMENT, message))
+    def _fail(self, req: DecodeRequest, message: str, *, final: bool = False) -> None:
+        """``req``'s stream ends INVALID_ARGUMENT; ``final``: marked so (`abort_final`)."""
+        req.out.put((grpc.StatusCode.INVALID_ARGUMENT, message, final))
 
     def _fail_waiting(self, request_id: str, message: str) -> None:
         """A `Generate` already waiting for ``request_id``'s state fails now rather than at its
@@ -260,13 +264,16 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     ) -> Iterator[pb.DecodeResponse]:
         self._admit(context)
         n = request.max_new_tokens
+        # The request itself: final, another attempt would meet the same refusal.
         if not request.request_id or request.prompt_len < 1 or n < 1:
-            context.abort(
+            abort_final(
+                context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "need a request_id, prompt_len ≥ 1 and max_new_tokens ≥ 1",
             )
         if request.prompt_len + n - 1 > self.max_len:
-            context.abort(
+            abort_final(
+                context,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"prompt_len + max_new_tokens − 1 exceed max_len {self.max_len}",
             )
@@ -325,7 +332,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 if item is _DONE:
                     done = True
                 elif isinstance(item, tuple):
-                    context.abort(*item)
+                    code, details, final = item
+                    if final:
+                        abort_final(context, code, details)
+                    context.abort(code, details)
                 else:
                     tokens.append(item)
                 try:
@@ -410,7 +420,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                         if req.phase is Phase.DECODING:  # a cancelled one stays cancelled
                             req.move(Phase.FAILED)
                 for slot, req in failed:
-                    req.out.put((grpc.StatusCode.INTERNAL, f"decode engine: {err}"))
+                    req.out.put((grpc.StatusCode.INTERNAL, f"decode engine: {err}", False))
                     with contextlib.suppress(Exception):
                         engine.free(slot)
 
@@ -438,7 +448,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             except Exception as err:  # the engine refused the state: fail this request only
                 with self._cv:
                     self._advance(req, Phase.FAILED)
-                req.out.put((grpc.StatusCode.INVALID_ARGUMENT, f"decode engine: {err}"))
+                # Past the engine's limit: final. A state that does not check may be damage.
+                final = isinstance(err, LengthLimitError)
+                self._fail(req, f"decode engine: {err}", final=final)
                 continue
             req.state = None  # a slot holds it now, or no one needs it; let the host copy go
             if slot is None:

@@ -20,10 +20,10 @@ import logging
 import threading
 import time
 
-from prfaas_jax.config import Impl, ModelConfig, load_model_config
+from prfaas_jax.config import Impl, ModelConfig
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
-from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.cluster_sections import EngineKind
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,9 @@ class EngineFactory:
         self.config, self.group = config, group
         engine = config.engine
         self.prefill_mesh = engine.prfaas_prefill_mesh if prfaas else engine.prefill_mesh
-        self.cfg: ModelConfig = load_model_config(config.model.preset)
+        # The preset holding [engine] max_len tokens, as the router's: the engines never cut a
+        # request to the preset's own limit.
+        self.cfg: ModelConfig = serving_model_config(config)
         self._params: dict | None = None
         self._prefill: PrefillEngineLike | None = None
         self._decode: DecodeEngineLike | None = None

@@ -37,12 +37,14 @@ A call the router cancels (its client left, or it gave up on the attempt) stops 
 request still waiting for the engine never takes it, one on the engine stops at its next chunk,
 no further frame goes on the link, and the push is cancelled.
 
-A failed push fails the RPC with the status its `TransferError` carries (the router then
-retries), and stops the prefill at its next chunk, so a lost transfer does not hold the engine:
-a stream the decode worker rejected keeps its code (INVALID_ARGUMENT for bad frames), an
-unreachable or dead decode worker is UNAVAILABLE, and so is a link cut midway (a cancelled
-push). With `[faults]` on, `faults` (serving/transfer/faults.py) corrupts a frame or cuts the
-link of some transfers on purpose.
+A request this worker refuses — its checks, or a prompt past the engine's limit — is
+INVALID_ARGUMENT marked final (serving/transport/messages.py `abort_final`): the router does
+not retry it. A failed push fails the RPC with the status its `TransferError` carries (the
+router then retries: a damaged state may be the link's fault), and stops the prefill at its
+next chunk, so a lost transfer does not hold the engine: a stream the decode worker rejected
+keeps its code (INVALID_ARGUMENT for bad frames), an unreachable or dead decode worker is
+UNAVAILABLE, and so is a link cut midway (a cancelled push). With `[faults]` on, `faults`
+(serving/transfer/faults.py) corrupts a frame or cuts the link of some transfers on purpose.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from prfaas_jax.serving.transfer.channels import DecodeChannels
 from prfaas_jax.serving.transfer.faults import FaultInjector
 from prfaas_jax.serving.transfer.sender import StatePush
 from prfaas_jax.serving.transport.link import LinkShaper
-from prfaas_jax.serving.transport.messages import check_prompt, sampling_from_proto
+from prfaas_jax.serving.transport.messages import abort_final, check_prompt, sampling_from_proto
 from prfaas_jax.serving.transport.server import abort_for
 from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
@@ -180,8 +182,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 )
             s = request.sampling
             sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
-        except UserError as err:
-            abort_for(context, err)
+        except UserError as err:  # the request itself: another attempt would meet the same
+            abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         arrived = time.perf_counter()
         self._enter_queue(context)
         push = StatePush(

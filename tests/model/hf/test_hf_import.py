@@ -88,6 +88,7 @@ def test_bf16_checkpoint_gives_a_bf16_model(kimi_dir, kimi, tmp_path):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_imported_configs_round_trip(family, tmp_path):
     cfg = hf_config(make_tiny(family, tmp_path / family))
+    assert cfg.max_len_fixed  # the checkpoint's context length is what its weights know
     assert config_from_dict(cfg.to_dict()) == cfg
     (tmp_path / "config.toml").write_text(config_to_toml(cfg))
     assert load_model_config(tmp_path) == cfg
