@@ -229,22 +229,29 @@ def _mean(values) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def reaction_s(args: argparse.Namespace, trace: list[dict]) -> float:
-    """How long after the drop the measured egress, averaged over the controller's own
-    utilization window, stayed above the dropped capacity: the span from the drop to the end of
-    the last window above it (0.0: never above). A half-second poll alone swings with the
-    sockets' buffers; the controller judges the link over the same window."""
+def reaction(args: argparse.Namespace, trace: list[dict]) -> dict[str, float]:
+    """How the controller met the drop: ``first_rise_s``, from the drop until t first rose;
+    ``over_s``, for how long during the drop the egress, averaged over the controller's own
+    utilization window (a half-second poll alone swings with the sockets' buffers), was above
+    the dropped capacity; ``last_over_s``, from the drop until the end of the last such
+    window (0.0: never)."""
     limit = args.bandwidth_mbps * 1e6 / 8 * args.drop
     end = args.drop_at + args.drop_for
-    last = 0.0
-    for row in trace:
+    during = [row for row in trace if args.drop_at <= row["time_s"] < end]
+    before = [row["threshold"] for row in trace if row["time_s"] < args.drop_at]
+    start_t = before[-1] if before else 0.0
+    rises = [row["time_s"] for row in during if row["threshold"] > start_t]
+    over = []
+    for row in during:
         t = row["time_s"]
-        if not args.drop_at <= t < end:
-            continue
         window = [r["egress_bytes_per_s"] for r in trace if t - WINDOW_S < r["time_s"] <= t]
         if statistics.fmean(window) > limit:
-            last = t - args.drop_at
-    return last
+            over.append(t)
+    return {
+        "first_rise_s": (rises[0] - args.drop_at) if rises else float("nan"),
+        "over_s": len(over) * POLL_S,
+        "last_over_s": (over[-1] - args.drop_at) if over else 0.0,
+    }
 
 
 def plot(path: Path, args, trace, sim_trace, records, sim_offloaded, start_offset) -> None:
@@ -329,7 +336,7 @@ def main() -> int:
         "command": " ".join(["python bench/bandwidth_drop.py", *sys.argv[1:]]),
         "link": "kernel tbf (--netns)" if args.netns else "in-process token bucket",
         "phases": phase_rows,
-        "reaction_s": reaction_s(args, trace),
+        "reaction": reaction(args, trace),
         "controller": {"control_period_s": CONTROL_PERIOD_S, "utilization_window_s": WINDOW_S},
         "trace": trace,
         "simulated_trace": sim_trace,
@@ -354,9 +361,11 @@ def main() -> int:
             f"{r['simulated_egress_bytes_per_s'] / 1e6:.2f} | "
             f"{r['measured_prfaas_share']:.0%} / {r['simulated_prfaas_share']:.0%} |"
         )
+    r = report["reaction"]
     print(
-        f"\negress (mean over the controller's {WINDOW_S:g} s window) above the dropped "
-        f"capacity until {report['reaction_s']:.1f} s after the drop"
+        f"\nt first rose {r['first_rise_s']:.1f} s after the drop; the egress (mean over the "
+        f"controller's {WINDOW_S:g} s window) was above the dropped capacity for "
+        f"{r['over_s']:.1f} s of the drop, the last time {r['last_over_s']:.1f} s into it"
     )
     print(json.dumps({k: v for k, v in report.items() if "trace" not in k}))
     return 0
