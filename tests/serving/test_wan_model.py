@@ -15,7 +15,8 @@ import random
 
 import pytest
 
-from prfaas_jax.errors import ConfigError
+from prfaas_jax.errors import ConfigError, UserError
+from prfaas_jax.serving.cluster import netns
 from prfaas_jax.serving.cluster.wan import DelayLine, Direction, GilbertLoss, WanModel, model_of
 from prfaas_jax.serving.cluster_sections import LinkSection
 from prfaas_jax.serving.transport.link import schedule_factor
@@ -145,3 +146,13 @@ def test_the_link_keys():
     ]:
         with pytest.raises(ConfigError, match=words):
             LinkSection(**bad)
+
+
+def test_a_link_in_packets_without_a_tun_device_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setattr(netns.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(netns.os, "access", lambda path, mode: False)
+    netns.require_netns()  # the direct veth needs no TUN device
+    with pytest.raises(UserError, match=r"needs TUN devices \(/dev/net/tun\)") as refused:
+        netns.require_netns(wan=True)
+    assert "\n" not in str(refused.value)
