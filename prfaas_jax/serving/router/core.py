@@ -2,6 +2,12 @@
 (`prfaas.v1.Router`). The router's record of each instance (`WorkerHandle`) lives in
 serving/router/handles.py.
 
+The module is over 500 lines long because one request's life — admission, attempts, the stream,
+its bookkeeping — reads best in one place, and dispatch and retry are one loop over one
+`RequestRecord` whose invariants (every token streamed once, one live attempt) would otherwise
+span two modules; what is separable lives beside it (record.py, handles.py, cache_rule.py) and
+in serving/transport/watchdog.py.
+
 `Generate` checks the request (INVALID_ARGUMENT on a bad one, ALREADY_EXISTS on a request id
 already in flight: ids are idempotency keys, so a client retrying one never runs it twice at
 once), admits it (`policy.admission`: RESOURCE_EXHAUSTED beyond `max_in_flight` requests, or,
@@ -39,12 +45,6 @@ The router's own counts of outstanding prefills (and their tokens) per instance 
 depths the routing rule and the controllers see — exact at decision time, unlike polled worker
 stats. Draining instances (`RouterControl`) take no new requests. The router holds no policy of
 its own: routing, t and role changes come from `prfaas_jax.policy`.
-
-The module is longer than most because one request's life — admission, attempts, the stream,
-its bookkeeping — reads best in one place, and dispatch and retry are one loop over one
-`RequestRecord` whose invariants (every token streamed once, one live attempt) would otherwise
-span two modules; what is separable lives beside it (record.py, handles.py, cache_rule.py) and
-in serving/transport/watchdog.py.
 """
 
 from __future__ import annotations
