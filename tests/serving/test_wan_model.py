@@ -19,6 +19,8 @@ from prfaas_jax.errors import ConfigError, UserError
 from prfaas_jax.serving.cluster import netns
 from prfaas_jax.serving.cluster.wan import DelayLine, Direction, GilbertLoss, WanModel, model_of
 from prfaas_jax.serving.cluster_sections import LinkSection
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.router.handles import one_way_delay_s
 from prfaas_jax.serving.transport.link import schedule_factor
 
 
@@ -156,3 +158,14 @@ def test_a_link_in_packets_without_a_tun_device_is_refused_in_one_line(monkeypat
     with pytest.raises(UserError, match=r"needs TUN devices \(/dev/net/tun\)") as refused:
         netns.require_netns(wan=True)
     assert "\n" not in str(refused.value)
+
+
+def test_the_routers_delay_adds_the_senders_to_half_the_measured_round_trip():
+    # In process: the shaper adds 5 ms, TCP on loopback sees ~0.1 ms.
+    assert one_way_delay_s(pb.LinkState(latency_s=0.005, measured_rtt_s=0.0001)) == (
+        pytest.approx(0.00505)
+    )
+    # In packets: the sender adds nothing, TCP measured 41 ms.
+    assert one_way_delay_s(pb.LinkState(latency_s=0.0, measured_rtt_s=0.041)) == (
+        pytest.approx(0.0205)
+    )

@@ -26,6 +26,7 @@ import dataclasses
 import json
 import logging
 import os
+import statistics
 import threading
 import time
 
@@ -39,7 +40,7 @@ from prfaas_jax.policy.scheduler import Scheduler
 from prfaas_jax.policy.threshold_controller import LinkObservation
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.router.core import RouterCore
-from prfaas_jax.serving.router.handles import WorkerHandle, kv_size_profile
+from prfaas_jax.serving.router.handles import WorkerHandle, kv_size_profile, one_way_delay_s
 from prfaas_jax.serving.router.metrics import RouterSnapshot
 from prfaas_jax.serving.router.report import ControlCounters, router_snapshot, router_stats
 from prfaas_jax.serving.transport.messages import role_to_proto
@@ -171,9 +172,9 @@ class RouterControl:
                 core.link = dataclasses.replace(
                     core.link, capacity_bytes_per_s=capacity, utilization=utilization
                 )
-            # One way, measured where TCP could (else the configured delay stays).
-            latency = self.counters.rtt_s / 2 or core.config.link.one_way_delay_s
-            core.link = dataclasses.replace(core.link, latency_s=latency)
+            if rtts:  # the delay as measured (else the configured one stays)
+                delays = [one_way_delay_s(link) for link in links if link.measured_rtt_s > 0]
+                core.link = dataclasses.replace(core.link, latency_s=statistics.fmean(delays))
         scheduler = self.scheduler
         update = scheduler.observe_link(
             lambda: LinkObservation(

@@ -36,6 +36,13 @@ log = logging.getLogger("prfaas.router")
 LOOKUP_TIMEOUT_S = 1.0
 
 
+def one_way_delay_s(link: pb.LinkState) -> float:
+    """A PrfaaS worker's one-way delay to decode: what its sender adds to each frame (the
+    in-process shaper's latency) plus half the round trip TCP measured on its transfers (the
+    packet path's, under `--netns`); each is 0 where the other holds the delay."""
+    return link.latency_s + link.measured_rtt_s / 2
+
+
 def kv_size_profile(
     cfg: ModelConfig, max_len: int, precision: WirePrecision = WIRE_NATIVE
 ) -> Profile:
@@ -115,7 +122,7 @@ class TtftPredictor:
         if decision.cluster is ClusterKind.PRFAAS:
             polled = prefill.stats.link if prefill.stats is not None else None
             if polled is not None and polled.bandwidth_bytes_per_s > 0:
-                bandwidth, latency = polled.bandwidth_bytes_per_s, polled.latency_s
+                bandwidth, latency = polled.bandwidth_bytes_per_s, one_way_delay_s(polled)
             else:  # one PrfaaS worker's share of the configured link
                 share = max(config.instances.prfaas_prefill, 1)
                 bandwidth = config.link.bandwidth_bytes_per_s / share
