@@ -1,5 +1,5 @@
 """Strict reading of TOML config files: `resolve`, `read`, `build`, `convert`, `value`, `split`,
-`keys_of`, `toml_key`, `located`, `Where`, `config_dir` and `presets`.
+`keys_of`, `toml_key`, `located`, `Where`, `config_dir` and `presets`; `dumps` writes one.
 
 Every config kind (models, hardware, plans, simulations, clusters) is a TOML file read into
 frozen dataclasses. `build(cls, table, where)` makes one from a TOML table: each key names a
@@ -30,6 +30,7 @@ import enum
 import json
 import math
 import os
+import re
 import tomllib
 import types
 import typing
@@ -264,3 +265,29 @@ def located(where: Where) -> Iterator[None]:
         raise
     except ValueError as err:
         raise where.error(str(err)) from None
+
+
+def dumps(doc: Mapping[str, object]) -> str:
+    """A TOML document from ``doc``: top-level values first, then each table (a nested dict)
+    as ``[a.b]``; values are numbers, booleans, strings and lists of them. For the configs a
+    command writes for another to read (an experiment's plan, simulation and cluster files)."""
+
+    def key(raw: str) -> str:
+        return raw if re.fullmatch(r"[A-Za-z0-9_-]+", raw) else json.dumps(raw)
+
+    def scalar(raw: object) -> str:
+        if isinstance(raw, float) and not math.isfinite(raw):
+            raise ValueError(f"TOML has no {raw!r} here")
+        if isinstance(raw, list | tuple):
+            return "[" + ", ".join(scalar(item) for item in raw) + "]"
+        return json.dumps(raw)  # a number, a boolean or a basic string: TOML's spelling too
+
+    def table(name: str, body: Mapping[str, object]) -> list[str]:
+        plain = [f"{key(k)} = {scalar(v)}" for k, v in body.items() if not isinstance(v, dict)]
+        lines = [f"[{name}]", *plain, ""] if plain and name else [*plain, ""] if plain else []
+        for k, sub in body.items():
+            if isinstance(sub, dict):
+                lines += table(f"{name}.{key(k)}" if name else key(k), sub)
+        return lines
+
+    return "\n".join(table("", doc))

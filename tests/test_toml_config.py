@@ -190,3 +190,22 @@ def test_resolve_names_and_paths(tmp_path, monkeypatch):
     assert resolve("clusters", "solo") == tmp_path / "clusters" / "solo.toml"
     with pytest.raises(ConfigError, match=r"presets: solo$"):
         resolve("clusters", "toy")
+
+
+def test_dumps_writes_what_tomllib_reads_back():
+    import tomllib
+
+    from prfaas_jax.toml_config import dumps
+
+    doc = {
+        "plan": "../plans/x.toml",
+        "workload": {"rate": 1.5, "requests": 3, "input_len": {"path": 'a "b".txt'}},
+        "node_classes": {"fast": {"cpus": "0-1", "cpu_quota": 0.75}},
+        "link": {"schedule": [[0, 0.1], [5.5, 1]], "layerwise": False},
+        "deployments": {"a.b": {"threshold": 4096}},
+    }
+    text = dumps(doc)
+    assert tomllib.loads(text) == doc
+    assert "[node_classes.fast]" in text and '[deployments."a.b"]' in text
+    with pytest.raises(ValueError, match="TOML has no"):
+        dumps({"x": float("inf")})

@@ -14,7 +14,10 @@ optional except `[model] preset` (docs/serving.md explains each):
                   (per decode worker: states held outside a slot; 0 = router.max_in_flight)
     [fake]        prefill_s_per_token, decode_step_s, chunk_len  (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
-                  PrfaaS instance, sharing its mesh: engine/spmd.py)
+                  PrfaaS instance, sharing its mesh: engine/spmd.py), prfaas_class, pd_class
+                  (the node class of each cluster's instances)
+    [node_classes.NAME]  cpus, cpu_quota, period_ms: a node's speed, set per instance by
+                  cgroups (serving/cluster/cgroups.py)
     [link]        bandwidth_mbps, latency_ms, rtt_ms, jitter_ms, loss_percent, loss_burst, reorder
                   (the link in packets: serving/cluster/wan.py), burst_kib, schedule ([[at_s,
                   factor], …]), repeat_s, streams, precision (how a state crossing the link is
@@ -80,6 +83,7 @@ from prfaas_jax.serving.cluster_sections import (
     InstancesSection,
     LinkSection,
     ModelSection,
+    NodeClassSection,
     PrefixCacheSection,
     ProfileSection,
     RebalancerSection,
@@ -109,6 +113,14 @@ class ClusterConfig:
     security: SecuritySection = dataclasses.field(default_factory=SecuritySection)
     faults: FaultsSection = dataclasses.field(default_factory=FaultsSection)
     hosts: HostsSection = dataclasses.field(default_factory=HostsSection)
+    node_classes: tuple[tuple[str, NodeClassSection], ...] = ()
+
+    def node_class(self, role: Role) -> tuple[str, NodeClassSection] | None:
+        """The node class (name, limits) of an instance starting in ``role``; None: none."""
+        name = (
+            self.instances.prfaas_class if role is Role.PRFAAS_PREFILL else self.instances.pd_class
+        )
+        return (name, dict(self.node_classes)[name]) if name else None
 
     @property
     def pending_states_limit(self) -> int:
@@ -198,10 +210,19 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         prefix_cache=section("prefix_cache", PrefixCacheSection),
         security=_security(doc.get("security", {}), where.at("security"), path.parent),
         faults=section("faults", FaultsSection),
+        node_classes=_node_classes(doc.get("node_classes", {}), where.at("node_classes")),
     )
     config = dataclasses.replace(
         config, hosts=_hosts(doc.get("hosts", {}), where.at("hosts"), config)
     )
+    classes = dict(config.node_classes)
+    for key in ("prfaas_class", "pd_class"):
+        name = getattr(config.instances, key)
+        if name and name not in classes:
+            known = ", ".join(classes) or "none defined"
+            raise (
+                where.at("instances").at(key).error(f"no [node_classes.{name}] (classes: {known})")
+            )
     _check_processes(config, where)
     model = load_model_config(config.model.preset)
     try:
@@ -209,6 +230,15 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
     except ConfigError as err:  # past a trained positional range: refused before any process
         raise where.at("engine").at("max_len").error(str(err)) from None
     return config
+
+
+def _node_classes(table: object, where: Where) -> tuple[tuple[str, NodeClassSection], ...]:
+    """`[node_classes.NAME]` tables, in the file's order."""
+    if not isinstance(table, dict):
+        raise where.error("expected tables [node_classes.NAME]")
+    return tuple(
+        (name, build(NodeClassSection, keys, where.at(name))) for name, keys in table.items()
+    )
 
 
 def _hosts(table: object, where: Where, config: ClusterConfig) -> HostsSection:

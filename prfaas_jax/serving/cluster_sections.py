@@ -1,8 +1,8 @@
 """The sections of a toy-cluster config, one frozen dataclass each: `ModelSection`,
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
-`SecuritySection`, `FaultsSection` and `HostsSection` (with its `Endpoint`s); and `EngineKind`,
-the `[model] engine` choice.
+`SecuritySection`, `FaultsSection`, `HostsSection` (with its `Endpoint`s) and `NodeClassSection`
+(one `[node_classes.NAME]` table); and `EngineKind`, the `[model] engine` choice.
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 from dataclasses import dataclass
 
 from prfaas_jax.config import Impl
@@ -102,6 +103,10 @@ class InstancesSection:
     # JAX processes per PrfaaS prefill instance: > 1 spans its mesh ([engine] prfaas_mesh, else
     # prefill_mesh) over them (engine/spmd.py), each process holding devices / prfaas_processes.
     prfaas_processes: int = 1
+    # The node class (a `[node_classes.NAME]`: CPU quota and cores, set by cgroups) of each
+    # instance of the PrfaaS cluster and of the PD cluster; "": the machine as it is.
+    prfaas_class: str = ""
+    pd_class: str = ""
 
     def __post_init__(self) -> None:
         _check(min(self.prfaas_prefill, self.pd_prefill) >= 0, "instances", "counts must be ≥ 0")
@@ -109,6 +114,35 @@ class InstancesSection:
         _check(self.pd_decode >= 1, "instances.pd_decode", "must be ≥ 1")
         ok = self.prfaas_prefill + self.pd_prefill >= 1
         _check(ok, "instances", "need a prefill instance")
+
+
+@dataclass(frozen=True)
+class NodeClassSection:
+    """How fast a node of this class is: the share of CPU time its processes get (`cpu_quota`
+    cores: the CFS quota over `period_ms`) and the cores they may run on (`cpus`, a cpuset
+    list such as "0" or "0-1,3"). Each instance of the class gets a cgroup of its own with
+    these limits, so instances never take each other's time (serving/cluster/cgroups.py)."""
+
+    cpus: str
+    cpu_quota: float
+    period_ms: float = 20.0
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", self.cpus):
+            raise ValueError(f'cpus: expected a CPU list such as "0" or "0-1,3", got {self.cpus!r}')
+        if not self.cpu_quota > 0:
+            raise ValueError(f"cpu_quota: must be > 0 cores, got {self.cpu_quota:g}")
+        if not 1.0 <= self.period_ms <= 1000.0:
+            raise ValueError(f"period_ms: must be in [1, 1000], got {self.period_ms:g}")
+
+    @property
+    def cpu_list(self) -> tuple[int, ...]:
+        """The cores of `cpus`, in order."""
+        cores: list[int] = []
+        for part in self.cpus.split(","):
+            low, _, high = part.partition("-")
+            cores += range(int(low), int(high or low) + 1)
+        return tuple(sorted(set(cores)))
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,14 @@ machines.py).
 On loopback by default, or where `[hosts]` puts each server; with `netns` the PrfaaS and PD
 clusters each run in a network namespace of their own, joined by a kernel-shaped veth
 (serving/cluster/netns.py), and the ready info gains `"netns"`: the namespaces, host addresses,
-link device and rate. With `only` a launcher runs part of the cluster (the router, the PrfaaS or
-the PD instances) and another machine's launcher the rest, each finding the other's instances at
-their `[hosts]` address. A PrfaaS instance of several JAX processes (`[instances]
-prfaas_processes`, engine/spmd.py) is started, watched and restarted as one: its leader is the
-child the others are attached to.
+link device and rate. An instance whose cluster has a node class (`[instances] prfaas_class`,
+`pd_class`) runs in cgroups of its own with that class's CPU quota and cores
+(serving/cluster/cgroups.py; the router and the delay line then get cgroups with the nodes'
+weight and no quota), and the ready info gains `"node_classes"`. With `only` a launcher
+runs part of the cluster (the router, the PrfaaS or the PD instances) and another machine's
+launcher the rest, each finding the other's instances at their `[hosts]` address. A PrfaaS
+instance of several JAX processes (`[instances] prfaas_processes`, engine/spmd.py) is started,
+watched and restarted as one: its leader is the child the others are attached to.
 
 The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
 `write_json`) are in serving/transport/lifecycle.py, the launcher's record of a child
@@ -32,6 +35,9 @@ cluster. Children are spawned from the calling thread, which must outlive them (
 signal follows the thread that forked).
 With the compile cache on, the first worker of each engine kind warms up alone and the others
 start once it serves, so they load its executables instead of compiling them again.
+
+The module is over 450 lines because one object owns every child's whole life — start order
+and waits, restarts, the link's schedule, stop — and the namespaces and cgroups they run in.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ from pathlib import Path
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
+from prfaas_jax.serving.cluster.cgroups import NodeCgroups
 from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_remote
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
 from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
@@ -99,6 +106,8 @@ class ClusterProcesses:
                 )
         self.netns = netns
         self.topology: NetnsTopology | None = None
+        # Node classes ([node_classes]): a cgroup per instance that has one, made at start.
+        self.cgroups: NodeCgroups | None = None
         self.config_path = str(self.config.path)
         # A temporary log dir is removed after a clean run and kept when something failed.
         self._temporary_logs = log_dir is None
@@ -173,6 +182,9 @@ class ClusterProcesses:
             if prfaas:
                 extra += ["--kernel-link", LINK_DEVICE]
             prefix = topology.exec_prefix(prfaas)
+        if (node := self.config.node_class(role)) is not None and self.cgroups is not None:
+            # The cgroup first: `ip netns exec` mounts a sysfs of its own, without cgroups.
+            prefix = [*self.cgroups.enter(name, *node), *(prefix or [])]
         extra += ["--host", host]
         if endpoint.port:
             extra += ["--port", str(endpoint.port)]
@@ -236,6 +248,8 @@ class ClusterProcesses:
         roles = {n: r for n, r in instance_roles(self.config).items() if n not in self.remote}
         router = None
         try:
+            if any(self.config.node_class(role) for role in roles.values()):
+                self.cgroups = NodeCgroups()
             if self.netns:
                 link = self.config.link
                 self.topology = NetnsTopology.create(
@@ -261,7 +275,12 @@ class ClusterProcesses:
                 endpoint = self.config.hosts.router
                 if self.topology is None:  # under --netns the router stays on loopback
                     extra += ["--host", endpoint.host, "--port", str(endpoint.port)]
-                router = self._spawn("router", "router", "prfaas_jax.serving.router.main", extra)
+                # Beside nodes of a class, the router gets their weight (no quota): it must
+                # not starve while they run, or it would be the cluster's bottleneck.
+                prefix = self.cgroups.enter("router") if self.cgroups is not None else None
+                router = self._spawn(
+                    "router", "router", "prfaas_jax.serving.router.main", extra, prefix=prefix
+                )
                 self._wait_serving([router], deadline)
             if self.restart_workers:
                 self._supervisor = threading.Thread(
@@ -295,6 +314,8 @@ class ClusterProcesses:
                 c.info.get("interpreted_kernels", False) for c in self.children
             ),
         }
+        if self.cgroups is not None:
+            self.ready["node_classes"] = dict(self.cgroups.classes)
         if self.topology is not None:
             self.ready["netns"] = self.topology.describe()
             if self._schedule_start is not None:
@@ -311,7 +332,10 @@ class ClusterProcesses:
             WAN_ROLE,
             "prfaas_jax.serving.cluster.wan",
             [*topology.wan_argv(), "--stats-file", str(self.log_dir / "wan-stats.json")],
-            prefix=topology.wan_exec_prefix(),
+            prefix=[
+                *(self.cgroups.enter("wan") if self.cgroups is not None else []),
+                *topology.wan_exec_prefix(),
+            ],
         )
         while not child.address_file.exists():
             if (exited := child.exited()) is not None:
@@ -429,6 +453,9 @@ class ClusterProcesses:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.popen.wait(timeout=5)
         self.children = []
+        if self.cgroups is not None:
+            self.cgroups.close()
+            self.cgroups = None
         if self.topology is not None:
             self.topology.close()
             self.topology = None
