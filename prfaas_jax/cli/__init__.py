@@ -2,9 +2,10 @@
 
 One module per command group declares its subcommands' flags and runs them:
 cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/training_commands.py
-(train), cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign,
-profile), cli/serving_commands.py (demo, serve, bench, certs, soak), cli/chat_command.py
-(chat) and cli/openai_command.py (openai); cli/flags.py holds the flag groups they share,
+(train), cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign),
+cli/profile_command.py (profile), cli/serving_commands.py (demo, serve, bench, certs, soak),
+cli/experiment_command.py (experiment), cli/chat_command.py (chat) and cli/openai_command.py
+(openai); cli/flags.py holds the flag groups they share,
 cli/prompt_input.py the prompts read from files and cli/progress.py the progress display.
 Heavy imports (JAX, gRPC) happen only inside the run functions, so ``prfaas --help`` starts
 instantly.
@@ -22,9 +23,11 @@ from collections.abc import Callable, Sequence
 from prfaas_jax.cli import (
     chat_command,
     codesign_commands,
+    experiment_command,
     model_commands,
     openai_command,
     planning_commands,
+    profile_command,
     serving_commands,
     training_commands,
     wirecheck_command,
@@ -48,13 +51,14 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     planning_commands.add_kv,
     wirecheck_command.add_wirecheck,
     codesign_commands.add_codesign,
-    codesign_commands.add_profile,
+    profile_command.add_profile,
     serving_commands.add_serve,
     serving_commands.add_bench,
     chat_command.add_chat,
     openai_command.add_openai,
     serving_commands.add_certs,
     serving_commands.add_soak,
+    experiment_command.add_experiment,
 )
 
 

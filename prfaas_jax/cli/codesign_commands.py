@@ -1,24 +1,18 @@
-"""The model–system co-design commands: `add_codesign` (``prfaas codesign``) and `add_profile`
-(``prfaas profile``).
+"""The model–system co-design command: `add_codesign` (``prfaas codesign``).
 
 codesign reads a sweep (planning/codesign_config.py), hands planning/codesign.py the two
 measurements it needs — state sizes by abstract evaluation (engine/kvsize.py) and recall by
 training (train/recall_probe.py) — and prints the table, ``--json``, ``--csv`` and ``--plot``.
-profile times the engines on this device (engine/profiling.py) and writes a prefill profile file
-(planning/hardware.py `MeasuredPrefill`), or checks one against a new timing run.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 from pathlib import Path
 
 from prfaas_jax.cli.flags import (
     add_compile_cache_flag,
     add_json_flag,
-    add_mesh_flag,
-    add_model_flags,
     print_json,
     use_compile_cache,
 )
@@ -152,132 +146,4 @@ def _run_codesign(args: argparse.Namespace) -> int:
         for flag, path in (("csv", args.csv), ("plot", args.plot), ("layouts", args.layouts)):
             if path:
                 print(f"{flag}: {path}")
-    return 0
-
-
-def add_profile(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "profile",
-        help="time the prefill engine over lengths and decode over batch sizes; write a profile",
-        description="Time the prefill engine over prompt lengths and the decode engine over batch "
-        "sizes on the current device, and write a prefill profile file: a plan config takes it "
-        'as [*.prefill_time_s] kind = "measured", path = FILE (so prfaas simulate does too), '
-        "and a hardware file lists it in prefill_profiles (prfaas kv, plan --model). With "
-        "--check FILE it times the lengths again and prints FILE's prediction against them.",
-        epilog="example: prfaas profile --model tiny --lengths 64,256,1024 --out tiny-cpu.toml",
-    )
-    add_model_flags(p)
-    p.add_argument("--lengths", default="64,256,1024", help="prompt lengths (default: 64,256,1024)")
-    p.add_argument("--batch-sizes", default="1,16,64", help="decode batch sizes (default: 1,16,64)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per point (default: 3)")
-    p.add_argument("--impl", default="chunk", choices=["reference", "chunk", "pallas"])
-    p.add_argument("--source", default="", help="what the file says was measured (default: device)")
-    out = p.add_mutually_exclusive_group(required=True)
-    out.add_argument("--out", metavar="FILE", help="write the profile here (TOML)")
-    out.add_argument("--check", metavar="FILE", help="compare this profile with a new timing run")
-    add_mesh_flag(p)
-    add_json_flag(p)
-    p.set_defaults(run=_run_profile)
-
-
-def _run_profile(args: argparse.Namespace) -> int:
-    import jax
-
-    from prfaas_jax.engine import profiling
-    from prfaas_jax.model.weights import load_model
-    from prfaas_jax.planning.hardware import load_measured
-    from prfaas_jax.planning.kv_report import parse_lengths
-    from prfaas_jax.tables import table
-
-    lengths = sorted(set(parse_lengths(args.lengths)))
-    batches = sorted(set(parse_lengths(args.batch_sizes)))
-    if args.repeats < 1:
-        raise UserError("--repeats must be at least 1")
-    if args.mesh:
-        raise UserError("prfaas profile times one device; drop --mesh")
-    expected = load_measured(args.check) if args.check else None
-    cfg, params = load_model(args.model, seed=args.seed)
-    if expected is not None and expected.model != cfg.name:
-        raise UserError(f"--check {args.check} profiles {expected.model}, not {cfg.name}")
-    steps = len(lengths) + (0 if expected else len(batches))
-    with progress("profile", total=steps, unit="points", quiet=args.json) as shown:
-
-        def done(message: str) -> None:
-            shown.update(advance=1, description=f"profile: {message}")
-
-        prefill_s = profiling.time_prefill(
-            cfg, params, lengths, repeats=args.repeats, impl=args.impl, done=done
-        )
-        decode_s = (
-            []
-            if expected
-            else profiling.time_decode(
-                cfg, params, batches, repeats=max(args.repeats, 8), impl=args.impl, done=done
-            )
-        )
-    device = jax.devices()[0]
-    source = args.source or f"prfaas profile on {device.platform} ({device.device_kind})"
-    if expected is not None:
-        rows = []
-        for length, seconds in zip(lengths, prefill_s, strict=True):
-            predicted = expected.profile(length)
-            rows.append(
-                {
-                    "length": length,
-                    "predicted_s": predicted,
-                    "measured_s": seconds,
-                    "error": predicted / seconds - 1,
-                }
-            )
-        if args.json:
-            print_json({"model": cfg.name, "profile": args.check, "rows": rows})
-        else:
-            body = [
-                [
-                    r["length"],
-                    f"{r['predicted_s']:.4f}",
-                    f"{r['measured_s']:.4f}",
-                    f"{100 * r['error']:+.1f} %",
-                ]
-                for r in rows
-            ]
-            print(f"prfaas profile --check {args.check}: {cfg.name} on {source}\n")
-            print(table(body, headers=["length", "predicted s", "measured s", "error"]))
-        return 0
-    monotone = all(b >= a for a, b in itertools.pairwise(prefill_s)) and all(
-        b >= a for a, b in itertools.pairwise(decode_s)
-    )
-    text = "\n".join(
-        [
-            f"# Measured by `prfaas profile --model {args.model}` ({args.impl} ops, best of "
-            f"{args.repeats}).",
-            f'model = "{cfg.name}"',
-            f'source = "{source}"',
-            f"lengths = [{', '.join(map(str, lengths))}]",
-            f"prefill_s = [{', '.join(f'{s:.6g}' for s in prefill_s)}]",
-            f"decode_batch_sizes = [{', '.join(map(str, batches))}]",
-            f"decode_step_s = [{', '.join(f'{s:.6g}' for s in decode_s)}]",
-            "",
-        ]
-    )
-    try:
-        Path(args.out).write_text(text)
-    except OSError as err:
-        raise UserError(f"--out: cannot write {args.out}: {err.strerror}") from None
-    load_measured(args.out)  # what was written reads back
-    payload = {
-        "model": cfg.name,
-        "source": source,
-        "out": args.out,
-        "lengths": lengths,
-        "prefill_s": prefill_s,
-        "decode_batch_sizes": batches,
-        "decode_step_s": decode_s,
-        "monotone": monotone,
-    }
-    if args.json:
-        print_json(payload)
-    else:
-        print(text)
-        print(f"written: {args.out}" + ("" if monotone else " (NOT monotone: a noisy run)"))
     return 0
