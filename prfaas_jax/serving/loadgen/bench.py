@@ -201,6 +201,7 @@ class BenchResult:
     exposed_transfer: float | None = None  # prefill end → first token (the report's), s
     prefill_s: float | None = None  # the prefill on its engine (the report's), s
     error: str | None = None
+    token_ids: list[int] = dataclasses.field(default_factory=list)  # the tokens received
 
 
 def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: BenchResult) -> None:
@@ -217,6 +218,7 @@ def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: B
                     rec.itl.append(now - last)
                 last = now
                 rec.output_tokens += len(message.token_ids)
+                rec.token_ids.extend(message.token_ids)
             if message.finished:
                 rec.route, rec.uncached_len = message.report.route, message.report.uncached_len
                 rec.state_bytes = message.report.state_bytes
@@ -257,12 +259,19 @@ def _one_openai(
 
 
 def run_bench(
-    opts: BenchOptions, *, on_done: Callable[[int, int], None] | None = None
+    opts: BenchOptions,
+    *,
+    on_done: Callable[[int, int], None] | None = None,
+    prompts: list[list[int]] | None = None,
 ) -> tuple[list[BenchResult], dict]:
     """Send the workload; returns the records and the run's context (duration, egress, t).
 
     ``on_done(done, total)`` is called as each request ends, from the sending threads.
+    ``prompts``: send these (``opts.num_prompts`` of them) instead of drawing them, so several
+    runs send the same requests and their outputs can be checked against one reference.
     """
+    if prompts is not None and len(prompts) != opts.num_prompts:
+        raise UserError(f"{len(prompts)} prompts given for --num-prompts {opts.num_prompts}")
     rng = np.random.default_rng(opts.seed)
     with router_channel(opts.router, opts.security) as channel:
         stub = pb_grpc.RouterStub(channel)
@@ -282,7 +291,8 @@ def run_bench(
         link_before = link.tx_bytes() if link is not None else 0
         lengths = input_lengths(opts, max_prompt, rng)
         offsets = arrival_times(opts.num_prompts, opts.request_rate, opts.burstiness, rng)
-        prompts = make_prompts(opts, lengths, before.vocab_size, rng)
+        if prompts is None:
+            prompts = make_prompts(opts, lengths, before.vocab_size, rng)
         records = [BenchResult(len(p)) for p in prompts]
         done = itertools.count(1)
         lock = threading.Lock()
