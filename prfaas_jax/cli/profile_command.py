@@ -144,6 +144,7 @@ def _time_and_report(args, config, lengths, batches, expected) -> int:
             "impl": config.model.impl,
             "buckets": config.engine.buckets,
             "chunk_len": config.engine.chunk_len,
+            "max_len": config.engine.max_len,  # a worker's prefill fills a slot of this capacity
         }
         decode = {"impl": config.model.impl, "max_len": config.engine.max_len}
         if args.in_node_class:

@@ -43,22 +43,24 @@ def time_prefill(
     impl: str = "chunk",
     buckets: Sequence[int] | None = None,
     chunk_len: int = DEFAULT_CHUNK_LEN,
+    max_len: int | None = None,
     mean: bool = False,
     done: Done | None = None,
 ) -> list[float]:
     """Seconds to prefill one prompt of each length (the best of ``repeats`` after a compile).
-    ``buckets`` and ``chunk_len``: the engine's, as a serving worker runs it (default: one
-    bucket per length)."""
+    ``buckets``, ``chunk_len`` and ``max_len`` (the state's capacity, which a chunk's attention
+    spans): the engine's, as a serving worker runs it (default: one bucket per length, each
+    prompt's own capacity)."""
     engine = PrefillEngine(
         cfg, params, impl=impl, buckets=buckets or sorted(set(lengths)), chunk_len=chunk_len
     )
     keep = _statistic(mean)
     times = []
     for length in lengths:
-        engine.prefill(_prompt(cfg, length, 0))  # compile
+        engine.prefill(_prompt(cfg, length, 0), max_len=max_len)  # compile
         runs = []
         for repeat in range(repeats):
-            result = engine.prefill(_prompt(cfg, length, repeat + 1))
+            result = engine.prefill(_prompt(cfg, length, repeat + 1), max_len=max_len)
             runs.append(result.timings["run_s"])
         times.append(keep(runs))
         if done is not None:
