@@ -346,6 +346,10 @@ class PagedDecodeEngine(SlotControls):
         prefix.table.release(self.pool)
         prefix.released = True
 
+    def table(self, slot: int) -> BlockTable:
+        """``slot``'s block table (the engine's own: read, do not change)."""
+        return self._slot(slot).table
+
     def request_state(self, slot: int) -> ModelState:
         """``slot``'s state gathered from its pages (capacity: its blocks, at least one)."""
         held = self._slot(slot)

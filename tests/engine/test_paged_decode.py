@@ -1,0 +1,181 @@
+"""The paged decode engine: the tokens of the slot engine and of single-process greedy
+generation for every tiny preset, alone, interleaved and on a prefix shared by several live
+requests (copy-on-write); the pool's accounting of what a prefix hit maps instead of allocating.
+
+Greedy generation here is the model alone: ``prefill`` of the whole prompt with the reference
+ops, then ``decode_step`` per token — no engine, page or table.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import PRESETS, jit_decode, jit_prefill, preset
+
+from prfaas_jax.engine.block_pool import NoFreePageError
+from prfaas_jax.engine.codec.layout import canonical_arrays
+from prfaas_jax.engine.decode import DecodeEngine
+from prfaas_jax.engine.paged_decode import PagedDecodeEngine
+from prfaas_jax.engine.prefill import PrefillEngine
+from prfaas_jax.engine.sampling import GREEDY, SamplingParams
+from prfaas_jax.errors import EngineError
+from prfaas_jax.model import init_state
+
+MAX_LEN = 64
+NEW = 6
+BLOCK = 4
+LENGTHS = (5, 17, 45)  # within the first block, past a few, past the SWA window
+
+
+def prompt(length: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng([length, seed]).integers(0, 256, length).tolist()
+
+
+@functools.cache
+def engines(name: str):
+    cfg, params = preset(name)
+    prefill = PrefillEngine(cfg, params, chunk_len=16, buckets=(MAX_LEN,))
+    slots = DecodeEngine(cfg, params, max_slots=4, max_len=MAX_LEN)
+    pages = PagedDecodeEngine(
+        cfg, params, num_pages=160, block_size=BLOCK, max_slots=4, max_len=MAX_LEN
+    )
+    return cfg, params, prefill, slots, pages
+
+
+def greedy(name: str, tokens: list[int], new: int) -> list[int]:
+    cfg, params = preset(name)
+    state = init_state(cfg, 1, MAX_LEN)
+    logits, state = jit_prefill(
+        params, cfg, jnp.asarray([tokens], jnp.int32), state, impl="reference"
+    )
+    out = [int(jnp.argmax(logits[0, -1]))]
+    for _ in range(new):
+        logits, state = jit_decode(params, cfg, jnp.asarray(out[-1:], jnp.int32), state)
+        out.append(int(jnp.argmax(logits[0])))
+    return out
+
+
+def drain(engine, slots: list[int]) -> dict[int, list[int]]:
+    """Step until every slot finishes; each slot's tokens (then freed)."""
+    out: dict[int, list[int]] = {slot: [] for slot in slots}
+    while not all(engine.is_finished(slot) for slot in slots):
+        for slot, token in engine.step():
+            out[slot].append(token)
+    for slot in slots:
+        engine.free(slot)
+    return out
+
+
+def alone(engine, state, first: int, sampling=GREEDY, new: int = NEW) -> list[int]:
+    slot = engine.insert(state, first, sampling, max_new_tokens=new)
+    return [first, *drain(engine, [slot])[slot]]
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_tokens_equal_slots_and_greedy_generation(name):
+    _, _, prefill, slots, pages = engines(name)
+    results = {length: prefill.prefill(prompt(length)) for length in LENGTHS}
+    for length, result in results.items():
+        want = greedy(name, prompt(length), NEW)
+        assert alone(slots, result.state, result.first_token) == want, f"{name} L={length}"
+        assert alone(pages, result.state, result.first_token) == want, f"{name} L={length}"
+    # All at once, inserted at different steps: the same tokens.
+    first = pages.insert(results[45].state, results[45].first_token, max_new_tokens=NEW)
+    early = [token for slot, token in pages.step() if slot == first]
+    rest = [
+        pages.insert(results[n].state, results[n].first_token, max_new_tokens=NEW)
+        for n in LENGTHS[:2]
+    ]
+    got = drain(pages, [first, *rest])
+    assert early + got[first] == greedy(name, prompt(45), NEW)[1:]
+    for slot, length in zip(rest, LENGTHS[:2], strict=True):
+        assert got[slot] == greedy(name, prompt(length), NEW)[1:]
+    assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
+def test_pages_hold_the_state(name):
+    """The pages of an inserted request gather back to the state it was given, tensor by
+    tensor in the codec's canonical form."""
+    cfg, _, prefill, _, pages = engines(name)
+    result = prefill.prefill(prompt(45))
+    slot = pages.insert(result.state, result.first_token, max_new_tokens=1)
+    length, want = canonical_arrays(result.state, cfg, 0)
+    _, got = canonical_arrays(pages.request_state(slot), cfg, 0)
+    assert length == 45 and len(got) == len(want)
+    for (spec, a), (_, b) in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=spec.name)
+    assert pages.pool.used_pages == pages.layout.request_pages(45)
+    pages.free(slot)
+
+
+def _unshared_pages(pages: PagedDecodeEngine, prefix_len: int, length: int) -> int:
+    """Pages a request of ``length`` positions needs beyond a prefix of ``prefix_len`` held by
+    another request: counted from the block geometry alone."""
+    per_page, ring = pages.layout.tokens_per_page, pages.layout.ring_pages
+    full = prefix_len // per_page  # blocks the prefix holds in full
+    count = 0
+    for kind in pages.cfg.layers:
+        blocks = -(-length // per_page)
+        if kind.is_linear:
+            count += 1
+        elif ring and kind.value == "swa":
+            held = range(max(0, blocks - ring), blocks)
+            prefix_held = range(max(0, -(-prefix_len // per_page) - ring), full)
+            count += sum(b not in prefix_held for b in held)
+        else:
+            count += blocks - full
+    return count
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_shared_prefix_maps_pages_and_copies_on_write(name):
+    cfg, _, prefill, slots, pages = engines(name)
+    base = prefill.prefill(prompt(45))
+    longer = prefill.prefill(prompt(7, seed=1), prefix=base.state)  # 52 positions
+    assert int(longer.state.lengths[0]) == 52
+    sampled = SamplingParams(temperature=1.0, seed=7)
+    want_a = alone(slots, base.state, base.first_token)
+    want_b = alone(slots, base.state, base.first_token, sampled)
+    want_c = alone(slots, longer.state, longer.first_token)
+
+    a = pages.insert(base.state, base.first_token, max_new_tokens=NEW)
+    held_a = pages.pool.used_pages
+    assert held_a == pages.layout.request_pages(45)
+    prefix = pages.share(a)
+    # The whole state of B is the prefix: every page mapped, none allocated.
+    b = pages.insert(base.state, base.first_token, sampled, max_new_tokens=NEW, prefix=prefix)
+    assert pages.pool.used_pages == held_a
+    # C continues the prefix: only the blocks past its full ones, and its own linear states.
+    c = pages.insert(longer.state, longer.first_token, max_new_tokens=NEW, prefix=prefix)
+    assert pages.pool.used_pages == held_a + _unshared_pages(pages, 45, 52)
+    attention = next(i for i, kind in enumerate(cfg.layers) if not kind.is_linear)
+    shared = pages.table(a).pages[attention][0]
+    assert pages.pool.refcount(shared) >= 3  # A, the prefix, B (and C for a full block)
+    pages.release(prefix)
+    got = drain(pages, [a, b, c])
+    assert [base.first_token, *got[a]] == want_a
+    assert [base.first_token, *got[b]] == want_b
+    assert [longer.first_token, *got[c]] == want_c
+    assert want_a != want_b  # B really decoded its own continuation on the shared pages
+    assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
+
+
+def test_a_full_pool_refuses_before_taking_anything():
+    cfg, params = preset("tiny")
+    _, _, prefill, _, _ = engines("tiny")
+    result = prefill.prefill(prompt(45))
+    small = PagedDecodeEngine(cfg, params, num_pages=8, block_size=BLOCK, max_slots=2, max_len=64)
+    need = small.pages_needed(45, NEW)
+    assert need == 6  # ⌈51/20⌉ = 3 MLA pages + 3 KDA pages, all at insert
+    slot = small.insert(result.state, result.first_token, max_new_tokens=NEW)
+    with pytest.raises(NoFreePageError):
+        small.insert(result.state, result.first_token, max_new_tokens=NEW)
+    assert small.free_slots == [1] and small.pool.used_pages == 6
+    small.free(slot)
+    assert (small.pool.used_pages, small.pool.reserved) == (0, 0)
+    with pytest.raises(EngineError, match="holds no request"):
+        small.free(slot)
