@@ -7,17 +7,20 @@ allocator's bytes"). A page belongs to one layer of one request at a time and ho
 token; GQA, SWA: ``k ‖ v`` per token) or one whole linear state (the recurrent state, then the
 short-conv tail). The page size follows vLLM's hybrid allocator: the attention block is the
 requested ``block_size`` raised to the smallest multiple of it whose page of the widest attention
-kind holds the largest linear state, and every other kind pads up to that page:
+kind holds the largest linear state; a narrower attention kind puts as many tokens in that page
+as fit, and a linear state pads up to it:
 
     tokens_per_page = N · ⌈s_max / (N · t_max)⌉        (N when the model has no linear layer)
     page_bytes      = tokens_per_page · t_max           (⌈s_max⌉ to the dtype when no attention)
+    tokens(kind)    = ⌊page_bytes / t_kind⌋             (for each attention kind)
 
-with ``t_max`` the largest per-token bytes of an attention kind and ``s_max`` the largest linear
-state. A request of L positions holds ⌈L / tokens_per_page⌉ pages per MLA / GQA layer, one page
-per linear layer, and per SWA layer a ring of at most ``ring_pages = ⌈W / tokens_per_page⌉ + 1``
-pages (the fewest that hold the window and the position being written without two live blocks
-sharing a page). Pure Python, the config and the byte formula only: `prfaas kv --allocator
-paged` prices the full-size presets with it, and the pool of engine/block_pool.py counts with it.
+with ``t_kind`` the per-token bytes of an attention kind, ``t_max`` the largest, and ``s_max``
+the largest linear state. A request of L positions holds ⌈L / tokens(kind)⌉ pages per MLA / GQA
+layer, one page per linear layer, and per SWA layer a ring of at most
+``ring_pages = ⌈W / tokens(swa)⌉ + 1`` pages (the fewest that hold the window and the position
+being written without two live blocks sharing a page). Pure Python, the config and the byte
+formula only: `prfaas kv --allocator paged` prices the full-size presets with it, and the pool
+of engine/block_pool.py counts with it.
 """
 
 from __future__ import annotations
@@ -35,11 +38,16 @@ class PageLayout:
 
     model: str
     block_size: int  # the requested attention block (tokens)
-    tokens_per_page: int  # the block actually used: a multiple of block_size
+    tokens_per_page: int  # the block of the widest attention kind: a multiple of block_size
     page_bytes: int
     dtype_bytes: int  # a page is stored as page_bytes / dtype_bytes elements of the model dtype
     layers: tuple[LayerKind, ...]
     window: int  # SWA window (0 without SWA layers)
+    by_kind: tuple[tuple[LayerKind, int], ...] = ()  # tokens a page holds, per attention kind
+
+    def tokens(self, kind: LayerKind) -> int:
+        """Positions one page of an attention layer of ``kind`` holds."""
+        return dict(self.by_kind)[kind]
 
     @property
     def page_elems(self) -> int:
@@ -48,19 +56,19 @@ class PageLayout:
     @property
     def ring_pages(self) -> int:
         """Pages of one SWA layer's ring (0 without SWA)."""
-        return math.ceil(self.window / self.tokens_per_page) + 1 if self.window else 0
+        return math.ceil(self.window / self.tokens(LayerKind.SWA)) + 1 if self.window else 0
 
-    def blocks(self, length: int) -> int:
-        """Attention blocks that ``length`` positions touch."""
-        return -(-length // self.tokens_per_page)
+    def blocks(self, kind: LayerKind, length: int) -> int:
+        """Blocks of an attention layer of ``kind`` that ``length`` positions touch."""
+        return -(-length // self.tokens(kind))
 
     def layer_pages(self, kind: LayerKind, length: int) -> int:
         """Pages one layer of kind ``kind`` holds for a request of ``length`` positions."""
         if kind.is_linear:
             return 1
         if kind is LayerKind.SWA:
-            return min(self.blocks(length), self.ring_pages)
-        return self.blocks(length)
+            return min(self.blocks(kind, length), self.ring_pages)
+        return self.blocks(kind, length)
 
     def request_pages(self, length: int) -> int:
         """Pages a request of ``length`` positions holds, over all layers."""
@@ -87,7 +95,8 @@ def page_layout(cfg: ModelConfig, block_size: int) -> PageLayout:
     else:
         tokens, page = block_size, -(-linear // item) * item
     window = cfg.swa.window if LayerKind.SWA in kinds else 0
-    return PageLayout(cfg.name, block_size, tokens, page, item, cfg.layers, window)
+    by_kind = tuple((k, page // layer_token_nbytes(cfg, k)) for k in kinds if not k.is_linear)
+    return PageLayout(cfg.name, block_size, tokens, page, item, cfg.layers, window, by_kind)
 
 
 @dataclass(frozen=True)

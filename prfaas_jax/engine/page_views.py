@@ -4,7 +4,7 @@
 The pool is one array ``[num_pages, page_elems]`` of the model dtype (engine/page_layout.py).
 Within a page, an attention layer's tokens are rows of ``row_elems(cfg, kind)`` values — MLA
 ``c_kv ‖ k_rope``, GQA and SWA ``k ‖ v`` (heads flattened) — position ``p`` of a block at row
-``p mod tokens_per_page``; a linear layer's page is its recurrent state (reinterpreted as the
+``p mod tokens(kind)``; a linear layer's page is its recurrent state (reinterpreted as the
 model dtype when the state dtype is wider: fp32 in a bf16 pool is two elements per value), then
 its conv tail. Everything addresses the pool flattened, ``page · page_elems + offset``, so no
 step copies or reshapes the pool: reads are gathers, writes scatters that drop indices past the
@@ -84,18 +84,22 @@ def _split(values: jax.Array, sizes: list[int]) -> list[jax.Array]:
     return jnp.split(values, bounds, axis=-1)
 
 
-def _token_index(layout: PageLayout, page: jax.Array, pos: jax.Array, row: int) -> jax.Array:
+def _token_index(
+    layout: PageLayout, kind: LayerKind, page: jax.Array, pos: jax.Array, row: int
+) -> jax.Array:
     """Flat pool index ``[..., row]`` of position ``pos`` of a block held in ``page``."""
-    start = page * layout.page_elems + (pos % layout.tokens_per_page) * row
+    start = page * layout.page_elems + (pos % layout.tokens(kind)) * row
     return start[..., None] + jnp.arange(row, dtype=start.dtype)
 
 
-def _ring_page(layout: PageLayout, table_BR: jax.Array, pos: jax.Array) -> jax.Array:
-    """The page of an SWA ring holding position ``pos`` (``[B, …]``)."""
-    entry = (pos // layout.tokens_per_page) % layout.ring_pages
-    return jnp.take_along_axis(table_BR, entry.reshape(entry.shape[0], -1), axis=1).reshape(
-        pos.shape
-    )
+def _page_of(layout: PageLayout, kind: LayerKind, table_BE: jax.Array, pos: jax.Array):
+    """The page of an attention layer's table holding position ``pos`` (``[B, …]``): block
+    ``pos // tokens``, at that entry of a growing table or ``block mod ring_pages`` of a ring."""
+    entry = pos // layout.tokens(kind)
+    if kind is LayerKind.SWA:
+        entry = entry % layout.ring_pages
+    flat = entry.reshape(entry.shape[0], -1)
+    return jnp.take_along_axis(table_BE, flat, axis=1).reshape(pos.shape)
 
 
 def _token_layer(cfg: ModelConfig, kind: LayerKind, rows: jax.Array) -> LayerState:
@@ -139,12 +143,11 @@ def gather_state(
     *,
     cfg: ModelConfig,
     layout: PageLayout,
-    blocks: int,
+    capacity: int,
 ) -> ModelState:
     """The dense state of a batch: ``tables [B, layers, entries]`` (``num_pages`` where empty),
-    ``lengths [B]``; growing caches of capacity ``blocks · tokens_per_page``."""
+    ``lengths [B]``; growing caches of ``capacity`` positions."""
     flat = pool.reshape(-1)
-    capacity = blocks * layout.tokens_per_page
     layers = []
     for index, kind in enumerate(cfg.layers):
         table = tables[:, index]
@@ -156,11 +159,12 @@ def gather_state(
         if kind is LayerKind.SWA:
             ring = window_capacity(cfg.swa.window, capacity)
             pos = jnp.maximum(ring_positions(ring, lengths), 0)
-            page = _ring_page(layout, table, pos)
         else:
             pos = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (len(lengths), capacity))
-            page = jnp.repeat(table[:, :blocks], layout.tokens_per_page, axis=1)
-        rows = jnp.take(flat, _token_index(layout, page, pos, row_elems(cfg, kind)), mode="clip")
+        where = _token_index(
+            layout, kind, _page_of(layout, kind, table, pos), pos, row_elems(cfg, kind)
+        )
+        rows = jnp.take(flat, where, mode="clip")
         layers.append(_token_layer(cfg, kind, rows))
     return ModelState(lengths=lengths, layers=tuple(layers))
 
@@ -188,12 +192,10 @@ def write_token(
             at = table[:, :1] * layout.page_elems + jnp.arange(values.shape[1], dtype=table.dtype)
         else:
             rows = _rows_of(layer, pool.dtype)
-            if kind is LayerKind.SWA:
-                page, slot = _ring_page(layout, table, pos), pos % rows.shape[1]
-            else:
-                page, slot = jnp.take_along_axis(table, pos // layout.tokens_per_page, 1), pos
+            slot = pos % rows.shape[1] if kind is LayerKind.SWA else pos
             values = jnp.take_along_axis(rows, slot[:, :, None], axis=1)[:, 0]
-            at = _token_index(layout, page, pos, rows.shape[2])[:, 0]
+            page = _page_of(layout, kind, table, pos)
+            at = _token_index(layout, kind, page, pos, rows.shape[2])[:, 0]
         where.append(jnp.where(active[:, None], at, end))
         parts.append(values)
     flat = pool.reshape(-1)
@@ -208,7 +210,6 @@ def page_images(
     blocks ``blocks[layer]`` (``[layers, K]``; positions the state does not hold are zeros),
     for linear layers its state in entry 0."""
     length = state.lengths[0]
-    per_page = layout.tokens_per_page
     images = []
     for index, (kind, layer) in enumerate(zip(cfg.layers, state.layers, strict=True)):
         if kind.is_linear:
@@ -216,7 +217,7 @@ def page_images(
             page = jnp.broadcast_to(page, (blocks.shape[1], page.shape[0]))
         else:
             rows = _rows_of(layer, jnp.dtype(cfg.dtype))[0]
-            slots = rows.shape[0]
+            slots, per_page = rows.shape[0], layout.tokens(kind)
             pos = blocks[index][:, None] * per_page + jnp.arange(per_page)[None, :]
             held = (pos < length) & (pos >= 0)
             if kind is LayerKind.SWA:

@@ -56,9 +56,9 @@ def _step(
     cfg: ModelConfig,
     impl: Impl,
     layout: PageLayout,
-    blocks: int,
+    capacity: int,
 ) -> tuple[jax.Array, jax.Array]:
-    state = gather_state(pool, tables, lengths, cfg=cfg, layout=layout, blocks=blocks)
+    state = gather_state(pool, tables, lengths, cfg=cfg, layout=layout, capacity=capacity)
     logits, state = decode_step(params, cfg, tokens, state, impl=impl, active=active)
     pool = write_token(pool, state, tables, lengths, active, cfg=cfg, layout=layout)
     return pool, draw_tokens(logits, keys, index, temperature, top_k, top_p)
@@ -75,10 +75,10 @@ def _copy_pages(pool: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
     return pool.at[dst].set(pool[src], mode="drop")
 
 
-_STEP = jax.jit(_step, static_argnames=("cfg", "impl", "layout", "blocks"), donate_argnums=(1,))
+_STEP = jax.jit(_step, static_argnames=("cfg", "impl", "layout", "capacity"), donate_argnums=(1,))
 _WRITE = jax.jit(_write_pages, static_argnames=("cfg", "layout"), donate_argnums=(0,))
 _COPY = jax.jit(_copy_pages, donate_argnums=(0,))
-_GATHER = jax.jit(gather_state, static_argnames=("cfg", "layout", "blocks"))
+_GATHER = jax.jit(gather_state, static_argnames=("cfg", "layout", "capacity"))
 
 
 @dataclasses.dataclass
@@ -120,7 +120,8 @@ class PagedDecodeEngine(SlotControls):
             )
         self.pool = BlockPool(num_pages, self.layout.page_bytes)
         self._pages = jax.device_put(np.zeros((num_pages, self.layout.page_elems), cfg.dtype))
-        self._entries = max(self.layout.blocks(max_len), self.layout.ring_pages, 1)
+        growing = [self.layout.blocks(k, max_len) for k in cfg.layers if not k.is_linear]
+        self._entries = max(*growing, self.layout.ring_pages, 1)
         self._held: list[_Held | None] = [None] * max_slots
 
     # --- tables -------------------------------------------------------------------------
@@ -137,7 +138,7 @@ class PagedDecodeEngine(SlotControls):
 
     def _held_blocks(self, kind: LayerKind, length: int) -> range:
         """Blocks of a layer a request of ``length`` positions holds pages for."""
-        count = self.layout.blocks(length)
+        count = self.layout.blocks(kind, length)
         if kind is LayerKind.SWA:
             return range(max(0, count - self.layout.ring_pages), count)
         return range(count)
@@ -153,7 +154,7 @@ class PagedDecodeEngine(SlotControls):
         grown = len(self._held_blocks(kind, length + new)) - len(self._held_blocks(kind, length))
         if kind is LayerKind.SWA:
             return grown + mapped
-        partial = length % self.layout.tokens_per_page != 0
+        partial = length % self.layout.tokens(kind) != 0
         return grown + (mapped and partial)
 
     # --- the engine interface -----------------------------------------------------------
@@ -223,7 +224,7 @@ class PagedDecodeEngine(SlotControls):
         exact = prefix.length == length
         if kind.is_linear:
             return prefix.table.pages[layer][0] if exact else None
-        full = (block + 1) * self.layout.tokens_per_page <= prefix.length
+        full = (block + 1) * self.layout.tokens(kind) <= prefix.length
         if not (exact or full) or block not in self._held_blocks(kind, prefix.length):
             return None
         return prefix.table.pages[layer][self._entry(kind, block)]
@@ -262,8 +263,7 @@ class PagedDecodeEngine(SlotControls):
         position = held.length
         for layer, kind in enumerate(self.cfg.layers):
             pages = held.table.pages[layer]
-            block = position // self.layout.tokens_per_page
-            entry = 0 if kind.is_linear else self._entry(kind, block)
+            entry = 0 if kind.is_linear else self._entry(kind, position // self.layout.tokens(kind))
             if entry >= len(pages) or pages[entry] == EMPTY:
                 self._place(held.table, layer, entry, self._take(held))
                 continue
@@ -289,7 +289,7 @@ class PagedDecodeEngine(SlotControls):
             self._pages = _COPY(self._pages, src, dst)
         lengths = np.array([h.length if h else 0 for h in self._held], np.int32)
         longest = int(max(lengths[slot] for slot in active_slots)) + 1
-        blocks = min(_pow2(self.layout.blocks(longest)), self.layout.blocks(self.max_len))
+        capacity = min(_pow2(longest), self.max_len)
         tables = self._table_array([h.table if h else None for h in self._held])
         self._pages, tokens = _STEP(
             self.params,
@@ -300,7 +300,7 @@ class PagedDecodeEngine(SlotControls):
             cfg=self.cfg,
             impl=self.impl,
             layout=self.layout,
-            blocks=max(blocks, 1),
+            capacity=capacity,
         )
         for slot in active_slots:
             self._slot(slot).length += 1
@@ -351,13 +351,17 @@ class PagedDecodeEngine(SlotControls):
         return self._slot(slot).table
 
     def request_state(self, slot: int) -> ModelState:
-        """``slot``'s state gathered from its pages (capacity: its blocks, at least one)."""
+        """``slot``'s state gathered from its pages (capacity: its length, at least one)."""
         held = self._slot(slot)
         tables = self._table_array([held.table])
         lengths = np.array([held.length], np.int32)
-        blocks = max(1, self.layout.blocks(held.length))
         return _GATHER(
-            self._pages, tables, lengths, cfg=self.cfg, layout=self.layout, blocks=blocks
+            self._pages,
+            tables,
+            lengths,
+            cfg=self.cfg,
+            layout=self.layout,
+            capacity=max(1, held.length),
         )
 
     def pages_needed(self, length: int, max_new_tokens: int) -> int:

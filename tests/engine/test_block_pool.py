@@ -17,7 +17,7 @@ from prfaas_jax.errors import EngineError
 #   tiny:           MLA (32 + 8)·4 = 160;  KDA 2·16·16·4 + 3·(2·16 + 2·16 + 2·16)·4 = 3200
 #   tiny-gdn:       GQA 2·(16 + 16)·4 = 256;  GDN 4·16·12·4 + 3·(2·16·2 + 4·12)·4 = 4416
 #   tiny-lightning: MLA 160;  Lightning 4·16·16·4 = 4096
-#   tiny-swa:       SWA 2·(16 + 12)·4 = 224 (GQA 1·28·4 = 112);  no linear state
+#   tiny-swa:       SWA 2·(16 + 12)·4 = 224 (GQA 1·28·4 = 112: 8 tokens a page);  no linear state
 # tokens = 4·⌈s / (4·t)⌉, page = tokens·t.
 RULE = {
     "tiny": (160, 3200, 20, 3200),
@@ -47,7 +47,9 @@ def test_request_pages_by_hand():
     swa = page_layout(load_model_config("tiny-swa"), 4)  # gqa, swa·3; window 8
     assert swa.ring_pages == 3  # ⌈8/4⌉ + 1
     assert swa.layer_pages(LayerKind.SWA, 5) == 2  # blocks 0 and 1, not yet a full ring
-    assert swa.request_pages(50) == 13 + 3 * 3  # ⌈50/4⌉ GQA blocks, three rings
+    # GQA's 112 B a token: 896 / 112 = 8 tokens in the same page, ⌈50/8⌉ = 7 blocks.
+    assert (swa.tokens(LayerKind.GQA), swa.tokens(LayerKind.SWA)) == (8, 4)
+    assert swa.request_pages(50) == 7 + 3 * 3
 
 
 def test_no_attention_page_is_the_state():

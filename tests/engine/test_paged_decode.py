@@ -9,12 +9,14 @@ ops, then ``decode_step`` per token — no engine, page or table.
 from __future__ import annotations
 
 import functools
+import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import PRESETS, jit_decode, jit_prefill, preset
 
+from prfaas_jax.cli import main
 from prfaas_jax.engine.block_pool import NoFreePageError
 from prfaas_jax.engine.codec.layout import canonical_arrays
 from prfaas_jax.engine.decode import DecodeEngine
@@ -115,14 +117,16 @@ def test_pages_hold_the_state(name):
 def _unshared_pages(pages: PagedDecodeEngine, prefix_len: int, length: int) -> int:
     """Pages a request of ``length`` positions needs beyond a prefix of ``prefix_len`` held by
     another request: counted from the block geometry alone."""
-    per_page, ring = pages.layout.tokens_per_page, pages.layout.ring_pages
-    full = prefix_len // per_page  # blocks the prefix holds in full
+    ring = pages.layout.ring_pages
     count = 0
     for kind in pages.cfg.layers:
-        blocks = -(-length // per_page)
         if kind.is_linear:
             count += 1
-        elif ring and kind.value == "swa":
+            continue
+        per_page = pages.layout.tokens(kind)
+        full = prefix_len // per_page  # blocks the prefix holds in full
+        blocks = -(-length // per_page)
+        if ring and kind.value == "swa":
             held = range(max(0, blocks - ring), blocks)
             prefix_held = range(max(0, -(-prefix_len // per_page) - ring), full)
             count += sum(b not in prefix_held for b in held)
@@ -162,6 +166,26 @@ def test_shared_prefix_maps_pages_and_copies_on_write(name):
     assert [longer.first_token, *got[c]] == want_c
     assert want_a != want_b  # B really decoded its own continuation on the shared pages
     assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_kv_allocator_paged_is_the_pools_accounting(name, capsys):
+    """`prfaas kv --allocator paged` against the bytes the pool really holds for a prefilled
+    request of each length, and after it decoded six more tokens."""
+    argv = ["kv", "--model", name, "--allocator", "paged", "--block-size", str(BLOCK)]
+    argv += ["--lengths", "5,11,17,23,45,51", "--no-measure", "--json"]
+    assert main(argv) == 0
+    paged = json.loads(capsys.readouterr().out)["paged"]
+    cli = {row["length"]: row["paged_bytes"] for row in paged["rows"]}
+    _, _, prefill, _, pages = engines(name)
+    for length in (5, 17, 45):
+        result = prefill.prefill(prompt(length))
+        slot = pages.insert(result.state, result.first_token, max_new_tokens=NEW)
+        assert pages.pool.used_bytes == cli[length], f"{name} L={length}"
+        for _ in range(NEW):
+            pages.step()
+        assert pages.pool.used_bytes == cli[length + NEW], f"{name} L={length + NEW}"
+        pages.free(slot)
 
 
 def test_a_full_pool_refuses_before_taking_anything():
