@@ -25,7 +25,6 @@ import jax.numpy as jnp
 
 from prfaas_jax.config import LayerKind, ModelConfig
 from prfaas_jax.engine.page_layout import PageLayout
-from prfaas_jax.model.mixers.kv_cache import ring_positions
 from prfaas_jax.model.state import (
     DeltaState,
     KvState,
@@ -34,7 +33,6 @@ from prfaas_jax.model.state import (
     MlaState,
     ModelState,
     WindowKvState,
-    window_capacity,
 )
 
 
@@ -146,25 +144,23 @@ def gather_state(
     capacity: int,
 ) -> ModelState:
     """The dense state of a batch: ``tables [B, layers, entries]`` (``num_pages`` where empty),
-    ``lengths [B]``; growing caches of ``capacity`` positions."""
-    flat = pool.reshape(-1)
+    ``lengths [B]``. Whole pages are gathered and laid end to end: an MLA or GQA layer's cache
+    is its first ⌈capacity / tokens⌉ blocks, an SWA layer's ring is its ``ring_pages`` pages —
+    a ring of ``ring_pages · tokens`` slots, position p in slot p mod that (entry
+    (p // tokens) mod ring_pages, row p mod tokens), which holds the window and then some."""
+    batch = lengths.shape[0]
     layers = []
     for index, kind in enumerate(cfg.layers):
         table = tables[:, index]
         if kind.is_linear:
             size = sum(_part_elems(s, d, pool.dtype) for s, d in _linear_parts(cfg, kind))
-            where = table[:, :1] * layout.page_elems + jnp.arange(size, dtype=table.dtype)
-            layers.append(_linear_layer(cfg, kind, jnp.take(flat, where, mode="clip")))
+            page = jnp.take(pool, table[:, 0], axis=0, mode="clip")[:, :size]
+            layers.append(_linear_layer(cfg, kind, page))
             continue
-        if kind is LayerKind.SWA:
-            ring = window_capacity(cfg.swa.window, capacity)
-            pos = jnp.maximum(ring_positions(ring, lengths), 0)
-        else:
-            pos = jnp.broadcast_to(jnp.arange(capacity, dtype=jnp.int32), (len(lengths), capacity))
-        where = _token_index(
-            layout, kind, _page_of(layout, kind, table, pos), pos, row_elems(cfg, kind)
-        )
-        rows = jnp.take(flat, where, mode="clip")
+        per_page, row = layout.tokens(kind), row_elems(cfg, kind)
+        count = layout.ring_pages if kind is LayerKind.SWA else -(-capacity // per_page)
+        pages = jnp.take(pool, table[:, :count], axis=0, mode="clip")
+        rows = pages[..., : per_page * row].reshape(batch, count * per_page, row)
         layers.append(_token_layer(cfg, kind, rows))
     return ModelState(lengths=lengths, layers=tuple(layers))
 

@@ -287,24 +287,35 @@ class PagedDecodeEngine(SlotControls):
             dst = np.full(width, self.pool.num_pages, np.int32)
             src[: len(copies)], dst[: len(copies)] = zip(*copies, strict=True)
             self._pages = _COPY(self._pages, src, dst)
-        lengths = np.array([h.length if h else 0 for h in self._held], np.int32)
-        longest = int(max(lengths[slot] for slot in active_slots)) + 1
-        capacity = min(_pow2(longest), self.max_len)
-        tables = self._table_array([h.table if h else None for h in self._held])
-        self._pages, tokens = _STEP(
+        # The live rows packed at the front of a power-of-two batch, the caches gathered to a
+        # power of two past the longest: idle rows and empty positions cost no work, and the
+        # compiles stay a handful.
+        rows = np.zeros(_pow2(len(active_slots)), np.int64)
+        rows[: len(active_slots)] = active_slots
+        lengths = np.array([self._slot(slot).length for slot in active_slots], np.int32)
+        capacity = min(_pow2(int(lengths.max()) + 1), self.max_len)
+        tables = self._table_array([self._slot(slot).table for slot in active_slots])
+        padding = len(rows) - len(active_slots)
+        tokens, active, *controls = (c[rows] for c in self._controls(active_slots))
+        active[len(active_slots) :] = False
+        self._pages, drawn = _STEP(
             self.params,
             self._pages,
-            tables,
-            lengths,
-            *self._controls(active_slots),
+            np.pad(tables, ((0, padding), (0, 0), (0, 0)), constant_values=self.pool.num_pages),
+            np.pad(lengths, (0, padding)),
+            tokens,
+            active,
+            *controls,
             cfg=self.cfg,
             impl=self.impl,
             layout=self.layout,
             capacity=capacity,
         )
+        by_slot = np.zeros(self.max_slots, np.int32)
+        by_slot[active_slots] = np.asarray(drawn)[: len(active_slots)]
         for slot in active_slots:
             self._slot(slot).length += 1
-        return self._advance(active_slots, np.asarray(tokens))
+        return self._advance(active_slots, by_slot)
 
     def free(self, slot: int) -> None:
         """Release ``slot``: its references, and the pages still promised to it."""
