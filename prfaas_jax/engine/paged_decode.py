@@ -319,16 +319,16 @@ class PagedDecodeEngine(SlotControls):
 
     def free(self, slot: int) -> None:
         """Release ``slot``: its references, and the pages still promised to it."""
-        self._release(slot)
         held = self._slot(slot)
+        self._release(slot)
         held.table.release(self.pool)
         self.pool.unreserve(held.reserved)
         self._held[slot] = None
 
     def _slot(self, slot: int) -> _Held:
-        held = self._held[slot] if 0 <= slot < self.max_slots else None
-        if held is None:
-            raise EngineError(f"slot {slot} holds no request")
+        self._request(slot)  # an empty slot is an EngineError
+        held = self._held[slot]
+        assert held is not None
         return held
 
     # --- prefixes and views -------------------------------------------------------------

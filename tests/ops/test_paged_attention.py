@@ -20,6 +20,7 @@ from prfaas_jax.ops.attention import (
     paged_mla_decode_pallas,
 )
 
+from .kernel_layouts import layouts
 from .test_kernel_lowering import DEVICES, _lower
 
 PAGE = 4
@@ -155,3 +156,44 @@ def test_paged_kernel_lowers(case, device):
     target = DEVICES[device][2]
     calls = [line for line in text.splitlines() if f"custom_call @{target}(" in line]
     assert calls and all('name = "paged_attention"' in line for line in calls)
+
+
+# Every preset's decode layouts (GQA and SWA heads and head dims, MLA's latent and rope dims),
+# over 40 pages of 16 positions, two rows of 9 table entries (off the pow-2 grid).
+LAYOUTS = layouts()
+PRESET_CASES = [
+    layout for layout in LAYOUTS["flash"] if not layout.name.endswith("-mla")
+] + LAYOUTS["mla-decode"]
+
+
+def _spec(*shape, dtype=jnp.float32):
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+@pytest.mark.parametrize("device", list(DEVICES))
+@pytest.mark.parametrize("layout", PRESET_CASES, ids=lambda layout: layout.name)
+def test_paged_kernel_lowers_for_every_preset(layout, device):
+    H, G, K, V = layout.heads, layout.groups, layout.k_dim, layout.v_dim
+    pages, table = 40, (_spec(2, 9, dtype=jnp.int32),)
+    lengths = (_spec(2, dtype=jnp.int32),)
+    if layout.nope_dim:
+        N, P = layout.nope_dim, layout.rope_dim
+
+        def fn(*a):
+            return paged_mla_decode_pallas(*a, scale=0.1, interpret=False)
+
+        args = (_spec(2, H, N), _spec(2, H, P), _spec(pages, 16, K), _spec(pages, 16, P))
+        args += (_spec(K, H, N), _spec(K, H, V), *lengths, *table)
+    else:
+        ring = -(-layout.window // 16) + 1 if layout.window else 0
+        sinks = jnp.zeros(H) if layout.sinks else None
+
+        def fn(*a):
+            return paged_attention_pallas(
+                *a, scale=0.1, window=layout.window, sinks=sinks, ring_pages=ring, interpret=False
+            )
+
+        args = (_spec(2, H, K), _spec(G, pages, 16, K), _spec(G, pages, 16, V), *lengths, *table)
+    text = _lower(device, fn, args)
+    target = DEVICES[device][2]
+    assert any(f"custom_call @{target}(" in line for line in text.splitlines())
