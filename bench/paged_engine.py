@@ -11,8 +11,9 @@ prefilled once, then decoded by two engines holding the same bytes of state:
            (engine/page_layout.py), each request holding the pages its length needs
 
 A slot holds ``max_len`` = 128K ÷ scale + the output positions, as a real slot holds the
-model's whole context. Both drain one queue holding every request from the start: whenever a slot or enough pages are
-free the next request is inserted, and every engine step is one token for each live request.
+model's whole context. Both drain one queue holding every request from the start: whenever a
+slot or enough pages are free the next request is inserted, and every engine step is one token
+for each live request.
 Reported per engine: the peak and mean live requests over the steps, the steps, and decode
 tokens/s (tokens over the time of the steps; compiles excluded: the schedule is run once
 untimed, then timed). Every request's tokens must be equal between the engines (greedy).

@@ -21,6 +21,7 @@ the copies its own next writes will need reserved.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -30,6 +31,7 @@ from prfaas_jax.engine.block_pool import EMPTY, BlockPool, BlockTable
 from prfaas_jax.engine.decode_slots import SlotControls
 from prfaas_jax.engine.page_layout import PageLayout, page_layout
 from prfaas_jax.engine.page_views import gather_state, page_images, write_token
+from prfaas_jax.engine.prefill import default_buckets, pick_bucket
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState, decode_step
@@ -110,8 +112,12 @@ class PagedDecodeEngine(SlotControls):
         max_slots: int,
         max_len: int,
         impl: Impl | str = Impl.CHUNK,
+        buckets: Sequence[int] | None = None,
     ) -> None:
         super().__init__(cfg, max_slots, max_len)
+        # Capacities a step gathers the caches to: powers of two (the prefill engine's buckets)
+        # unless given; one compile per bucket and power-of-two batch.
+        self.buckets = default_buckets(max_len) if buckets is None else tuple(buckets)
         self.params, self.impl = params, Impl(impl)
         self.layout = page_layout(cfg, block_size)
         if np.dtype(cfg.state_dtype).itemsize % np.dtype(cfg.dtype).itemsize:
@@ -287,13 +293,13 @@ class PagedDecodeEngine(SlotControls):
             dst = np.full(width, self.pool.num_pages, np.int32)
             src[: len(copies)], dst[: len(copies)] = zip(*copies, strict=True)
             self._pages = _COPY(self._pages, src, dst)
-        # The live rows packed at the front of a power-of-two batch, the caches gathered to a
-        # power of two past the longest: idle rows and empty positions cost no work, and the
-        # compiles stay a handful.
+        # The live rows packed at the front of a power-of-two batch, the caches gathered to the
+        # bucket past the longest: idle rows and empty positions cost no work, and the compiles
+        # stay a handful.
         rows = np.zeros(_pow2(len(active_slots)), np.int64)
         rows[: len(active_slots)] = active_slots
         lengths = np.array([self._slot(slot).length for slot in active_slots], np.int32)
-        capacity = min(_pow2(int(lengths.max()) + 1), self.max_len)
+        capacity = min(pick_bucket(self.buckets, int(lengths.max()) + 1), self.max_len)
         tables = self._table_array([self._slot(slot).table for slot in active_slots])
         padding = len(rows) - len(active_slots)
         tokens, active, *controls = (c[rows] for c in self._controls(active_slots))

@@ -42,22 +42,35 @@ def engines(name: str):
     prefill = PrefillEngine(cfg, params, chunk_len=16, buckets=(MAX_LEN,))
     slots = DecodeEngine(cfg, params, max_slots=4, max_len=MAX_LEN)
     pages = PagedDecodeEngine(
-        cfg, params, num_pages=160, block_size=BLOCK, max_slots=4, max_len=MAX_LEN
+        cfg, params, num_pages=160, block_size=BLOCK, max_slots=4, max_len=MAX_LEN, buckets=(64,)
     )
     return cfg, params, prefill, slots, pages
 
 
-def greedy(name: str, tokens: list[int], new: int) -> list[int]:
+@functools.cache
+def _greedy_all(name: str) -> dict[int, list[int]]:
+    """Greedy tokens (the first included) of every prompt of ``LENGTHS``: one padded prefill."""
     cfg, params = preset(name)
-    state = init_state(cfg, 1, MAX_LEN)
+    tokens = np.zeros((len(LENGTHS), max(LENGTHS)), np.int32)
+    for row, length in enumerate(LENGTHS):
+        tokens[row, :length] = prompt(length)
+    valid = jnp.asarray(LENGTHS, jnp.int32)
+    state = init_state(cfg, len(LENGTHS), MAX_LEN)
     logits, state = jit_prefill(
-        params, cfg, jnp.asarray([tokens], jnp.int32), state, impl="reference"
+        params, cfg, jnp.asarray(tokens), state, impl="reference", valid_len=valid
     )
-    out = [int(jnp.argmax(logits[0, -1]))]
-    for _ in range(new):
-        logits, state = jit_decode(params, cfg, jnp.asarray(out[-1:], jnp.int32), state)
-        out.append(int(jnp.argmax(logits[0])))
-    return out
+    token = jnp.argmax(logits[jnp.arange(len(LENGTHS)), valid - 1], axis=-1)
+    out = [token]
+    for _ in range(NEW):
+        logits, state = jit_decode(params, cfg, token, state)
+        token = jnp.argmax(logits, axis=-1)
+        out.append(token)
+    table = np.stack([np.asarray(t) for t in out], axis=1)
+    return {length: table[row].tolist() for row, length in enumerate(LENGTHS)}
+
+
+def greedy(name: str, length: int) -> list[int]:
+    return _greedy_all(name)[length]
 
 
 def drain(engine, slots: list[int]) -> dict[int, list[int]]:
@@ -81,7 +94,7 @@ def test_tokens_equal_slots_and_greedy_generation(name):
     _, _, prefill, slots, pages = engines(name)
     results = {length: prefill.prefill(prompt(length)) for length in LENGTHS}
     for length, result in results.items():
-        want = greedy(name, prompt(length), NEW)
+        want = greedy(name, length)
         assert alone(slots, result.state, result.first_token) == want, f"{name} L={length}"
         assert alone(pages, result.state, result.first_token) == want, f"{name} L={length}"
     # All at once, inserted at different steps: the same tokens.
@@ -92,9 +105,9 @@ def test_tokens_equal_slots_and_greedy_generation(name):
         for n in LENGTHS[:2]
     ]
     got = drain(pages, [first, *rest])
-    assert early + got[first] == greedy(name, prompt(45), NEW)[1:]
+    assert early + got[first] == greedy(name, 45)[1:]
     for slot, length in zip(rest, LENGTHS[:2], strict=True):
-        assert got[slot] == greedy(name, prompt(length), NEW)[1:]
+        assert got[slot] == greedy(name, length)[1:]
     assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
 
 
