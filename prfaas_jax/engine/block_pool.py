@@ -1,7 +1,7 @@
-"""The engines' page allocator and per-request block tables: `BlockPool`, `BlockTable`,
+"""The engines' page allocator and per-request block tables: `PagePool`, `BlockTable`,
 `NoFreePageError`.
 
-`BlockPool` is the host-side bookkeeping of ``num_pages`` equal pages (engine/page_layout.py
+`PagePool` is the host-side bookkeeping of ``num_pages`` equal pages (engine/page_layout.py
 says what a page holds): a free list, a reference count per page and a count of pages promised
 to live requests (``reserved``), so a request admitted with a reservation never meets a full
 pool in the middle of its decode. A page is *shared* while its count is above one (a prefix
@@ -28,7 +28,7 @@ class NoFreePageError(EngineError):
     """The pool has too few unpromised pages for what was asked."""
 
 
-class BlockPool:
+class PagePool:
     """Reference-counted pages ``0 … num_pages − 1`` with reservations (module docstring)."""
 
     def __init__(self, num_pages: int, page_bytes: int) -> None:
@@ -118,7 +118,7 @@ class BlockTable:
         """Every page this table references (with repeats across layers: none)."""
         return [page for layer in self.pages for page in layer if page != EMPTY]
 
-    def release(self, pool: BlockPool) -> None:
+    def release(self, pool: PagePool) -> None:
         for page in self.held():
             pool.decref(page)
         self.pages = [[] for _ in self.pages]

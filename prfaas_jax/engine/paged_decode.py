@@ -27,7 +27,7 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import LayerKind, ModelConfig
-from prfaas_jax.engine.block_pool import EMPTY, BlockPool, BlockTable
+from prfaas_jax.engine.block_pool import EMPTY, BlockTable, PagePool
 from prfaas_jax.engine.decode_slots import SlotControls
 from prfaas_jax.engine.page_layout import PageLayout, page_layout
 from prfaas_jax.engine.page_views import gather_state, page_images, write_token
@@ -124,7 +124,7 @@ class PagedDecodeEngine(SlotControls):
             raise EngineError(
                 f"a {cfg.state_dtype} state cannot be stored in pages of {cfg.dtype} elements"
             )
-        self.pool = BlockPool(num_pages, self.layout.page_bytes)
+        self.pool = PagePool(num_pages, self.layout.page_bytes)
         self._pages = jax.device_put(np.zeros((num_pages, self.layout.page_elems), cfg.dtype))
         growing = [self.layout.blocks(k, max_len) for k in cfg.layers if not k.is_linear]
         self._entries = max(*growing, self.layout.ring_pages, 1)

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from prfaas_jax.config import LayerKind, load_model_config
-from prfaas_jax.engine.block_pool import EMPTY, BlockPool, BlockTable, NoFreePageError
+from prfaas_jax.engine.block_pool import EMPTY, BlockTable, NoFreePageError, PagePool
 from prfaas_jax.engine.page_layout import page_layout, paged_size
 from prfaas_jax.errors import EngineError
 
@@ -60,7 +60,7 @@ def test_no_attention_page_is_the_state():
 
 
 def test_refcounts_and_copy_on_write():
-    pool = BlockPool(3, 100)
+    pool = PagePool(3, 100)
     a = pool.alloc()
     assert (a, pool.used_pages, pool.used_bytes) == (0, 1, 100)
     assert pool.writable(a) == (a, None)  # the only reference: written in place
@@ -78,7 +78,7 @@ def test_refcounts_and_copy_on_write():
 
 
 def test_reservations_bound_what_others_take():
-    pool = BlockPool(4, 1)
+    pool = PagePool(4, 1)
     pool.reserve(3)
     assert pool.available == 1
     pool.alloc()
@@ -94,7 +94,7 @@ def test_reservations_bound_what_others_take():
 
 def test_table_release_returns_every_page():
     layout = page_layout(load_model_config("tiny-swa"), 4)
-    pool = BlockPool(8, layout.page_bytes)
+    pool = PagePool(8, layout.page_bytes)
     table = BlockTable.empty(layout)
     assert table.pages[1] == [EMPTY] * layout.ring_pages and table.pages[0] == []
     table.pages[0] += [pool.alloc(), pool.alloc()]
