@@ -17,6 +17,8 @@ import pytest
 from conftest import PRESETS, jit_decode, jit_prefill, preset
 
 from prfaas_jax.cli import main
+from prfaas_jax.engine import codec
+from prfaas_jax.engine.api import DecodeEngineLike
 from prfaas_jax.engine.block_pool import NoFreePageError
 from prfaas_jax.engine.codec.layout import canonical_arrays
 from prfaas_jax.engine.decode import DecodeEngine
@@ -114,10 +116,17 @@ def test_tokens_equal_slots_and_greedy_generation(name):
 @pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
 def test_pages_hold_the_state(name):
     """The pages of an inserted request gather back to the state it was given, tensor by
-    tensor in the codec's canonical form."""
+    tensor in the codec's canonical form, and the codec encodes the same bytes from them."""
     cfg, _, prefill, _, pages = engines(name)
+    assert isinstance(pages, DecodeEngineLike)
     result = prefill.prefill(prompt(45))
     slot = pages.insert(result.state, result.first_token, max_new_tokens=1)
+    encoded = b"".join(
+        bytes(frame) for frame in codec.encode(pages.request_state(slot), cfg, stream_id=7)
+    )
+    assert encoded == b"".join(
+        bytes(frame) for frame in codec.encode(result.state, cfg, stream_id=7)
+    )
     length, want = canonical_arrays(result.state, cfg, 0)
     _, got = canonical_arrays(pages.request_state(slot), cfg, 0)
     assert length == 45 and len(got) == len(want)
