@@ -2,8 +2,9 @@
 generation for every tiny preset, alone, interleaved and on a prefix shared by several live
 requests (copy-on-write); the pool's accounting of what a prefix hit maps instead of allocating.
 
-Greedy generation here is the model alone: ``prefill`` of the whole prompt with the reference
-ops, then ``decode_step`` per token — no engine, page or table.
+Greedy generation, the prompts, the prefill and the slot engine are test_engines.py's (the
+model alone: one padded ``prefill`` with the reference ops, then ``decode_step`` per token), so
+the programs they compile are shared with it.
 """
 
 from __future__ import annotations
@@ -11,68 +12,32 @@ from __future__ import annotations
 import functools
 import json
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import PRESETS, jit_decode, jit_prefill, preset
+from conftest import PRESETS, preset
+from test_engines import LENGTHS, MAX_LEN, NEW, prompt, reference
+from test_engines import engines as slot_engines
 
 from prfaas_jax.cli import main
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.api import DecodeEngineLike
 from prfaas_jax.engine.block_pool import NoFreePageError
 from prfaas_jax.engine.codec.layout import canonical_arrays
-from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.paged_decode import PagedDecodeEngine
-from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
-from prfaas_jax.model import init_state
 
-MAX_LEN = 64
-NEW = 6
 BLOCK = 4
-LENGTHS = (5, 17, 45)  # within the first block, past a few, past the SWA window
-
-
-def prompt(length: int, seed: int = 0) -> list[int]:
-    return np.random.default_rng([length, seed]).integers(0, 256, length).tolist()
 
 
 @functools.cache
 def engines(name: str):
-    cfg, params = preset(name)
-    prefill = PrefillEngine(cfg, params, chunk_len=16, buckets=(MAX_LEN,))
-    slots = DecodeEngine(cfg, params, max_slots=4, max_len=MAX_LEN)
+    """``(cfg, params, prefill engine, slot engine, paged engine)``."""
+    cfg, params, prefill, slots = slot_engines(name)
     pages = PagedDecodeEngine(
         cfg, params, num_pages=160, block_size=BLOCK, max_slots=4, max_len=MAX_LEN, buckets=(64,)
     )
     return cfg, params, prefill, slots, pages
-
-
-@functools.cache
-def _greedy_all(name: str) -> dict[int, list[int]]:
-    """Greedy tokens (the first included) of every prompt of ``LENGTHS``: one padded prefill."""
-    cfg, params = preset(name)
-    tokens = np.zeros((len(LENGTHS), max(LENGTHS)), np.int32)
-    for row, length in enumerate(LENGTHS):
-        tokens[row, :length] = prompt(length)
-    valid = jnp.asarray(LENGTHS, jnp.int32)
-    state = init_state(cfg, len(LENGTHS), MAX_LEN)
-    logits, state = jit_prefill(
-        params, cfg, jnp.asarray(tokens), state, impl="reference", valid_len=valid
-    )
-    token = jnp.argmax(logits[jnp.arange(len(LENGTHS)), valid - 1], axis=-1)
-    out = [token]
-    for _ in range(NEW):
-        logits, state = jit_decode(params, cfg, token, state)
-        token = jnp.argmax(logits, axis=-1)
-        out.append(token)
-    table = np.stack([np.asarray(t) for t in out], axis=1)
-    return {length: table[row].tolist() for row, length in enumerate(LENGTHS)}
-
-
-def greedy(name: str, length: int) -> list[int]:
-    return _greedy_all(name)[length]
 
 
 def drain(engine, slots: list[int]) -> dict[int, list[int]]:
@@ -96,20 +61,20 @@ def test_tokens_equal_slots_and_greedy_generation(name):
     _, _, prefill, slots, pages = engines(name)
     results = {length: prefill.prefill(prompt(length)) for length in LENGTHS}
     for length, result in results.items():
-        want = greedy(name, length)
+        want = reference(name)[length]
         assert alone(slots, result.state, result.first_token) == want, f"{name} L={length}"
         assert alone(pages, result.state, result.first_token) == want, f"{name} L={length}"
     # All at once, inserted at different steps: the same tokens.
-    first = pages.insert(results[45].state, results[45].first_token, max_new_tokens=NEW)
+    first = pages.insert(results[50].state, results[50].first_token, max_new_tokens=NEW)
     early = [token for slot, token in pages.step() if slot == first]
     rest = [
         pages.insert(results[n].state, results[n].first_token, max_new_tokens=NEW)
         for n in LENGTHS[:2]
     ]
     got = drain(pages, [first, *rest])
-    assert early + got[first] == greedy(name, 45)[1:]
+    assert early + got[first] == reference(name)[50][1:]
     for slot, length in zip(rest, LENGTHS[:2], strict=True):
-        assert got[slot] == greedy(name, length)[1:]
+        assert got[slot] == reference(name)[length][1:]
     assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
 
 
@@ -161,7 +126,8 @@ def _unshared_pages(pages: PagedDecodeEngine, prefix_len: int, length: int) -> i
 def test_shared_prefix_maps_pages_and_copies_on_write(name):
     cfg, _, prefill, slots, pages = engines(name)
     base = prefill.prefill(prompt(45))
-    longer = prefill.prefill(prompt(7, seed=1), prefix=base.state)  # 52 positions
+    suffix = np.random.default_rng(7).integers(0, 256, 7).tolist()
+    longer = prefill.prefill(suffix, prefix=base.state)  # 52 positions
     assert int(longer.state.lengths[0]) == 52
     sampled = SamplingParams(temperature=1.0, seed=7)
     want_a = alone(slots, base.state, base.first_token)
@@ -195,12 +161,12 @@ def test_kv_allocator_paged_is_the_pools_accounting(name, capsys):
     """`prfaas kv --allocator paged` against the bytes the pool really holds for a prefilled
     request of each length, and after it decoded six more tokens."""
     argv = ["kv", "--model", name, "--allocator", "paged", "--block-size", str(BLOCK)]
-    argv += ["--lengths", "5,11,17,23,45,51", "--no-measure", "--json"]
+    argv += ["--lengths", "1,7,17,23,50,56", "--no-measure", "--json"]
     assert main(argv) == 0
     paged = json.loads(capsys.readouterr().out)["paged"]
     cli = {row["length"]: row["paged_bytes"] for row in paged["rows"]}
     _, _, prefill, _, pages = engines(name)
-    for length in (5, 17, 45):
+    for length in (1, 17, 50):
         result = prefill.prefill(prompt(length))
         slot = pages.insert(result.state, result.first_token, max_new_tokens=NEW)
         assert pages.pool.used_bytes == cli[length], f"{name} L={length}"
