@@ -279,20 +279,29 @@ class PagedDecodeEngine(SlotControls):
                 self.pool.decref(pages[entry])
                 pages[entry] = fresh
 
+    def _copy(self, copies: list[tuple[int, int]]) -> None:
+        """Copy pages ``(src, dst)`` in one call."""
+        if not copies:
+            return
+        width = _pow2(len(copies))
+        src = np.zeros(width, np.int32)
+        dst = np.full(width, self.pool.num_pages, np.int32)
+        src[: len(copies)], dst[: len(copies)] = zip(*copies, strict=True)
+        self._pages = _COPY(self._pages, src, dst)
+
     def step(self) -> list[tuple[int, int]]:
         """One token for every active slot, as ``(slot, token)``; ``[]`` when none is active."""
         active_slots = self.active_slots
         if not active_slots:
             return []
         copies: list[tuple[int, int]] = []
-        for slot in active_slots:
-            self._own_next(self._slot(slot), copies)
-        if copies:
-            width = _pow2(len(copies))
-            src = np.zeros(width, np.int32)
-            dst = np.full(width, self.pool.num_pages, np.int32)
-            src[: len(copies)], dst[: len(copies)] = zip(*copies, strict=True)
-            self._pages = _COPY(self._pages, src, dst)
+        try:
+            for slot in active_slots:
+                self._own_next(self._slot(slot), copies)
+        finally:
+            # Tables already point at the fresh pages: fill them even if a later row found the
+            # pool empty (reservations make that a bug), so no table is left on a blank page.
+            self._copy(copies)
         # The live rows packed at the front of a power-of-two batch, the caches gathered to the
         # bucket past the longest: idle rows and empty positions cost no work, and the compiles
         # stay a handful.
