@@ -268,8 +268,39 @@ def add_kv(sub: argparse._SubParsersAction) -> None:
         help="also the state's bytes and Φ_kv on the wire in this precision: bf16, fp8_e4m3, "
         "int8, or per kind as state=int8,kv=bf16 (docs/wire-format.md; default: native only)",
     )
+    p.add_argument(
+        "--allocator",
+        choices=("canonical", "paged"),
+        default="canonical",
+        help="paged: also the bytes a request holds in the engines' block pool (pages of "
+        "--block-size tokens, linear states as whole pages; docs/kv.md)",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        metavar="N",
+        help="with --allocator paged: the attention block in tokens, raised to a multiple "
+        "whose page holds a linear state (default: 16)",
+    )
     add_json_flag(p)
     p.set_defaults(run=_run_kv)
+
+
+def _paged_reports(configs: list, lengths: tuple[int, ...], block_size: int) -> list:
+    from prfaas_jax.engine.page_layout import page_layout, paged_size
+    from prfaas_jax.planning.kv_pages import PagedReport
+
+    if block_size < 1:
+        raise UserError(f"--block-size must be a positive token count, got {block_size}")
+    reports = []
+    for cfg in configs:
+        layout = page_layout(cfg, block_size)
+        rows = [paged_size(layout, cfg, length) for length in lengths]
+        reports.append(
+            PagedReport(cfg.name, block_size, layout.tokens_per_page, layout.page_bytes, rows)
+        )
+    return reports
 
 
 def _run_kv(args: argparse.Namespace) -> int:
@@ -290,8 +321,13 @@ def _run_kv(args: argparse.Namespace) -> int:
         lengths=args.lengths,
         measure=not args.no_measure,
     )
+    if args.allocator == "paged" and selection.view is KvView.PAPER:
+        raise UserError("--allocator paged goes with --model or --compare, not --paper")
     hardware = load_hardware(args.hardware)
     configs = [load_config(name) for name in selection.models]
+    paged = None
+    if args.allocator == "paged":
+        paged = _paged_reports(configs, selection.lengths, args.block_size)
     traces = len(configs) * len(selection.lengths)
     quiet = args.json or not selection.measure
     with progress("kv: tracing the prefill", total=traces, unit="traces", quiet=quiet) as shown:
@@ -315,6 +351,13 @@ def _run_kv(args: argparse.Namespace) -> int:
         payload, text = kv_report.compare_json(reports), kv_report.format_compare(reports)
     else:
         payload, text = kv_report.report_json(reports[0]), kv_report.format_report(reports[0])
+    if paged is not None:
+        from prfaas_jax.planning.kv_pages import format_paged, paged_json
+
+        entries = payload["models"] if selection.view is KvView.COMPARE else [payload]
+        for entry, report in zip(entries, paged, strict=True):
+            entry["paged"] = paged_json(report)
+        text = "\n\n".join([text, *(format_paged(report) for report in paged)])
     if args.json:
         print_json(payload)
     else:

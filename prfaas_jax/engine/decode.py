@@ -15,36 +15,19 @@ travel with each step; only the state stays on the device, donated from step to 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.sampling import (
-    GREEDY,
-    SamplingParams,
-    draw_tokens,
-    request_key,
-    sampling_knobs,
-)
-from prfaas_jax.engine.state_resize import check_fits, with_capacity
-from prfaas_jax.errors import EngineError, LengthLimitError
+from prfaas_jax.engine.decode_slots import NoFreeSlotError as NoFreeSlotError  # re-exported
+from prfaas_jax.engine.decode_slots import SlotControls
+from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
+from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState, decode_step, init_state
 from prfaas_jax.model.sharding import shard_params, shard_state
 from prfaas_jax.ops.dispatch import Impl
-
-
-class NoFreeSlotError(EngineError):
-    """Every slot holds a request: ``free`` one (or wait for one to finish) first."""
-
-
-@dataclasses.dataclass
-class _Request:
-    remaining: int  # tokens this slot may still produce
-    eos_id: int | None
-    finished: bool = False
 
 
 def _decode_and_sample(
@@ -76,7 +59,7 @@ _STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl"), donate_argn
 _INSERT = jax.jit(_insert_row, donate_argnums=(0,))
 
 
-class DecodeEngine:
+class DecodeEngine(SlotControls):
     """``max_slots`` concurrent requests, each up to ``max_len`` tokens of state."""
 
     def __init__(
@@ -89,53 +72,17 @@ class DecodeEngine:
         impl: Impl | str = Impl.CHUNK,
         mesh: jax.sharding.Mesh | None = None,
     ) -> None:
-        if max_slots < 1 or max_len < 1:
-            raise EngineError(f"max_slots and max_len must be ≥ 1, got {max_slots}, {max_len}")
+        super().__init__(cfg, max_slots, max_len)
         # On a mesh params and slots are placed once by the sharding rules; jit propagates them.
         self.mesh = mesh
         if mesh is not None:
             params = shard_params(params, cfg, mesh)
-        self.cfg, self.params, self.impl = cfg, params, Impl(impl)
-        self.max_slots, self.max_len = max_slots, max_len
+        self.params, self.impl = params, Impl(impl)
         shapes = jax.eval_shape(functools.partial(init_state, cfg, max_slots, max_len))
         # Zeros from the host: jnp.zeros would compile a fill per shape for nothing.
         self._state = jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype)), shapes)
         if mesh is not None:
             self._state = shard_state(self._state, cfg, mesh)
-        self._tokens = np.zeros(max_slots, np.int32)  # last token of each slot: the next input
-        self._index = np.zeros(max_slots, np.int32)  # key-schedule index of the next token
-        self._keys = np.zeros((max_slots, 2), np.uint32)
-        self._temperature = np.zeros(max_slots, np.float32)
-        self._top_k = np.zeros(max_slots, np.int32)
-        self._top_p = np.ones(max_slots, np.float32)
-        self._requests: list[_Request | None] = [None] * max_slots
-
-    @property
-    def free_slots(self) -> list[int]:
-        return [slot for slot, req in enumerate(self._requests) if req is None]
-
-    @property
-    def active_slots(self) -> list[int]:
-        """Slots that will produce a token on the next ``step``."""
-        return [slot for slot, req in enumerate(self._requests) if req and not req.finished]
-
-    def check_state(self, state: ModelState) -> None:
-        """What ``insert`` checks of a state alone, without a slot or a copy: one sequence of
-        this model, at most ``max_len`` long. A real state has nothing else to be checked
-        against; the codec has checked its bytes."""
-        if state.batch_size != 1:
-            raise EngineError(f"insert takes one sequence, got a batch of {state.batch_size}")
-        check_fits(state, self.cfg, self.max_len)
-
-    def is_finished(self, slot: int) -> bool:
-        """True once ``slot``'s request hit its EOS or budget (it holds the slot until ``free``)."""
-        return self._request(slot).finished
-
-    def _request(self, slot: int) -> _Request:
-        req = self._requests[slot] if 0 <= slot < self.max_slots else None
-        if req is None:
-            raise EngineError(f"slot {slot} holds no request")
-        return req
 
     def insert(
         self,
@@ -153,36 +100,15 @@ class DecodeEngine:
         ``first_token`` was sampled by prefill (token 0 of the request); the slot then yields up
         to ``max_new_tokens`` more, stopping early after ``eos_id``.
         """
-        vocab = self.cfg.vocab_size
-        if not 0 <= first_token < vocab:
-            raise EngineError(f"first token {first_token} outside the vocabulary [0, {vocab})")
-        if max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be ≥ 1, got {max_new_tokens}")
-        if state.batch_size != 1:
-            raise EngineError(f"insert takes one sequence, got a batch of {state.batch_size}")
-        length = int(np.asarray(state.lengths)[0])
-        # Each step absorbs the previous token, so n new tokens need L + n positions.
-        if length + max_new_tokens > self.max_len:
-            raise LengthLimitError(
-                f"state ({length} tokens) + max_new_tokens ({max_new_tokens}) exceed the decode "
-                f"engine's max_len {self.max_len}"
-            )
+        self._check_insert(state, first_token, max_new_tokens)
         row = with_capacity(state, self.cfg, self.max_len)
         if self.mesh is not None:
             # Resharding on load: whatever layout (or host) the state came from, the row takes
             # this engine's layout, so a state prefilled on one mesh decodes on another.
             row = shard_state(row, self.cfg, self.mesh)
-        free = self.free_slots
-        if not free:
-            raise NoFreeSlotError(f"all {self.max_slots} slots are busy")
-        slot = free[0]
-        key = request_key(sampling.seed)
+        slot = self._free_slot()
         self._state = _INSERT(self._state, row, np.int32(slot))
-        self._tokens[slot], self._keys[slot] = first_token, key
-        self._index[slot] = sampling.first_index + 1
-        knobs = sampling_knobs(sampling)
-        self._temperature[slot], self._top_k[slot], self._top_p[slot] = (k[0] for k in knobs)
-        self._requests[slot] = _Request(remaining=max_new_tokens, eos_id=eos_id)
+        self._admit(slot, first_token, sampling, max_new_tokens, eos_id)
         return slot
 
     def step(self) -> list[tuple[int, int]]:
@@ -194,26 +120,11 @@ class DecodeEngine:
         active_slots = self.active_slots
         if not active_slots:
             return []
-        active = np.zeros(self.max_slots, bool)
-        active[active_slots] = True
-        controls = (self._tokens, active, self._keys, self._index)
-        knobs = (self._temperature, self._top_k, self._top_p)
         self._state, tokens = _STEP(
-            self.params, self._state, *controls, *knobs, cfg=self.cfg, impl=self.impl
+            self.params, self._state, *self._controls(active_slots), cfg=self.cfg, impl=self.impl
         )
-        tokens = np.asarray(tokens)
-        out = []
-        for slot in active_slots:
-            req, token = self._requests[slot], int(tokens[slot])
-            assert req is not None
-            self._tokens[slot] = token
-            self._index[slot] += 1
-            req.remaining -= 1
-            req.finished = req.remaining == 0 or token == req.eos_id
-            out.append((slot, token))
-        return out
+        return self._advance(active_slots, np.asarray(tokens))
 
     def free(self, slot: int) -> None:
         """Release ``slot`` (finished or not); its state is overwritten by the next insert."""
-        self._request(slot)
-        self._requests[slot] = None
+        self._release(slot)

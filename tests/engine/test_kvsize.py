@@ -303,6 +303,26 @@ def test_kv_compare_ratios(capsys):
     assert second["rows"][0]["bytes_ratio"] == pytest.approx(ratio)
 
 
+PAGED_PRESETS = "kimi-linear-48b,qwen3.5-397b,ring-2.5-1t,mimo-v2-flash,prfaas-1t"
+
+
+def test_kv_paged_for_the_real_presets(capsys):
+    """Pages never hold less than the canonical state, and the rounding fades with length: a
+    request's waste is under one page per layer (two per SWA ring: the ring's slack block)."""
+    argv = ["--compare", PAGED_PRESETS, "--lengths", "1K,128K", "--no-measure"]
+    out = _json(capsys, *argv, "--allocator", "paged", "--block-size", "16")
+    for model in out["models"]:
+        cfg, paged = load_model_config(model["model"]), model["paged"]
+        assert paged["tokens_per_page"] % 16 == 0
+        slack = sum(2 if kind.value == "swa" else 1 for kind in cfg.layers)
+        for row in paged["rows"]:
+            assert row["pages"] * paged["page_bytes"] == row["paged_bytes"]
+            waste = row["paged_bytes"] - row["formula_bytes"]
+            assert 0 <= waste < slack * paged["page_bytes"], model["model"]
+    assert main(["kv", *argv, "--allocator", "paged"]) == 0
+    assert "paged allocator: prfaas-1t, block size 16" in capsys.readouterr().out
+
+
 def test_kv_paper(capsys):
     out = _json(capsys, "--paper")
     assert all(abs(row["kv_mib_error"]) < 0.02 for row in out["table5"])
@@ -325,6 +345,8 @@ def test_kv_paper(capsys):
         ["--model", "tiny", "--hardware", "no-such-hardware"],
         ["--model", "tiny", "--wire", "int4"],
         ["--model", "tiny", "--wire", "state=int8,weights=bf16"],
+        ["--paper", "--allocator", "paged"],
+        ["--model", "tiny", "--allocator", "paged", "--block-size", "0"],
     ],
 )
 def test_kv_user_errors_are_one_line_and_exit_2(capsys, argv):
