@@ -102,10 +102,15 @@ def format_experiment(e: Experiment) -> str:
     )
     rows.append(
         row(
-            "prefill on engine / profile",
-            lambda n: "; ".join(
-                ", ".join(f"{k} {v:.2f}×" for k, v in r.prefill_vs_profile.items()) or "—"
-                for r in meas[n].levels
+            "prefill on engine / profile (top level)",
+            lambda n: (
+                ", ".join(
+                    f"{route} {ratio:.2f}×"
+                    for route, ratio in (
+                        meas[n].levels[-1].prefill_vs_profile if meas[n].levels else {}
+                    ).items()
+                )
+                or "—"
             ),
         )
     )
