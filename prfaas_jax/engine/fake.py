@@ -1,6 +1,7 @@
 """Engines whose outputs are computable by hand: `FakePrefillEngine`, `FakeDecodeEngine`.
 
-Also exposes `fake_tokens`, the expected output of a request, and `STATE_MISMATCH`, the words
+Also exposes `fake_tokens`, the expected output of a request, `fake_draw`, how a sampled request
+picks each token, and `STATE_MISMATCH`, the words
 of the error a state that does not match its tokens raises. They serve the serving-plane tests
 (and `engine = "fake"` clusters) without a model, JetStream-style, but implement the engine
 interface of engine/api.py, as the JAX engines do, and hold a real `ModelState`, so the real
@@ -14,6 +15,13 @@ token i+1 = (3·token_i + 1) mod V (appending t adds 2t + 1 to 2S + L). x ↦ 3x
 cycles mod a power of two (every orbit mod 256 is 128 long), so outputs stay well spread. As
 every token depends on the whole sequence before it, a request resumed from prompt + its first
 k tokens continues exactly where it stopped — and one resumed from the wrong tokens does not.
+
+Sampling is a deterministic function of the request's key, as in the JAX engines: with a
+temperature > 0, token i of a request (i = 0 from prefill, then the decode steps; a resumed
+request starts at `SamplingParams.first_index`) is next(seq) + d mod V, d = mix(mix(seed) + i)
+mod w, w the candidates the settings keep: ⌊min(top_k or V, V) · top_p⌋, at least 1 (`fake_draw`).
+So an engine that drops the seed, the knobs or the index of a resumed request makes other tokens,
+and top_k = 1 is greedy, as it is for the real sampler.
 
 The state of a sequence x sets every value of every tensor of every layer, each from a 64-bit
 hash of the tokens it summarises: h(x[:0]) = 0, h(x[:p+1]) = mix(h(x[:p]) + x[p] + 1), with
@@ -71,11 +79,25 @@ def next_token(total: int, length: int, vocab_size: int) -> int:
     return (2 * total + length) % vocab_size
 
 
-def fake_tokens(prompt: Sequence[int], num_tokens: int, vocab_size: int) -> list[int]:
-    """The `num_tokens` tokens the fake engines produce for `prompt` (greedy or not)."""
+def fake_draw(token: int, sampling: SamplingParams, index: int, vocab_size: int) -> int:
+    """Token `index` of a request with `sampling`, whose greedy choice is `token`."""
+    if sampling.greedy:
+        return token
+    keep = min(sampling.top_k or vocab_size, vocab_size)
+    keep = max(1, math.floor(keep * sampling.top_p))
+    seed = _mix(np.array([sampling.seed], np.uint64))
+    offset = int(_mix(seed + np.uint64(index))[0] % np.uint64(keep))
+    return (token + offset) % vocab_size
+
+
+def fake_tokens(
+    prompt: Sequence[int], num_tokens: int, vocab_size: int, sampling: SamplingParams = GREEDY
+) -> list[int]:
+    """The `num_tokens` tokens the fake engines produce for `prompt` with `sampling`."""
     total, length, out = sum(prompt), len(prompt), []
-    for _ in range(num_tokens):
-        out.append(next_token(total, length, vocab_size))
+    for i in range(num_tokens):
+        greedy = next_token(total, length, vocab_size)
+        out.append(fake_draw(greedy, sampling, sampling.first_index + i, vocab_size))
         total, length = total + out[-1], length + 1
     return out
 
@@ -238,7 +260,10 @@ class FakePrefillEngine:
                     state_from_arrays(self.cfg, end, _arrays(self.cfg, ids[:end]), capacity), end
                 )
             on_chunk(state, len(ids))
-        first = next_token(sum(ids), len(ids), self.cfg.vocab_size)
+        vocab = self.cfg.vocab_size
+        first = fake_draw(
+            next_token(sum(ids), len(ids), vocab), sampling, sampling.first_index, vocab
+        )
         return FakePrefillResult(state, first, len(new), len(head))
 
 
@@ -247,6 +272,8 @@ class _Slot:
     total: int  # sum of the sequence so far: the state's tokens, then every token absorbed
     length: int  # its length
     remaining: int
+    sampling: SamplingParams
+    index: int  # key-schedule index of the next token
     finished: bool = False
 
 
@@ -294,7 +321,13 @@ class FakeDecodeEngine:
             raise EngineError(f"all {self.max_slots} slots are busy")
         slot = self.free_slots[0]
         # The first token (sampled by prefill) is the next input, as in the real engine.
-        self._slots[slot] = _Slot(sum(prompt) + int(first_token), length + 1, max_new_tokens)
+        self._slots[slot] = _Slot(
+            sum(prompt) + int(first_token),
+            length + 1,
+            max_new_tokens,
+            sampling,
+            sampling.first_index + 1,
+        )
         return slot
 
     def check_state(self, state: ModelState) -> None:
@@ -317,8 +350,12 @@ class FakeDecodeEngine:
         for i in active:
             slot = self._slots[i]
             assert slot is not None
-            token = next_token(slot.total, slot.length, self.cfg.vocab_size)
+            vocab = self.cfg.vocab_size
+            token = fake_draw(
+                next_token(slot.total, slot.length, vocab), slot.sampling, slot.index, vocab
+            )
             out.append((i, token))
+            slot.index += 1
             slot.total, slot.length = slot.total + token, slot.length + 1
             slot.remaining -= 1
             slot.finished = slot.remaining == 0

@@ -21,6 +21,7 @@ from serving_support import fake_config, serve_in_process
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
@@ -73,6 +74,24 @@ def test_sdk_completion_equals_the_models_tokens_decoded(client, prompt):
     usage = reply.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 12)
     assert usage.total_tokens == len(ids) + 12
+
+
+def test_a_seeded_reply_is_its_seeds_tokens_and_an_unseeded_one_names_its_seed(client):
+    prompt = "x" * 90  # the PrfaaS route
+    ids = TOKENIZER.encode(prompt)
+    knobs = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0.8, "top_p": 0.9}
+    reply = client.completions.create(seed=77, **knobs)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=77)
+    assert reply.choices[0].text == TOKENIZER.decode(fake_tokens(ids, 16, CFG.vocab_size, sampling))
+    assert reply.choices[0].text != expected_text(ids, 16) and reply.seed == 77
+    fresh = [client.completions.create(**knobs) for _ in range(2)]
+    assert fresh[0].seed != fresh[1].seed
+    for unseeded in fresh:
+        replay = client.completions.create(seed=unseeded.seed, **knobs)
+        assert replay.choices[0].text == unseeded.choices[0].text
+    chunks = list(client.completions.create(seed=77, stream=True, **knobs))
+    assert "".join(c.choices[0].text for c in chunks) == reply.choices[0].text
+    assert {c.seed for c in chunks} == {77}
 
 
 def test_sdk_stream_pieces_join_to_the_same_text_with_usage_last(client):

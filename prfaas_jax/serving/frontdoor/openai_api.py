@@ -14,6 +14,11 @@ tokenizer's end-of-sequence token, which the byte tokenizer does not have), ``n`
 false, no ``logprobs``, ``repetition_penalty`` 1 (what ``vllm bench serve`` sends). Other fields
 are ignored.
 
+Sampling is seeded: the same ``seed`` and settings give the same tokens whatever route, retries
+or workers the request takes. A request without one gets a fresh seed (63 random bits from
+`secrets`), and every response object names the seed it sampled with (``seed``, beside
+``id``), so a sampled reply can be replayed.
+
 Text becomes ids through the served model's tokenizer (engine/tokenizer.py): a prompt string
 with `encode`, a chat's messages through its chat template (`chat_ids`; for the byte tokenizer
 `chat_prompt`: each message as ``<|role|>\\n`` then its content and ``\\n``, and
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import time
 from collections.abc import Sequence
 
@@ -229,7 +235,7 @@ def parse_completion(
             temperature=_number(body, "temperature", 1.0),
             top_p=_number(body, "top_p", 1.0),
             top_k=0 if top_k is None or top_k < 0 else top_k,  # vLLM: -1 is off
-            seed=0 if seed is None else seed,
+            seed=secrets.randbits(63) if seed is None else seed,
         )
     except UserError as err:
         raise bad_request(str(err), str(err).split()[0]) from None
@@ -279,6 +285,7 @@ def response(
         "object": "chat.completion" if completion.chat else "text_completion",
         "created": int(time.time()),
         "model": model,
+        "seed": completion.sampling.seed,
         "choices": [_choice(completion.chat, text, finish, delta=False, first=True)],
         "usage": usage(*counts),
     }
@@ -304,6 +311,7 @@ def chunk(
         "object": "chat.completion.chunk" if completion.chat else "text_completion",
         "created": int(time.time()),
         "model": model,
+        "seed": completion.sampling.seed,
         "choices": choices,
     }
     if counts is not None:

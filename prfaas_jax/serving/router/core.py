@@ -33,7 +33,9 @@ as final (the request itself, e.g. a prompt past its engine's limit: `Failure.re
 not retried, the client gets that status at once. A retry prefills the prompt
 plus the tokens already streamed and decodes only what is still owed, sampling from the same
 key-schedule index, so the client sees every token exactly once and the same tokens as an
-uninterrupted run. An attempt whose decode stream stays silent for `stall_timeout_s` (a hung
+uninterrupted run. A request that names no seed gets a fresh one here (63 random bits, so a
+client can send it back as a JSON integer to replay the request), reported in its
+`RequestReport.seed`. An attempt whose decode stream stays silent for `stall_timeout_s` (a hung
 worker or link, serving/transport/watchdog.py) is cancelled and retried like a failed one. Each
 attempt uses a fresh wire id, so nothing of a failed attempt (a late state, a half-sent stream)
 can reach a later one. After a failure the router probes the two workers; one that does not answer
@@ -50,6 +52,7 @@ its own: routing, t and role changes come from `prfaas_jax.policy`.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -293,9 +296,8 @@ class RouterCore:
                 max_len=self.config.engine.max_len,
                 max_new_tokens=request.max_new_tokens,
             )
-            sampling = sampling_from_proto(
-                request.temperature, request.top_p, request.top_k, request.seed
-            )
+            seed = request.seed if request.HasField("seed") else secrets.randbits(63)
+            sampling = sampling_from_proto(request.temperature, request.top_p, request.top_k, seed)
             check_request_id(request.request_id)
         except UserError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -459,6 +461,7 @@ class RouterCore:
                         exposed_transfer_s=exposed,
                         decode_cached_len=held,
                         saved_bytes=saved,
+                        seed=record.sampling.seed,
                     )
                     if resumed_from:
                         with self.lock:
