@@ -9,8 +9,11 @@ slot (one compiled function, the slot index a traced argument); each ``step`` ru
 (``sampling.draw_tokens``: token ``i`` of a request uses ``fold_in(request_key(seed), i)``). So a
 request yields the same tokens alone or interleaved with others, in any slot, inserted at any
 step. A slot finishes on its EOS token or when its ``max_new_tokens`` are out; it keeps its slot
-until ``free``. Per-slot controls (last token, token index, key, knobs) live on the host and
-travel with each step; only the state stays on the device, donated from step to step.
+until ``free``. A request inserted with ``logprobs`` (its top count) also gets each token's
+log-probability (engine/logprobs.py) from ``logprobs(slot)`` after each step: a step with such
+a slot runs the compiled variant that computes them, so other batches pay nothing. Per-slot
+controls (last token, token index, key, knobs) live on the host and travel with each step;
+only the state stays on the device, donated from step to step.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
     GREEDY,
     SamplingParams,
@@ -44,6 +48,7 @@ class NoFreeSlotError(EngineError):
 class _Request:
     remaining: int  # tokens this slot may still produce
     eos_id: int | None
+    logprobs: int | None = None  # alternatives to report per token; None: no log-probabilities
     finished: bool = False
 
 
@@ -60,9 +65,15 @@ def _decode_and_sample(
     *,
     cfg: ModelConfig,
     impl: Impl,
-) -> tuple[ModelState, jax.Array]:
+    top: int = 0,
+) -> tuple[ModelState, jax.Array] | tuple[ModelState, jax.Array, tuple]:
+    """The next state and token of every slot; with ``top`` > 0 also their log-probabilities
+    (`log_softmax_top`, ``top`` wide)."""
     logits, state = decode_step(params, cfg, tokens_S, state, impl=impl, active=active_S)
-    return state, draw_tokens(logits, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
+    drawn = draw_tokens(logits, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
+    if not top:
+        return state, drawn
+    return state, drawn, log_softmax_top(logits, drawn, top)
 
 
 def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelState:
@@ -72,7 +83,7 @@ def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelSta
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache.
-_STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl"), donate_argnums=(1,))
+_STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl", "top"), donate_argnums=(1,))
 _INSERT = jax.jit(_insert_row, donate_argnums=(0,))
 
 
@@ -109,6 +120,7 @@ class DecodeEngine:
         self._top_k = np.zeros(max_slots, np.int32)
         self._top_p = np.ones(max_slots, np.float32)
         self._requests: list[_Request | None] = [None] * max_slots
+        self._logprobs: dict[int, TokenLogprobs] = {}  # the last step's, of slots that asked
 
     @property
     def free_slots(self) -> list[int]:
@@ -145,6 +157,7 @@ class DecodeEngine:
         *,
         max_new_tokens: int,
         eos_id: int | None = None,
+        logprobs: int | None = None,
     ) -> int:
         """Start decoding a prefilled request; returns its slot.
 
@@ -182,7 +195,7 @@ class DecodeEngine:
         self._index[slot] = sampling.first_index + 1
         knobs = sampling_knobs(sampling)
         self._temperature[slot], self._top_k[slot], self._top_p[slot] = (k[0] for k in knobs)
-        self._requests[slot] = _Request(remaining=max_new_tokens, eos_id=eos_id)
+        self._requests[slot] = _Request(max_new_tokens, eos_id, logprobs)
         return slot
 
     def step(self) -> list[tuple[int, int]]:
@@ -198,10 +211,24 @@ class DecodeEngine:
         active[active_slots] = True
         controls = (self._tokens, active, self._keys, self._index)
         knobs = (self._temperature, self._top_k, self._top_p)
-        self._state, tokens = _STEP(
-            self.params, self._state, *controls, *knobs, cfg=self.cfg, impl=self.impl
+        asked = [
+            s for s in active_slots if getattr(self._requests[s], "logprobs", None) is not None
+        ]
+        top = top_width(self.cfg.vocab_size) if asked else 0
+        self._state, tokens, *scored = _STEP(
+            self.params, self._state, *controls, *knobs, cfg=self.cfg, impl=self.impl, top=top
         )
         tokens = np.asarray(tokens)
+        self._logprobs = {}
+        if asked:
+            chosen, top_ids, top_logprobs = jax.device_get(scored[0])
+            for slot in asked:
+                req = self._requests[slot]
+                assert req is not None and req.logprobs is not None
+                row = slice(slot, slot + 1)
+                (self._logprobs[slot],) = as_token_logprobs(
+                    tokens[row], chosen[row], top_ids[row], top_logprobs[row], req.logprobs
+                )
         out = []
         for slot in active_slots:
             req, token = self._requests[slot], int(tokens[slot])
@@ -212,6 +239,11 @@ class DecodeEngine:
             req.finished = req.remaining == 0 or token == req.eos_id
             out.append((slot, token))
         return out
+
+    def logprobs(self, slot: int) -> TokenLogprobs | None:
+        """The log-probabilities of the token the last ``step`` made for ``slot``; None when its
+        request did not ask for them."""
+        return self._logprobs.get(slot)
 
     def free(self, slot: int) -> None:
         """Release ``slot`` (finished or not); its state is overwritten by the next insert."""

@@ -23,6 +23,11 @@ mod w, w the candidates the settings keep: ⌊min(top_k or V, V) · top_p⌋, at
 So an engine that drops the seed, the knobs or the index of a resumed request makes other tokens,
 and top_k = 1 is greedy, as it is for the real sampler.
 
+Log-probabilities (`fake_logprobs`): the fake model's logits after a sequence are −d/4 for the
+token d places after next(seq) (mod V), so token t has log-probability −d/4 − log Z,
+Z = Σ_{d<V} e^{−d/4}, and the k most likely tokens are next(seq) + 0, …, k − 1. `score` gives
+them for a prompt's positions, the decode engine for each token it makes when asked.
+
 The state of a sequence x sets every value of every tensor of every layer, each from a 64-bit
 hash of the tokens it summarises: h(x[:0]) = 0, h(x[:p+1]) = mix(h(x[:p]) + x[p] + 1), with
 `mix` splitmix64's finaliser. Element e (C order) of tensor `name` of layer i holds
@@ -65,6 +70,7 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     state_from_arrays,
 )
+from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState
@@ -77,6 +83,22 @@ _PHI = np.uint64(0x9E3779B97F4A7C15)  # 2^64 / golden ratio: spreads element ind
 def next_token(total: int, length: int, vocab_size: int) -> int:
     """The token after a sequence of `length` tokens that sum to `total`."""
     return (2 * total + length) % vocab_size
+
+
+def _fake_logprob(token: int, greedy: int, vocab_size: int) -> float:
+    distance = (token - greedy) % vocab_size
+    log_z = math.log((1 - math.exp(-vocab_size / 4)) / (1 - math.exp(-1 / 4)))  # Σ_{d<V} e^{−d/4}
+    return -distance / 4 - log_z
+
+
+def fake_logprobs(token: int, greedy: int, top: int, vocab_size: int) -> TokenLogprobs:
+    """The fake model's `TokenLogprobs` of `token` where its greedy choice is `greedy`."""
+    likeliest = [(greedy + d) % vocab_size for d in range(top)]
+    return TokenLogprobs(
+        token,
+        _fake_logprob(token, greedy, vocab_size),
+        tuple((t, _fake_logprob(t, greedy, vocab_size)) for t in likeliest),
+    )
 
 
 def fake_draw(token: int, sampling: SamplingParams, index: int, vocab_size: int) -> int:
@@ -224,6 +246,14 @@ class FakePrefillEngine:
         self.groups = split_layers(cfg.num_layers, layer_groups)
         self.chunk_len = chunk_len
 
+    def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
+        """`fake_logprobs` of each of ``tokens[1:]`` after the tokens before it."""
+        ids, vocab = [int(t) for t in tokens], self.cfg.vocab_size
+        return [
+            fake_logprobs(ids[p], next_token(sum(ids[:p]), p, vocab), top, vocab)
+            for p in range(1, len(ids))
+        ]
+
     def prefill(
         self,
         tokens: Sequence[int],
@@ -274,6 +304,7 @@ class _Slot:
     remaining: int
     sampling: SamplingParams
     index: int  # key-schedule index of the next token
+    logprobs: int | None = None  # alternatives per token; None: none asked
     finished: bool = False
 
 
@@ -293,6 +324,7 @@ class FakeDecodeEngine:
         self.cfg, self.max_slots, self.max_len = cfg, max_slots, max_len
         self.step_s, self._sleep = step_s, sleep
         self._slots: list[_Slot | None] = [None] * max_slots
+        self._logprobs: dict[int, TokenLogprobs] = {}
 
     @property
     def free_slots(self) -> list[int]:
@@ -310,6 +342,7 @@ class FakeDecodeEngine:
         *,
         max_new_tokens: int,
         eos_id: int | None = None,
+        logprobs: int | None = None,
     ) -> int:
         prompt = self._checked(state)
         length = len(prompt)
@@ -327,6 +360,7 @@ class FakeDecodeEngine:
             max_new_tokens,
             sampling,
             sampling.first_index + 1,
+            logprobs,
         )
         return slot
 
@@ -346,20 +380,24 @@ class FakeDecodeEngine:
             return []
         if self.step_s:
             self._sleep(self.step_s)
-        out = []
+        out, self._logprobs = [], {}
+        vocab = self.cfg.vocab_size
         for i in active:
             slot = self._slots[i]
             assert slot is not None
-            vocab = self.cfg.vocab_size
-            token = fake_draw(
-                next_token(slot.total, slot.length, vocab), slot.sampling, slot.index, vocab
-            )
+            greedy = next_token(slot.total, slot.length, vocab)
+            token = fake_draw(greedy, slot.sampling, slot.index, vocab)
+            if slot.logprobs is not None:
+                self._logprobs[i] = fake_logprobs(token, greedy, slot.logprobs, vocab)
             out.append((i, token))
             slot.index += 1
             slot.total, slot.length = slot.total + token, slot.length + 1
             slot.remaining -= 1
             slot.finished = slot.remaining == 0
         return out
+
+    def logprobs(self, slot: int) -> TokenLogprobs | None:
+        return self._logprobs.get(slot)
 
     def is_finished(self, slot: int) -> bool:
         entry = self._slots[slot]

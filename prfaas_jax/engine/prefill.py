@@ -18,6 +18,11 @@ distinct prompt lengths costs at most one compile per bucket (``compile_count``)
 completes that chunk, so every ``on_chunk`` state ends on a chunk boundary or at the prompt's
 end — where a block-granular prefix cache can checkpoint it.
 
+Prompt log-probabilities. ``score`` runs one prefill over a whole sequence that keeps every
+position's logits (``prefill`` above keeps the last alone), padded to a bucket like a prompt, and
+returns each token's log-probability after the tokens before it (engine/logprobs.py): asked for
+per request, so a request that does not ask costs nothing more.
+
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
 ``on_layers(state, tokens_done, layers)`` runs after each with the group whose states just
@@ -38,6 +43,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
+from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
     GREEDY,
     SamplingParams,
@@ -130,6 +136,24 @@ _PREFILL_GROUP = jax.jit(
     _prefill_group, static_argnames=("cfg", "start", "impl"), donate_argnums=(2,)
 )
 _DRAW_TOKENS = jax.jit(draw_tokens)
+
+
+def _score(
+    params: dict,
+    tokens_1T: jax.Array,
+    valid_len_1: jax.Array,
+    state: ModelState,
+    *,
+    cfg: ModelConfig,
+    impl: Impl,
+    k: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`log_softmax_top` of every position's logits for the token after it."""
+    logits, _ = prefill(params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1)
+    return log_softmax_top(logits[0], jax.numpy.roll(tokens_1T[0], -1), k)
+
+
+_SCORE = jax.jit(_score, static_argnames=("cfg", "impl", "k"))
 
 
 class PrefillEngine:
@@ -254,6 +278,26 @@ class PrefillEngine:
             self._sampler = _DRAW_TOKENS.lower(*args).compile()
             compile_s = time.perf_counter() - start
         return int(np.asarray(self._sampler(*args))[0]), compile_s
+
+    def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
+        """The log-probability of each of ``tokens[1:]`` after the tokens before it, with the
+        ``top`` most likely tokens at its position (module docstring)."""
+        ids = np.asarray(tokens, np.int32)
+        if len(ids) < 2:
+            return []
+        if len(ids) > self.cfg.max_len:
+            raise LengthLimitError(f"{len(ids)} tokens exceed max_len {self.cfg.max_len}")
+        size = self.bucket(len(ids))
+        block = np.zeros((1, size), np.int32)
+        block[0, : len(ids)] = ids
+        state = fresh_state(self.cfg, size, None)
+        if self.mesh is not None:
+            state = shard_state(state, self.cfg, self.mesh)
+        valid = np.array([len(ids)], np.int32)
+        k = top_width(self.cfg.vocab_size)
+        out = _SCORE(self.params, block, valid, state, cfg=self.cfg, impl=self.impl, k=k)
+        chosen, top_ids, top_logprobs = (a[: len(ids) - 1] for a in jax.device_get(out))
+        return as_token_logprobs(ids[1:], chosen, top_ids, top_logprobs, top)
 
     def prefill(
         self,
