@@ -1,5 +1,6 @@
-"""Log-probabilities of tokens, as the engines report them: `TokenLogprobs` (one scored position),
-`MAX_TOP_LOGPROBS`, `log_softmax_top` (traceable) and `token_logprobs` (host values).
+"""Log-probabilities of tokens, as the engines compute them: `log_softmax_top` (traceable),
+`top_width`, `as_token_logprobs` and `token_logprobs` (host values, engine/token_logprobs.py's
+`TokenLogprobs`, re-exported with `MAX_TOP_LOGPROBS`).
 
 A token's log-probability is the model's log-softmax of the raw logits at the position before it
 (before temperature, top-k or top-p: what the model assigns, as OpenAI's API reports it), with
@@ -9,23 +10,12 @@ request that asks: `PrefillEngine.score` over a whole prompt, the decode engine 
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's limit for top_logprobs; one compiled width serves every request
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenLogprobs:
-    """One position: its token, that token's log-probability, and the most likely tokens there
-    (``(token, logprob)``, most likely first)."""
-
-    token: int
-    logprob: float
-    top: tuple[tuple[int, float], ...] = ()
+from prfaas_jax.engine.token_logprobs import MAX_TOP_LOGPROBS as MAX_TOP_LOGPROBS  # re-exported
+from prfaas_jax.engine.token_logprobs import TokenLogprobs as TokenLogprobs  # re-exported
 
 
 def log_softmax_top(

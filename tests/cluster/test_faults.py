@@ -19,13 +19,14 @@ import pytest
 from serving_support import fake_config, generate
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.engine.fake import FakePrefillEngine, fake_tokens
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-VOCAB = load_model_config("tiny").vocab_size
+CFG = load_model_config("tiny")
+VOCAB = CFG.vocab_size
 # 100 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over half a second.
 OVERRIDES = {
     "fake": {"prefill_s_per_token": 0.0005, "decode_step_s": 0.02},
@@ -122,20 +123,24 @@ def test_decode_worker_killed_mid_stream(cluster):
     n = 120
     restarts = cluster.restarts
     prompts = [prompt(20 + 10 * k, 50 + k) for k in range(4)]
-    # Half of them sampled: resumed, they continue their key schedule.
+    # Half of them sampled: resumed, they continue their key schedule. Every token's
+    # log-probability is asked: a resumed one's first comes from its new prefill.
     samplings = [GREEDY, SAMPLED, GREEDY, SAMPLED]
     streams = [
         stub.Generate(
-            pb.GenerateRequest(prompt_token_ids=p, max_new_tokens=n, **knobs(s)), timeout=120
+            pb.GenerateRequest(prompt_token_ids=p, max_new_tokens=n, logprobs=2, **knobs(s)),
+            timeout=120,
         )
         for p, s in zip(prompts, samplings, strict=True)
     ]
     received: list[list[int]] = [[] for _ in prompts]
+    scored: list[list[pb.TokenLogprob]] = [[] for _ in prompts]
     reports: list[pb.RequestReport | None] = [None] * len(prompts)
 
     def read(i: int) -> None:
         for message in streams[i]:
             received[i].extend(message.token_ids)
+            scored[i].extend(message.logprobs)
             if message.finished:
                 reports[i] = message.report
 
@@ -149,9 +154,16 @@ def test_decode_worker_killed_mid_stream(cluster):
     kill(cluster, "pd-1")
     for thread in threads:
         thread.join(timeout=120)
-    for p, s, tokens, report in zip(prompts, samplings, received, reports, strict=True):
+    for p, s, tokens, report, got in zip(
+        prompts, samplings, received, reports, scored, strict=True
+    ):
         assert report is not None
         assert tokens == fake_tokens(p, n, VOCAB, s)
+        want = FakePrefillEngine(CFG).score(p + tokens, top=2)[len(p) - 1 :]
+        assert [(g.token_id, list(g.top_ids)) for g in got] == [
+            (w.token, [t for t, _ in w.top]) for w in want
+        ]
+        assert [g.logprob for g in got] == pytest.approx([w.logprob for w in want], abs=1e-5)
         assert report.attempts >= 2 and report.resumed_from >= 5
     stats = stub.GetStats(pb.GetStatsRequest())
     assert stats.resumed >= len(prompts) and stats.retries >= len(prompts)
