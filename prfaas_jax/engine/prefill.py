@@ -108,13 +108,21 @@ def _prefill_block(
     *,
     cfg: ModelConfig,
     impl: Impl,
-) -> tuple[jax.Array, ModelState]:
-    return prefill(params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1, last_only=True)
+    k: int = 0,
+) -> tuple[jax.Array | tuple, ModelState]:
+    """The last position's logits and the state; with ``k`` > 0 (`score`), every position's
+    `log_softmax_top` of the token after it, ``k`` wide, in place of the logits."""
+    logits, state = prefill(
+        params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1, last_only=not k
+    )
+    if not k:
+        return logits, state
+    return log_softmax_top(logits[0], jax.numpy.roll(tokens_1T[0], -1), k), state
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache. The working state
 # is always ours (built by fresh_state), so every call donates it.
-_PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl"), donate_argnums=(3,))
+_PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl", "k"), donate_argnums=(3,))
 
 
 def _prefill_group(
@@ -136,24 +144,6 @@ _PREFILL_GROUP = jax.jit(
     _prefill_group, static_argnames=("cfg", "start", "impl"), donate_argnums=(2,)
 )
 _DRAW_TOKENS = jax.jit(draw_tokens)
-
-
-def _score(
-    params: dict,
-    tokens_1T: jax.Array,
-    valid_len_1: jax.Array,
-    state: ModelState,
-    *,
-    cfg: ModelConfig,
-    impl: Impl,
-    k: int,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """`log_softmax_top` of every position's logits for the token after it."""
-    logits, _ = prefill(params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1)
-    return log_softmax_top(logits[0], jax.numpy.roll(tokens_1T[0], -1), k)
-
-
-_SCORE = jax.jit(_score, static_argnames=("cfg", "impl", "k"))
 
 
 class PrefillEngine:
@@ -295,7 +285,7 @@ class PrefillEngine:
             state = shard_state(state, self.cfg, self.mesh)
         valid = np.array([len(ids)], np.int32)
         k = top_width(self.cfg.vocab_size)
-        out = _SCORE(self.params, block, valid, state, cfg=self.cfg, impl=self.impl, k=k)
+        out, _ = _PREFILL_BLOCK(self.params, block, valid, state, cfg=self.cfg, impl=self.impl, k=k)
         chosen, top_ids, top_logprobs = (a[: len(ids) - 1] for a in jax.device_get(out))
         return as_token_logprobs(ids[1:], chosen, top_ids, top_logprobs, top)
 

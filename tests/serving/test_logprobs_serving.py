@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from serving_support import fake_config, serve_in_process
+from serving_support import fake_config, fake_instances, serve_in_process
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.fake import FakePrefillEngine, fake_tokens
 from prfaas_jax.engine.sampling_params import SamplingParams
-from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -24,13 +23,8 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=21)
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
     config = load_cluster_config(fake_config(tmp_path_factory.mktemp("lp") / "cluster.toml"))
-    instances = {
-        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
-        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
-        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=512)),
-    }
     with (
-        serve_in_process(config, instances) as cluster,
+        serve_in_process(config, fake_instances(CFG)) as cluster,
         grpc.insecure_channel(cluster.servers["router"].address) as channel,
     ):
         yield pb_grpc.RouterStub(channel)

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import openai
 import pytest
-from serving_support import fake_config, serve_in_process
+from serving_support import fake_config, fake_instances, serve_in_process
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
@@ -47,12 +47,7 @@ ROUTER: dict[str, str] = {}  # the front door's address → its router's
 def door(tmp_path_factory):
     """The front door's address, over a cluster of fake engines (no token)."""
     config = load_cluster_config(fake_config(tmp_path_factory.mktemp("oai") / "cluster.toml"))
-    instances = {
-        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
-        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
-        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
-    }
-    with serve_in_process(config, instances) as cluster:
+    with serve_in_process(config, fake_instances(CFG, max_len=MAX_LEN)) as cluster:
         router = cluster.servers["router"].address
         front = FrontDoor(router, model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN)
         with FrontDoorServer(front) as server:
