@@ -22,8 +22,10 @@ precision; the generated answer's second token is decoded after the state crosse
 
 The cluster is ``configs/clusters/toy.toml`` with every request routed to PrfaaS (threshold 16,
 controller off), so each generation's state crosses the inter-cluster link in the precision
-under test. ``--one-process`` scores the same documents with the engines in this process
-(`PrefillEngine.score`, `generate`), the numbers a cluster with an exact link must equal.
+under test; beside lm-eval's metrics, the mean log-probability of each generation's second token
+as the decode worker scores it (``logprobs``), the finest view of what the link changed. The
+same documents are also scored with the engines in this process (`PrefillEngine.score`,
+`generate`): the numbers a cluster with an exact link must equal.
 
     python bench/lm_eval_recall.py [--precisions native,bf16,fp8_e4m3,int8] [--json]
     python bench/lm_eval_recall.py --write-task     # regenerate the task's JSONL files
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 TASK_DIR = Path(__file__).resolve().parent / "lm_eval" / "recall"
@@ -137,15 +140,17 @@ def one_process() -> dict[str, float]:
         lls.append(ll)
         greedy += is_greedy
     gen = read_docs("recall_gen.jsonl")
-    matched = sum(
-        ByteTokenizer().decode(generate(params, cfg, doc["ids"], 2, GREEDY)[0]) == doc["answer"]
-        for doc in gen
-    )
+    matched, second = 0, []
+    for doc in gen:
+        tokens = generate(params, cfg, doc["ids"], 2, GREEDY)[0]
+        matched += ByteTokenizer().decode(tokens) == doc["answer"]
+        second.append(engine.score(doc["ids"] + tokens)[-1].logprob)
     return {
         "recall_mc acc": correct / len(lls),
         "recall_ll mean log-likelihood": sum(lls) / len(lls),
         "recall_ll acc": greedy / len(lls),
         "recall_gen exact_match": matched / len(gen),
+        "recall_gen second-token log-prob": sum(second) / len(second),
     }
 
 
@@ -201,12 +206,16 @@ def through_the_cluster(precision: str, directory: Path) -> dict[str, float]:
         door = json.loads(ready.read_text())["openai"]
         output = directory / f"results-{precision}"
         env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
-        subprocess.run(lm_eval_command(door, output), cwd=TASK_DIR, env=env, check=True)
+        # lm-eval's own log and table go to stderr: stdout is this script's table.
+        command = lm_eval_command(door, output)
+        subprocess.run(command, cwd=TASK_DIR, env=env, check=True, stdout=sys.stderr)
+        second = second_token_logprob(door)
     finally:
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=120)
     (found,) = output.rglob("results_*.json")
-    return metrics(json.loads(found.read_text())["results"])
+    row = metrics(json.loads(found.read_text())["results"])
+    return row | {"recall_gen second-token log-prob": second}
 
 
 def metrics(results: dict) -> dict[str, float]:
@@ -217,6 +226,22 @@ def metrics(results: dict) -> dict[str, float]:
         "recall_ll acc": results["recall_ll"]["acc,none"],
         "recall_gen exact_match": results["recall_gen"]["exact_match,none"],
     }
+
+
+def second_token_logprob(base_url: str) -> float:
+    """The mean log-probability of the second generated token of each generation document, as
+    the decode worker scores it from the state that crossed the link (``logprobs``; greedy)."""
+    total, docs = 0.0, read_docs("recall_gen.jsonl")
+    for doc in docs:
+        body = {"model": MODEL, "prompt": doc["ids"], "max_tokens": 2, "temperature": 0}
+        request = urllib.request.Request(
+            f"{base_url}/completions",
+            data=json.dumps(body | {"logprobs": 0}).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            total += json.load(reply)["choices"][0]["logprobs"]["token_logprobs"][1]
+    return total / len(docs)
 
 
 def main(argv: list[str] | None = None) -> int:

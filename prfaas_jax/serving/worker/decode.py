@@ -344,7 +344,8 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             while True:  # everything already queued goes into one message
                 if item is _DONE:
                     done = True
-                elif isinstance(item, pb.TokenLogprob):  # of the token queued before it
+                elif isinstance(item, pb.TokenLogprob):  # a token with its log-probabilities
+                    tokens.append(item.token_id)
                     scored.append(item)
                 elif isinstance(item, tuple):
                     code, details, final = item
@@ -490,10 +491,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             self.tokens_generated += len(produced)
         for slot, token in produced:
             req = self._slots[slot]
-            req.out.put(token)
             scored = engine.logprobs(slot)
-            if scored is not None:
-                req.out.put(logprobs_to_proto(scored))
+            # A scored token is queued with its log-probabilities, as one item: the stream never
+            # sends one without the other.
+            req.out.put(token if scored is None else logprobs_to_proto(scored))
             if engine.is_finished(slot):
                 engine.free(slot)
                 with self._cv:
