@@ -33,7 +33,7 @@ def log_softmax64(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-@pytest.mark.parametrize("length", [2, 31, 77])  # buckets 32 and 128, padded
+@pytest.mark.parametrize("length", [2, 77])  # buckets 32 and 128, padded
 def test_prompt_logprobs_are_the_full_prefills_log_softmax(params, length):
     tokens = np.random.default_rng(length).integers(0, CFG.vocab_size, length).tolist()
     engine = PrefillEngine(CFG, params, buckets=[32, 128], chunk_len=128)
