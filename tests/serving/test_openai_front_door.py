@@ -357,6 +357,11 @@ def test_a_bad_chat_and_a_bad_request_id_are_400(door):
         assert (status, error["param"], error["code"]) == (400, name, "context_length_exceeded")
     status, _, text = _post(door, "/v1/chat/completions", {**chat, "messages": [{"role": "x"}]})
     assert status == 400 and json.loads(text)["error"]["param"] == "messages[0]"
+    for extra, param in (({"top_logprobs": 2}, "top_logprobs"),
+                         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                         ({"logprobs": 2}, "logprobs")):  # fmt: skip
+        status, _, text = _post(door, "/v1/chat/completions", {**chat, **extra})
+        assert status == 400 and json.loads(text)["error"]["param"] == param, extra
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
     status, _, text = _post(door, "/v1/completions", body, {"x-request-id": "a" * 300})
     assert status == 400 and json.loads(text)["error"]["param"] == "x-request-id"
