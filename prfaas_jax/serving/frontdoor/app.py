@@ -12,7 +12,10 @@ own, or the byte-level one of the presets) and streams through `text.TextStream`
 or the tokenizer's end-of-sequence id (unless ``ignore_eos``) ends the reply (``finish_reason``
 "stop"; the end-of-sequence token is counted, not shown) and cancels the router call, which frees
 the decode slot; otherwise the reply runs to the budget ("length"). A client that disconnects
-mid-stream cancels the call as well.
+mid-stream cancels the call as well. Several prompts, ``n``, ``best_of`` and log-probabilities
+are answered whole: one router call per prompt and choice, all at once (an ``x-request-id`` gets
+the call's index as a suffix), their replies read by `reply.Reply` and shaped by
+`reply.whole_choices`.
 
 Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
 bearer token of ``token`` (compared in constant time), 404 for another path, 413 for a body larger
