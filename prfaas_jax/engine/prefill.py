@@ -105,19 +105,21 @@ def _prefill_block(
     tokens_1T: jax.Array,
     valid_len_1: jax.Array,
     state: ModelState,
+    targets_1T: jax.Array | None = None,
     *,
     cfg: ModelConfig,
     impl: Impl,
     k: int = 0,
 ) -> tuple[jax.Array | tuple, ModelState]:
     """The last position's logits and the state; with ``k`` > 0 (`score`), every position's
-    `log_softmax_top` of the token after it, ``k`` wide, in place of the logits."""
+    `log_softmax_top` of its target (the token after it), ``k`` wide, in place of the logits."""
     logits, state = prefill(
         params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1, last_only=not k
     )
     if not k:
         return logits, state
-    return log_softmax_top(logits[0], jax.numpy.roll(tokens_1T[0], -1), k), state
+    assert targets_1T is not None
+    return log_softmax_top(logits[0], targets_1T[0], k), state
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache. The working state
@@ -271,22 +273,25 @@ class PrefillEngine:
 
     def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
         """The log-probability of each of ``tokens[1:]`` after the tokens before it, with the
-        ``top`` most likely tokens at its position (module docstring)."""
+        ``top`` most likely tokens at its position (module docstring). The last token is only
+        scored, never read: a prompt of ``max_len`` tokens and the token after it fit."""
         ids = np.asarray(tokens, np.int32)
-        if len(ids) < 2:
+        n = len(ids) - 1  # positions read, each scoring the token after it
+        if n < 1:
             return []
-        if len(ids) > self.cfg.max_len:
-            raise LengthLimitError(f"{len(ids)} tokens exceed max_len {self.cfg.max_len}")
-        size = self.bucket(len(ids))
-        block = np.zeros((1, size), np.int32)
-        block[0, : len(ids)] = ids
+        if n > self.cfg.max_len:
+            raise LengthLimitError(f"{n} tokens exceed max_len {self.cfg.max_len}")
+        size = self.bucket(n)
+        block, targets = np.zeros((2, 1, size), np.int32)
+        block[0, :n], targets[0, :n] = ids[:-1], ids[1:]
         state = fresh_state(self.cfg, size, None)
         if self.mesh is not None:
             state = shard_state(state, self.cfg, self.mesh)
-        valid = np.array([len(ids)], np.int32)
+        valid = np.array([n], np.int32)
         k = top_width(self.cfg.vocab_size)
-        out, _ = _PREFILL_BLOCK(self.params, block, valid, state, cfg=self.cfg, impl=self.impl, k=k)
-        chosen, top_ids, top_logprobs = (a[: len(ids) - 1] for a in jax.device_get(out))
+        args = (self.params, block, valid, state, targets)
+        out, _ = _PREFILL_BLOCK(*args, cfg=self.cfg, impl=self.impl, k=k)
+        chosen, top_ids, top_logprobs = (a[:n] for a in jax.device_get(out))
         return as_token_logprobs(ids[1:], chosen, top_ids, top_logprobs, top)
 
     def prefill(

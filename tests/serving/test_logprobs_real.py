@@ -31,6 +31,7 @@ MAX_LEN, NEW = 128, 4
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     cfg, params = preset("tiny")
+    cfg = cfg.with_max_len(MAX_LEN)  # as a worker's engines take the cluster's limit
     path = tmp_path_factory.mktemp("lp-real") / "cluster.toml"
     sections = {"model": {"preset": "tiny", "engine": "jax"}, "engine": {"max_len": MAX_LEN}}
     config = load_cluster_config(fake_config(path, **sections))
@@ -58,19 +59,20 @@ def log_softmax64(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
-@pytest.mark.parametrize("length", [20, 90])  # PD, PrfaaS
-def test_echo_logprobs_are_the_single_process_prefills(served, length):
+# PD, PrfaaS, and a prompt that fills the context: its one new token is scored, never read.
+@pytest.mark.parametrize(("length", "new"), [(20, NEW), (90, NEW), (MAX_LEN, 1)])
+def test_echo_logprobs_are_the_single_process_prefills(served, length, new):
     client, router, cfg, params = served
     prompt = np.random.default_rng(length).integers(0, cfg.vocab_size, length).tolist()
     reply = client.completions.create(
-        model="tiny", prompt=prompt, max_tokens=NEW, temperature=0, logprobs=5, echo=True
+        model="tiny", prompt=prompt, max_tokens=new, temperature=0, logprobs=5, echo=True
     )
     lp = reply.choices[0].logprobs
-    assert len(lp.token_logprobs) == length + NEW and lp.token_logprobs[0] is None
-    tokens = generate(router, prompt, NEW).tokens  # the same greedy request, as ids
-    reference = log_softmax64(prompt_logits(params, cfg, prompt + tokens))[:-1]
+    assert len(lp.token_logprobs) == length + new and lp.token_logprobs[0] is None
+    tokens = generate(router, prompt, new).tokens  # the same greedy request, as ids
+    reference = log_softmax64(prompt_logits(params, cfg, prompt + tokens[:-1]))
     assert tokens == reference[length - 1 :].argmax(axis=-1).tolist()
-    chosen = reference[np.arange(length + NEW - 1), (prompt + tokens)[1:]]
+    chosen = reference[np.arange(length + new - 1), (prompt + tokens)[1:]]
     # The prompt's from the prefill, the new tokens' from prefill (the first) and decode.
     np.testing.assert_allclose(lp.token_logprobs[1:], chosen, atol=1e-4)
     for row, top in zip(reference, lp.top_logprobs[1:], strict=True):
