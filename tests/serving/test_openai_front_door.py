@@ -127,6 +127,25 @@ def test_echo_and_logprobs_are_the_models_log_probabilities(client):
     assert echoed.text == choice.text and echoed.logprobs is None
 
 
+def test_a_streamed_reply_carries_its_tokens_logprobs_chunk_by_chunk(client):
+    prompt = "stream the scores " * 5  # the PrfaaS route
+    kwargs = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 2}
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+    pieces = [c.choices[0].logprobs for c in chunks]
+    assert [t for p in pieces for t in p.tokens] == whole.tokens
+    assert [v for p in pieces for v in p.token_logprobs] == whole.token_logprobs
+    assert [d for p in pieces for d in p.top_logprobs] == whole.top_logprobs
+    assert [o for p in pieces for o in p.text_offset] == whole.text_offset
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"model": MODEL, "messages": messages, "max_tokens": 5, "temperature": 0}
+    content = client.chat.completions.create(logprobs=True, top_logprobs=1, **chat)
+    streamed = client.chat.completions.create(logprobs=True, top_logprobs=1, stream=True, **chat)
+    entries = [e for c in streamed if c.choices and c.choices[0].logprobs
+               for e in c.choices[0].logprobs.content]  # fmt: skip
+    assert entries == content.choices[0].logprobs.content
+
+
 def test_n_best_of_and_several_prompts(client):
     ids = [TOKENIZER.encode(p) for p in ("first prompt", "the second one")]
     knobs = {"model": MODEL, "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "seed": 40}

@@ -7,15 +7,15 @@
   per chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``);
 - ``GET /health``: 200 once the app runs.
 
-Text goes in and out through the served model's tokenizer (engine/tokenizer.py: a checkpoint's
-own, or the byte-level one of the presets) and streams through `text.TextStream`. A stop string
-or the tokenizer's end-of-sequence id (unless ``ignore_eos``) ends the reply (``finish_reason``
-"stop"; the end-of-sequence token is counted, not shown) and cancels the router call, which frees
-the decode slot; otherwise the reply runs to the budget ("length"). A client that disconnects
-mid-stream cancels the call as well. Several prompts, ``n``, ``best_of`` and log-probabilities
-are answered whole: one router call per prompt and choice, all at once (an ``x-request-id`` gets
-the call's index as a suffix), their replies read by `reply.Reply` and shaped by
-`reply.whole_choices`.
+Text goes in and out through the served model's tokenizer (engine/tokenizer.py: a checkpoint's own,
+or the byte-level one of the presets) and streams through `text.TextStream`. A stop string or the
+tokenizer's end-of-sequence id (unless ``ignore_eos``) ends the reply (``finish_reason`` "stop";
+the end-of-sequence token is counted, not shown) and cancels the router call, which frees the
+decode slot; otherwise the reply runs to the budget ("length"). A client that disconnects
+mid-stream cancels the call as well. Several prompts, ``n``, ``best_of``, ``echo`` and
+log-probabilities not streamed are answered whole: one router call per prompt and choice, all at
+once (an ``x-request-id`` gets the call's index as a suffix), their replies read by `reply.Reply`
+and shaped by `reply.whole_choices`.
 
 Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
 bearer token of ``token`` (compared in constant time), 404 for another path, 413 for a body larger
@@ -167,7 +167,7 @@ class FrontDoor:
             except UserError as err:
                 raise ApiError(400, f"x-request-id: {err}", param="x-request-id") from None
             rid = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
-            if completion.whole_only:
+            if completion.whole_only and not completion.stream:
                 return JSONResponse(await self._whole(completion, rid, request_id))
             reply = await self._open(
                 completion, rid, completion.prompt_ids, completion.sampling.seed, request_id

@@ -21,8 +21,8 @@ tokenizer does not have), ``repetition_penalty`` 1 (what ``vllm bench serve`` se
 - ``n`` choices per prompt, and ``best_of`` (≥ n) of which the n with the highest mean token
   log-probability are returned; choice k samples with seed + k.
 
-Several prompts, ``n`` > 1, ``best_of`` > 1 and log-probabilities are answered whole (not
-streamed). Other fields are ignored.
+Several prompts, ``n`` > 1, ``best_of`` > 1 and ``echo`` are answered whole (not streamed); a
+streamed reply's chunks carry the log-probabilities of their tokens. Other fields are ignored.
 
 Sampling is seeded: the same ``seed`` and settings give the same tokens whatever route, retries
 or workers the request takes. A request without one gets a fresh seed (63 random bits from
@@ -97,10 +97,15 @@ class Completion:
         return list(self.prompts[0])
 
     @property
+    def several(self) -> bool:
+        """Several prompts or choices: answered whole, never streamed."""
+        return len(self.prompts) > 1 or self.best_of > 1
+
+    @property
     def whole_only(self) -> bool:
-        """Whether the reply needs the whole-reply path: several choices or log-probabilities."""
-        several = len(self.prompts) > 1 or self.best_of > 1
-        return several or self.logprobs is not None or self.echo
+        """Whether a reply that is not streamed takes the whole-reply path (`reply.whole_choices`):
+        several choices, ``echo`` or log-probabilities."""
+        return self.several or self.logprobs is not None or self.echo
 
     def seeds(self) -> list[int]:
         """The seed of each of the ``best_of`` choices of a prompt: seed, seed + 1, …"""
@@ -327,10 +332,9 @@ def parse_completion(
         n=n,
         best_of=best_of,
     )
-    if completion.stream and completion.whole_only:
+    if completion.stream and (completion.several or completion.echo):
         raise bad_request(
-            "several prompts or choices, logprobs and echo are answered whole: stream must be "
-            "false",
+            "several prompts or choices and echo are answered whole: stream must be false",
             "stream",
         )
     return completion

@@ -61,8 +61,8 @@ class Reply:
         self.completion, self.rid, self.model, self.call = completion, rid, model, call
         self.first, self.messages = first, messages
         self.prompt = list(completion.prompt_ids if prompt is None else prompt)
-        detokenizer = (tokenizer or ByteTokenizer()).detokenizer()
-        self.text = TextStream(completion.stop, detokenizer)
+        self.tokenizer = tokenizer or ByteTokenizer()
+        self.text = TextStream(completion.stop, self.tokenizer.detokenizer())
         self.tokens = 0
         self.ids: list[int] = []  # the tokens counted, and their log-probabilities when asked
         self.scored: list[pb.TokenLogprob] = []
@@ -134,10 +134,25 @@ class Reply:
         return sum(s.logprob for s in self.scored) / max(len(self.scored), 1)
 
     async def events(self) -> AsyncIterator[bytes]:
-        first = True
+        """The server-sent events of a streamed reply. With ``logprobs`` each chunk carries those
+        of the tokens counted since the previous chunk (text held back for a stop string comes
+        in a later chunk than its tokens' log-probabilities)."""
+        first, sent, offset = True, 0, 0
         try:
             async for text, reason in self.pieces():
-                yield _sse(chunk(self.completion, self.rid, self.model, text, reason, first=first))
+                logprobs = None
+                if self.completion.logprobs is not None:
+                    ids, scored = self.ids[sent:], self.scored[sent:]
+                    sent = len(self.ids)
+                    if self.completion.chat:
+                        logprobs = chat_logprobs(self.tokenizer, ids, scored)
+                    else:
+                        logprobs = completion_logprobs(self.tokenizer, ids, scored, offset)
+                        offset += sum(len(t) for t in logprobs["tokens"])
+                body = chunk(self.completion, self.rid, self.model, text, reason, first=first)
+                if logprobs is not None:
+                    body["choices"][0]["logprobs"] = logprobs
+                yield _sse(body)
                 first = False
         except ApiError as err:  # the 200 is gone: an error event ends the stream
             log.warning("%s: %s", self.rid, err)
