@@ -203,6 +203,17 @@ class InProcessCluster:
         return self.router.GetStats(pb.GetStatsRequest(), timeout=10)
 
 
+def fake_instances(cfg, *, max_slots: int = 4, max_len: int = 512) -> dict:
+    """The instances of `fake_config`'s cluster on fake engines, for `serve_in_process`."""
+    from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine
+
+    return {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(cfg)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(cfg)),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(cfg, max_slots=max_slots, max_len=max_len)),
+    }
+
+
 @contextlib.contextmanager
 def serve_in_process(
     config: ClusterConfig,

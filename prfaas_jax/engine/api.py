@@ -9,9 +9,11 @@ cache's `CachedPrefill` and the tests accept either. The protocols hold only wha
 callers use, in the JetStream vocabulary:
 
     prefill(tokens, prefix=…) → state, first_token        one prompt, batch 1
+    score(tokens, top) → [TokenLogprobs, …]                log-probabilities of tokens[1:]
     insert(state, first_token, sampling) → slot            a slot of the decode batch
     check_state(state)                                     insert's checks of a state, no slot
     step() → [(slot, token), …]                            one token per active slot
+    logprobs(slot) → TokenLogprobs | None                  of that token, if insert asked
     is_finished(slot), free(slot)                          a slot's end
 
 The protocols are `runtime_checkable`: `isinstance` sees whether the members exist.
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.model.state import ModelState
 
@@ -76,6 +79,11 @@ class PrefillEngineLike(Protocol):
         that cannot stream by layers never calls `on_layers` (its `finish` ships them)."""
         ...
 
+    def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
+        """Each of ``tokens[1:]``'s log-probability after the tokens before it, with the
+        ``top`` likeliest tokens of its position (engine/logprobs.py)."""
+        ...
+
 
 @runtime_checkable
 class DecodeEngineLike(Protocol):
@@ -91,8 +99,11 @@ class DecodeEngineLike(Protocol):
         *,
         max_new_tokens: int,
         eos_id: int | None = None,
+        logprobs: int | None = None,
     ) -> int:
-        """Start decoding a prefilled request in a free slot; returns the slot."""
+        """Start decoding a prefilled request in a free slot; returns the slot. With
+        ``logprobs`` (the likeliest tokens to report beside each), `logprobs` gives each
+        token's log-probabilities after its step."""
         ...
 
     def check_state(self, state: ModelState) -> None:
@@ -102,6 +113,10 @@ class DecodeEngineLike(Protocol):
 
     def step(self) -> list[tuple[int, int]]:
         """One `(slot, token)` for every active slot."""
+        ...
+
+    def logprobs(self, slot: int) -> TokenLogprobs | None:
+        """Of the token the last `step` made for ``slot``; None if its insert did not ask."""
         ...
 
     def is_finished(self, slot: int) -> bool:

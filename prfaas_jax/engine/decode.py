@@ -9,8 +9,11 @@ slot (one compiled function, the slot index a traced argument); each ``step`` ru
 (``sampling.draw_tokens``: token ``i`` of a request uses ``fold_in(request_key(seed), i)``). So a
 request yields the same tokens alone or interleaved with others, in any slot, inserted at any
 step. A slot finishes on its EOS token or when its ``max_new_tokens`` are out; it keeps its slot
-until ``free``. Per-slot controls (last token, token index, key, knobs) live on the host and
-travel with each step; only the state stays on the device, donated from step to step.
+until ``free``. A request inserted with ``logprobs`` (its top count) also gets each token's
+log-probability (engine/logprobs.py) from ``logprobs(slot)`` after each step: a step with such
+a slot runs the compiled variant that computes them, so other batches pay nothing. Per-slot
+controls (last token, token index, key, knobs) live on the host and travel with each step;
+only the state stays on the device, donated from step to step.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.decode_slots import NoFreeSlotError as NoFreeSlotError  # re-exported
 from prfaas_jax.engine.decode_slots import SlotControls
+from prfaas_jax.engine.logprobs import as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
 from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState, decode_step, init_state
@@ -43,9 +47,15 @@ def _decode_and_sample(
     *,
     cfg: ModelConfig,
     impl: Impl,
-) -> tuple[ModelState, jax.Array]:
+    top: int = 0,
+) -> tuple[ModelState, jax.Array] | tuple[ModelState, jax.Array, tuple]:
+    """The next state and token of every slot; with ``top`` > 0 also their log-probabilities
+    (`log_softmax_top`, ``top`` wide)."""
     logits, state = decode_step(params, cfg, tokens_S, state, impl=impl, active=active_S)
-    return state, draw_tokens(logits, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
+    drawn = draw_tokens(logits, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
+    if not top:
+        return state, drawn
+    return state, drawn, log_softmax_top(logits, drawn, top)
 
 
 def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelState:
@@ -55,7 +65,7 @@ def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelSta
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache.
-_STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl"), donate_argnums=(1,))
+_STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl", "top"), donate_argnums=(1,))
 _INSERT = jax.jit(_insert_row, donate_argnums=(0,))
 
 
@@ -92,6 +102,7 @@ class DecodeEngine(SlotControls):
         *,
         max_new_tokens: int,
         eos_id: int | None = None,
+        logprobs: int | None = None,
     ) -> int:
         """Start decoding a prefilled request; returns its slot.
 
@@ -108,7 +119,7 @@ class DecodeEngine(SlotControls):
             row = shard_state(row, self.cfg, self.mesh)
         slot = self._free_slot()
         self._state = _INSERT(self._state, row, np.int32(slot))
-        self._admit(slot, first_token, sampling, max_new_tokens, eos_id)
+        self._admit(slot, first_token, sampling, max_new_tokens, eos_id, logprobs)
         return slot
 
     def step(self) -> list[tuple[int, int]]:
@@ -120,10 +131,28 @@ class DecodeEngine(SlotControls):
         active_slots = self.active_slots
         if not active_slots:
             return []
-        self._state, tokens = _STEP(
-            self.params, self._state, *self._controls(active_slots), cfg=self.cfg, impl=self.impl
+        asked = [s for s in active_slots if self._requests[s].logprobs is not None]
+        top = top_width(self.cfg.vocab_size) if asked else 0
+        self._state, tokens, *scored = _STEP(
+            self.params,
+            self._state,
+            *self._controls(active_slots),
+            cfg=self.cfg,
+            impl=self.impl,
+            top=top,
         )
-        return self._advance(active_slots, np.asarray(tokens))
+        tokens = np.asarray(tokens)
+        self._logprobs = {}
+        if asked:
+            chosen, top_ids, top_logprobs = jax.device_get(scored[0])
+            for slot in asked:
+                req = self._requests[slot]
+                assert req is not None and req.logprobs is not None
+                row = slice(slot, slot + 1)
+                (self._logprobs[slot],) = as_token_logprobs(
+                    tokens[row], chosen[row], top_ids[row], top_logprobs[row], req.logprobs
+                )
+        return self._advance(active_slots, tokens)
 
     def free(self, slot: int) -> None:
         """Release ``slot`` (finished or not); its state is overwritten by the next insert."""

@@ -2,7 +2,8 @@
 
 Also exposes `NoFreeSlotError`. A slot's last token (the next input), its key-schedule index,
 key and sampling knobs travel with every step as host arrays; ``_Request`` says how many tokens
-it may still produce and whether it finished. The slot engine (engine/decode.py) and the paged
+it may still produce, how many alternatives its log-probabilities report, and whether it
+finished; `logprobs` gives the last step's. The slot engine (engine/decode.py) and the paged
 engine (engine/paged_decode.py) differ only in where a slot's state lives.
 """
 
@@ -13,6 +14,7 @@ import dataclasses
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_knobs
 from prfaas_jax.engine.state_resize import check_fits
 from prfaas_jax.errors import EngineError, LengthLimitError
@@ -27,6 +29,7 @@ class NoFreeSlotError(EngineError):
 class _Request:
     remaining: int  # tokens this slot may still produce
     eos_id: int | None
+    logprobs: int | None = None  # alternatives to report per token; None: no log-probabilities
     finished: bool = False
 
 
@@ -44,6 +47,7 @@ class SlotControls:
         self._top_k = np.zeros(max_slots, np.int32)
         self._top_p = np.ones(max_slots, np.float32)
         self._requests: list[_Request | None] = [None] * max_slots
+        self._logprobs: dict[int, TokenLogprobs] = {}  # the last step's, of slots that asked
 
     @property
     def free_slots(self) -> list[int]:
@@ -103,12 +107,13 @@ class SlotControls:
         sampling: SamplingParams,
         max_new_tokens: int,
         eos_id: int | None,
+        logprobs: int | None = None,
     ) -> None:
         self._tokens[slot], self._keys[slot] = first_token, request_key(sampling.seed)
         self._index[slot] = sampling.first_index + 1
         knobs = sampling_knobs(sampling)
         self._temperature[slot], self._top_k[slot], self._top_p[slot] = (k[0] for k in knobs)
-        self._requests[slot] = _Request(remaining=max_new_tokens, eos_id=eos_id)
+        self._requests[slot] = _Request(max_new_tokens, eos_id, logprobs)
 
     def _controls(self, active_slots: list[int]) -> tuple[np.ndarray, ...]:
         """The step's per-slot inputs: tokens, active mask, keys, indices, then the knobs."""
@@ -129,6 +134,11 @@ class SlotControls:
             req.finished = req.remaining == 0 or token == req.eos_id
             out.append((slot, token))
         return out
+
+    def logprobs(self, slot: int) -> TokenLogprobs | None:
+        """The log-probabilities of the token the last ``step`` made for ``slot``; None when its
+        request did not ask for them."""
+        return self._logprobs.get(slot)
 
     def _release(self, slot: int) -> None:
         self._request(slot)

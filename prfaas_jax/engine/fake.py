@@ -1,6 +1,7 @@
 """Engines whose outputs are computable by hand: `FakePrefillEngine`, `FakeDecodeEngine`.
 
-Also exposes `fake_tokens`, the expected output of a request, and `STATE_MISMATCH`, the words
+Also exposes `fake_tokens`, the expected output of a request, `fake_draw`, how a sampled request
+picks each token, and `STATE_MISMATCH`, the words
 of the error a state that does not match its tokens raises. They serve the serving-plane tests
 (and `engine = "fake"` clusters) without a model, JetStream-style, but implement the engine
 interface of engine/api.py, as the JAX engines do, and hold a real `ModelState`, so the real
@@ -14,6 +15,18 @@ token i+1 = (3·token_i + 1) mod V (appending t adds 2t + 1 to 2S + L). x ↦ 3x
 cycles mod a power of two (every orbit mod 256 is 128 long), so outputs stay well spread. As
 every token depends on the whole sequence before it, a request resumed from prompt + its first
 k tokens continues exactly where it stopped — and one resumed from the wrong tokens does not.
+
+Sampling is a deterministic function of the request's key, as in the JAX engines: with a
+temperature > 0, token i of a request (i = 0 from prefill, then the decode steps; a resumed
+request starts at `SamplingParams.first_index`) is next(seq) + d mod V, d = mix(mix(seed) + i)
+mod w, w the candidates the settings keep: ⌊min(top_k or V, V) · top_p⌋, at least 1 (`fake_draw`).
+So an engine that drops the seed, the knobs or the index of a resumed request makes other tokens,
+and top_k = 1 is greedy, as it is for the real sampler.
+
+Log-probabilities (`fake_logprobs`): the fake model's logits after a sequence are −d/4 for the
+token d places after next(seq) (mod V), so token t has log-probability −d/4 − log Z,
+Z = Σ_{d<V} e^{−d/4}, and the k most likely tokens are next(seq) + 0, …, k − 1. `score` gives
+them for a prompt's positions, the decode engine for each token it makes when asked.
 
 The state of a sequence x sets every value of every tensor of every layer, each from a 64-bit
 hash of the tokens it summarises: h(x[:0]) = 0, h(x[:p+1]) = mix(h(x[:p]) + x[p] + 1), with
@@ -57,6 +70,7 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     state_from_arrays,
 )
+from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState
@@ -71,11 +85,41 @@ def next_token(total: int, length: int, vocab_size: int) -> int:
     return (2 * total + length) % vocab_size
 
 
-def fake_tokens(prompt: Sequence[int], num_tokens: int, vocab_size: int) -> list[int]:
-    """The `num_tokens` tokens the fake engines produce for `prompt` (greedy or not)."""
+def _fake_logprob(token: int, greedy: int, vocab_size: int) -> float:
+    distance = (token - greedy) % vocab_size
+    log_z = math.log((1 - math.exp(-vocab_size / 4)) / (1 - math.exp(-1 / 4)))  # Σ_{d<V} e^{−d/4}
+    return -distance / 4 - log_z
+
+
+def fake_logprobs(token: int, greedy: int, top: int, vocab_size: int) -> TokenLogprobs:
+    """The fake model's `TokenLogprobs` of `token` where its greedy choice is `greedy`."""
+    likeliest = [(greedy + d) % vocab_size for d in range(top)]
+    return TokenLogprobs(
+        token,
+        _fake_logprob(token, greedy, vocab_size),
+        tuple((t, _fake_logprob(t, greedy, vocab_size)) for t in likeliest),
+    )
+
+
+def fake_draw(token: int, sampling: SamplingParams, index: int, vocab_size: int) -> int:
+    """Token `index` of a request with `sampling`, whose greedy choice is `token`."""
+    if sampling.greedy:
+        return token
+    keep = min(sampling.top_k or vocab_size, vocab_size)
+    keep = max(1, math.floor(keep * sampling.top_p))
+    seed = _mix(np.array([sampling.seed], np.uint64))
+    offset = int(_mix(seed + np.uint64(index))[0] % np.uint64(keep))
+    return (token + offset) % vocab_size
+
+
+def fake_tokens(
+    prompt: Sequence[int], num_tokens: int, vocab_size: int, sampling: SamplingParams = GREEDY
+) -> list[int]:
+    """The `num_tokens` tokens the fake engines produce for `prompt` with `sampling`."""
     total, length, out = sum(prompt), len(prompt), []
-    for _ in range(num_tokens):
-        out.append(next_token(total, length, vocab_size))
+    for i in range(num_tokens):
+        greedy = next_token(total, length, vocab_size)
+        out.append(fake_draw(greedy, sampling, sampling.first_index + i, vocab_size))
         total, length = total + out[-1], length + 1
     return out
 
@@ -202,6 +246,14 @@ class FakePrefillEngine:
         self.groups = split_layers(cfg.num_layers, layer_groups)
         self.chunk_len = chunk_len
 
+    def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
+        """`fake_logprobs` of each of ``tokens[1:]`` after the tokens before it."""
+        ids, vocab = [int(t) for t in tokens], self.cfg.vocab_size
+        return [
+            fake_logprobs(ids[p], next_token(sum(ids[:p]), p, vocab), top, vocab)
+            for p in range(1, len(ids))
+        ]
+
     def prefill(
         self,
         tokens: Sequence[int],
@@ -238,7 +290,10 @@ class FakePrefillEngine:
                     state_from_arrays(self.cfg, end, _arrays(self.cfg, ids[:end]), capacity), end
                 )
             on_chunk(state, len(ids))
-        first = next_token(sum(ids), len(ids), self.cfg.vocab_size)
+        vocab = self.cfg.vocab_size
+        first = fake_draw(
+            next_token(sum(ids), len(ids), vocab), sampling, sampling.first_index, vocab
+        )
         return FakePrefillResult(state, first, len(new), len(head))
 
 
@@ -247,6 +302,9 @@ class _Slot:
     total: int  # sum of the sequence so far: the state's tokens, then every token absorbed
     length: int  # its length
     remaining: int
+    sampling: SamplingParams
+    index: int  # key-schedule index of the next token
+    logprobs: int | None = None  # alternatives per token; None: none asked
     finished: bool = False
 
 
@@ -266,6 +324,7 @@ class FakeDecodeEngine:
         self.cfg, self.max_slots, self.max_len = cfg, max_slots, max_len
         self.step_s, self._sleep = step_s, sleep
         self._slots: list[_Slot | None] = [None] * max_slots
+        self._logprobs: dict[int, TokenLogprobs] = {}
 
     @property
     def free_slots(self) -> list[int]:
@@ -283,6 +342,7 @@ class FakeDecodeEngine:
         *,
         max_new_tokens: int,
         eos_id: int | None = None,
+        logprobs: int | None = None,
     ) -> int:
         prompt = self._checked(state)
         length = len(prompt)
@@ -294,7 +354,14 @@ class FakeDecodeEngine:
             raise EngineError(f"all {self.max_slots} slots are busy")
         slot = self.free_slots[0]
         # The first token (sampled by prefill) is the next input, as in the real engine.
-        self._slots[slot] = _Slot(sum(prompt) + int(first_token), length + 1, max_new_tokens)
+        self._slots[slot] = _Slot(
+            sum(prompt) + int(first_token),
+            length + 1,
+            max_new_tokens,
+            sampling,
+            sampling.first_index + 1,
+            logprobs,
+        )
         return slot
 
     def check_state(self, state: ModelState) -> None:
@@ -313,16 +380,24 @@ class FakeDecodeEngine:
             return []
         if self.step_s:
             self._sleep(self.step_s)
-        out = []
+        out, self._logprobs = [], {}
+        vocab = self.cfg.vocab_size
         for i in active:
             slot = self._slots[i]
             assert slot is not None
-            token = next_token(slot.total, slot.length, self.cfg.vocab_size)
+            greedy = next_token(slot.total, slot.length, vocab)
+            token = fake_draw(greedy, slot.sampling, slot.index, vocab)
+            if slot.logprobs is not None:
+                self._logprobs[i] = fake_logprobs(token, greedy, slot.logprobs, vocab)
             out.append((i, token))
+            slot.index += 1
             slot.total, slot.length = slot.total + token, slot.length + 1
             slot.remaining -= 1
             slot.finished = slot.remaining == 0
         return out
+
+    def logprobs(self, slot: int) -> TokenLogprobs | None:
+        return self._logprobs.get(slot)
 
     def is_finished(self, slot: int) -> bool:
         entry = self._slots[slot]

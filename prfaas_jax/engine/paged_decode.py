@@ -173,6 +173,7 @@ class PagedDecodeEngine(SlotControls):
         *,
         max_new_tokens: int,
         eos_id: int | None = None,
+        logprobs: int | None = None,
         prefix: PagedPrefix | None = None,
     ) -> int:
         """Start decoding a prefilled request; returns its slot.
@@ -180,8 +181,11 @@ class PagedDecodeEngine(SlotControls):
         ``state`` is one sequence (any capacity); with ``prefix`` (from ``share``) its first
         ``prefix.length`` positions are taken to be the prefix's, whose pages are mapped
         rather than written (module docstring). Raises ``NoFreePageError`` when the pool cannot
-        promise every page the request may need.
+        promise every page the request may need. Log-probabilities are the slot engine's
+        alone: ``logprobs`` is refused.
         """
+        if logprobs is not None:
+            raise EngineError("the paged engine does not report log-probabilities")
         length = self._check_insert(state, first_token, max_new_tokens)
         self.check_state(state)
         if prefix is not None and (prefix.released or prefix.length > length):

@@ -18,6 +18,11 @@ distinct prompt lengths costs at most one compile per bucket (``compile_count``)
 completes that chunk, so every ``on_chunk`` state ends on a chunk boundary or at the prompt's
 end — where a block-granular prefix cache can checkpoint it.
 
+Prompt log-probabilities. ``score`` runs one prefill over a whole sequence that keeps every
+position's logits (``prefill`` above keeps the last alone), padded to a bucket like a prompt, and
+returns each token's log-probability after the tokens before it (engine/logprobs.py): asked for
+per request, so a request that does not ask costs nothing more.
+
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
 ``on_layers(state, tokens_done, layers)`` runs after each with the group whose states just
@@ -38,6 +43,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
+from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
     GREEDY,
     SamplingParams,
@@ -99,16 +105,26 @@ def _prefill_block(
     tokens_1T: jax.Array,
     valid_len_1: jax.Array,
     state: ModelState,
+    targets_1T: jax.Array | None = None,
     *,
     cfg: ModelConfig,
     impl: Impl,
-) -> tuple[jax.Array, ModelState]:
-    return prefill(params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1, last_only=True)
+    k: int = 0,
+) -> tuple[jax.Array | tuple, ModelState]:
+    """The last position's logits and the state; with ``k`` > 0 (`score`), every position's
+    `log_softmax_top` of its target (the token after it), ``k`` wide, in place of the logits."""
+    logits, state = prefill(
+        params, cfg, tokens_1T, state, impl=impl, valid_len=valid_len_1, last_only=not k
+    )
+    if not k:
+        return logits, state
+    assert targets_1T is not None
+    return log_softmax_top(logits[0], targets_1T[0], k), state
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache. The working state
 # is always ours (built by fresh_state), so every call donates it.
-_PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl"), donate_argnums=(3,))
+_PREFILL_BLOCK = jax.jit(_prefill_block, static_argnames=("cfg", "impl", "k"), donate_argnums=(3,))
 
 
 def _prefill_group(
@@ -254,6 +270,29 @@ class PrefillEngine:
             self._sampler = _DRAW_TOKENS.lower(*args).compile()
             compile_s = time.perf_counter() - start
         return int(np.asarray(self._sampler(*args))[0]), compile_s
+
+    def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
+        """The log-probability of each of ``tokens[1:]`` after the tokens before it, with the
+        ``top`` most likely tokens at its position (module docstring). The last token is only
+        scored, never read: a prompt of ``max_len`` tokens and the token after it fit."""
+        ids = np.asarray(tokens, np.int32)
+        n = len(ids) - 1  # positions read, each scoring the token after it
+        if n < 1:
+            return []
+        if n > self.cfg.max_len:
+            raise LengthLimitError(f"{n} tokens exceed max_len {self.cfg.max_len}")
+        size = self.bucket(n)
+        block, targets = np.zeros((2, 1, size), np.int32)
+        block[0, :n], targets[0, :n] = ids[:-1], ids[1:]
+        state = fresh_state(self.cfg, size, None)
+        if self.mesh is not None:
+            state = shard_state(state, self.cfg, self.mesh)
+        valid = np.array([n], np.int32)
+        k = top_width(self.cfg.vocab_size)
+        args = (self.params, block, valid, state, targets)
+        out, _ = _PREFILL_BLOCK(*args, cfg=self.cfg, impl=self.impl, k=k)
+        chosen, top_ids, top_logprobs = (a[:n] for a in jax.device_get(out))
+        return as_token_logprobs(ids[1:], chosen, top_ids, top_logprobs, top)
 
     def prefill(
         self,

@@ -38,6 +38,7 @@ import numpy as np
 from jax._src import distributed  # the coordination service's client: no public handle yet
 
 from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
+from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, UserError
 from prfaas_jax.model.state import ModelState
@@ -154,6 +155,13 @@ class LeaderPrefillEngine:
             on_chunk(result.state, result.prefix_len + result.num_tokens)
         return result
 
+    def score(self, tokens: Sequence[int], top: int = 0) -> list[TokenLogprobs]:
+        """Published and run as `prefill` is: every process runs the same program."""
+        ids = np.asarray(tokens, np.int64).reshape(-1).tolist()
+        with self._lock:
+            self.channel.send({"op": "score", "tokens": ids, "top": top})
+            return self.engine.score(ids, top)
+
     def close(self) -> None:
         """Tell the followers to exit (they also exit when the coordination service goes)."""
         with self._lock:
@@ -176,14 +184,17 @@ def follow(engine: PrefillEngineLike, channel: CommandChannel, stop: threading.E
             continue
         if command["op"] == "stop":
             break
-        if command["op"] != "prefill":
+        if command["op"] not in ("prefill", "score"):
             raise EngineError(f"unknown command {command['op']!r} from the leader")
         # A request the leader refused is refused here at the same point, before any collective.
         with contextlib.suppress(UserError):
-            engine.prefill(
-                command["tokens"],
-                sampling=SamplingParams(**command["sampling"]),
-                max_len=command["max_len"],
-            )
+            if command["op"] == "score":
+                engine.score(command["tokens"], command["top"])
+            else:
+                engine.prefill(
+                    command["tokens"],
+                    sampling=SamplingParams(**command["sampling"]),
+                    max_len=command["max_len"],
+                )
         replayed += 1
     return replayed

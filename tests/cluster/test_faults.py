@@ -2,7 +2,9 @@
 mid-transfer and a decode worker SIGKILLed mid-stream. Every request still completes, each token
 exactly once, with the output of one uninterrupted run (`fake_tokens`: each fake token depends
 on the whole sequence before it, so a skipped, repeated or misplaced token changes every token
-after it); the launcher replaces the dead worker and the router routes to the replacement."""
+after it; a seeded sampled request's depend on its seed and each token's index as well, so a
+resumed request that restarts its key schedule changes too); the launcher replaces the dead
+worker and the router routes to the replacement."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ import pytest
 from serving_support import fake_config, generate
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.engine.fake import FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
-VOCAB = load_model_config("tiny").vocab_size
+CFG = load_model_config("tiny")
+VOCAB = CFG.vocab_size
 # 100 KB/s: the 57.6 KB state of a 300-token prompt is on the link for over half a second.
 OVERRIDES = {
     "fake": {"prefill_s_per_token": 0.0005, "decode_step_s": 0.02},
@@ -47,6 +51,14 @@ def egress_bytes(cluster: ClusterProcesses, name: str) -> int:
     with grpc.insecure_channel(cluster.ready["workers"][name]["address"]) as channel:
         stats = pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest(), timeout=5)
     return stats.egress_bytes
+
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=2**33 + 5)
+
+
+def knobs(sampling: SamplingParams) -> dict:
+    """The `GenerateRequest` fields of `sampling`."""
+    return {"temperature": sampling.temperature, "top_p": sampling.top_p, "seed": sampling.seed}
 
 
 def prompt(n: int, offset: int) -> list[int]:
@@ -81,18 +93,22 @@ def routed_to(stub: pb_grpc.RouterStub, length: int, instance: str) -> bool:
 def test_prefill_worker_killed_mid_transfer(cluster):
     cluster, stub = cluster
     prompts = [prompt(300, k) for k in range(4)]
+    samplings = [GREEDY, SAMPLED, GREEDY, SAMPLED]
     restarts = cluster.restarts
     before = egress_bytes(cluster, "prfaas-0")
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        futures = [pool.submit(generate, stub, p, 6) for p in prompts]
+        futures = [
+            pool.submit(generate, stub, p, 6, **knobs(s))
+            for p, s in zip(prompts, samplings, strict=True)
+        ]
         deadline = time.monotonic() + 60
         while egress_bytes(cluster, "prfaas-0") == before:
             assert time.monotonic() < deadline, "no state went on the link"
             time.sleep(0.02)
         kill(cluster, "prfaas-0")  # a state is on the link now (4 × 57.6 KB at 100 KB/s)
         replies = [f.result(timeout=120) for f in futures]
-    for p, reply in zip(prompts, replies, strict=True):
-        assert reply.tokens == fake_tokens(p, 6, VOCAB)
+    for p, s, reply in zip(prompts, samplings, replies, strict=True):
+        assert reply.tokens == fake_tokens(p, 6, VOCAB, s)
         assert reply.report.resumed_from == 0  # nothing had reached the client yet
     retried = [r for r in replies if r.report.attempts > 1]
     assert retried, "no request was on the killed worker"
@@ -107,16 +123,24 @@ def test_decode_worker_killed_mid_stream(cluster):
     n = 120
     restarts = cluster.restarts
     prompts = [prompt(20 + 10 * k, 50 + k) for k in range(4)]
+    # Half of them sampled: resumed, they continue their key schedule. Every token's
+    # log-probability is asked: a resumed one's first comes from its new prefill.
+    samplings = [GREEDY, SAMPLED, GREEDY, SAMPLED]
     streams = [
-        stub.Generate(pb.GenerateRequest(prompt_token_ids=p, max_new_tokens=n), timeout=120)
-        for p in prompts
+        stub.Generate(
+            pb.GenerateRequest(prompt_token_ids=p, max_new_tokens=n, logprobs=2, **knobs(s)),
+            timeout=120,
+        )
+        for p, s in zip(prompts, samplings, strict=True)
     ]
     received: list[list[int]] = [[] for _ in prompts]
+    scored: list[list[pb.TokenLogprob]] = [[] for _ in prompts]
     reports: list[pb.RequestReport | None] = [None] * len(prompts)
 
     def read(i: int) -> None:
         for message in streams[i]:
             received[i].extend(message.token_ids)
+            scored[i].extend(message.logprobs)
             if message.finished:
                 reports[i] = message.report
 
@@ -130,9 +154,16 @@ def test_decode_worker_killed_mid_stream(cluster):
     kill(cluster, "pd-1")
     for thread in threads:
         thread.join(timeout=120)
-    for p, tokens, report in zip(prompts, received, reports, strict=True):
+    for p, s, tokens, report, got in zip(
+        prompts, samplings, received, reports, scored, strict=True
+    ):
         assert report is not None
-        assert tokens == fake_tokens(p, n, VOCAB)
+        assert tokens == fake_tokens(p, n, VOCAB, s)
+        want = FakePrefillEngine(CFG).score(p + tokens, top=2)[len(p) - 1 :]
+        assert [(g.token_id, list(g.top_ids)) for g in got] == [
+            (w.token, [t for t, _ in w.top]) for w in want
+        ]
+        assert [g.logprob for g in got] == pytest.approx([w.logprob for w in want], abs=1e-5)
         assert report.attempts >= 2 and report.resumed_from >= 5
     stats = stub.GetStats(pb.GetStatsRequest())
     assert stats.resumed >= len(prompts) and stats.retries >= len(prompts)

@@ -3,7 +3,10 @@ streamed layer by layer: `layer_groups = 4`): the PrfaaS prefill worker SIGKILLe
 states are on the inter-cluster link, then the decode worker SIGKILLed while it streams. Every
 request completes with exactly the tokens of single-process greedy generation (the model's
 `prefill` + `decode_step`, computed here): the router re-prefills the lost prefills locally and
-resumes the lost streams from prompt + the tokens already sent."""
+resumes the lost streams from prompt + the tokens already sent. Beside the greedy requests, one
+of each route samples (temperature 0.8, top-p 0.9, a fixed seed) and must equal what `prfaas
+generate` makes in one process with the same seed and knobs (engine/generate.py): a retried
+prefill draws token 0 again from the same key, a resumed stream continues the key schedule."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import pytest
 from serving_support import REAL_ENGINE, generate, real_cluster
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -33,6 +37,8 @@ SECTIONS = {
     "prefix_cache": {"enabled": True},
 }
 LONG, SHORT, NEW_LONG, NEW_SHORT = 300, 40, 8, 400
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=2**40 + 11)
+KNOBS = {"temperature": SAMPLED.temperature, "top_p": SAMPLED.top_p, "seed": SAMPLED.seed}
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +49,32 @@ def setup(tmp_path_factory):
         "long": [rng.integers(0, cfg.vocab_size, LONG).tolist() for _ in range(2)],
         "short": [rng.integers(0, cfg.vocab_size, SHORT).tolist() for _ in range(3)],
     }
+    # Held out from the greedy ones: the sampled request of each route.
+    sampled = {kind: rng.integers(0, cfg.vocab_size, n).tolist() for kind, n in LENGTHS.items()}
     root = tmp_path_factory.mktemp("faults-real")
     new = {"long": NEW_LONG, "short": NEW_SHORT}
     with real_cluster(root, SECTIONS, prompts, new) as (cluster, ready, stub, expected):
+        expected["sampled"] = {
+            kind: one_process_tokens(SECTIONS, p, new[kind], SAMPLED) for kind, p in sampled.items()
+        }
+        prompts["sampled"] = sampled
         yield cluster, ready, stub, prompts, expected
+
+
+LENGTHS = {"long": LONG, "short": SHORT}
+
+
+def one_process_tokens(
+    sections: dict, prompt: list[int], n: int, sampling: SamplingParams
+) -> list[int]:
+    """What `prfaas generate` makes of `prompt` in this process: the cluster's model and
+    weights, its prefill and decode engines, the same sampling settings."""
+    from prfaas_jax.engine.generate import generate as generate_one
+    from prfaas_jax.model.seeded_weights import seeded_params
+
+    cfg = load_model_config(sections["model"]["preset"])
+    params = seeded_params(cfg, sections["model"]["seed"])
+    return generate_one(params, cfg, prompt, n, sampling)[0]
 
 
 def kill(cluster: ClusterProcesses, name: str) -> None:
@@ -60,27 +88,33 @@ def test_prfaas_worker_killed_mid_transfer(setup):
     cluster, ready, stub, prompts, expected = setup
     worker = grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"])
     control = pb_grpc.WorkerControlStub(worker)
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
         futures = [pool.submit(generate, stub, p, NEW_LONG) for p in prompts["long"]]
+        sampled = pool.submit(generate, stub, prompts["sampled"]["long"], NEW_LONG, **KNOBS)
         deadline = time.monotonic() + 120
         while control.GetStats(pb.GetStatsRequest(), timeout=5).egress_bytes == 0:
             assert time.monotonic() < deadline, "no state went on the link"
             time.sleep(0.02)
         kill(cluster, "prfaas-0")  # a state is on the link now
         replies = [f.result(timeout=300) for f in futures]
+        sampled_reply = sampled.result(timeout=300)
     worker.close()
     assert [r.tokens for r in replies] == expected["long"]
     assert any(r.report.attempts > 1 for r in replies)
+    assert sampled_reply.tokens == expected["sampled"]["long"]
 
 
 @pytest.mark.slow
 def test_decode_worker_killed_mid_stream(setup):
     cluster, _, stub, prompts, expected = setup
-    received: list[list[int]] = [[] for _ in prompts["short"]]
+    # The greedy prompts, then the sampled one.
+    requests = [(p, {}) for p in prompts["short"]] + [(prompts["sampled"]["short"], KNOBS)]
+    received: list[list[int]] = [[] for _ in requests]
     reports: list[pb.RequestReport | None] = [None] * len(received)
 
     def read(i: int) -> None:
-        request = pb.GenerateRequest(prompt_token_ids=prompts["short"][i], max_new_tokens=NEW_SHORT)
+        prompt, knobs = requests[i]
+        request = pb.GenerateRequest(prompt_token_ids=prompt, max_new_tokens=NEW_SHORT, **knobs)
         for message in stub.Generate(request, timeout=300):
             received[i].extend(message.token_ids)
             if message.finished:
@@ -101,6 +135,7 @@ def test_decode_worker_killed_mid_stream(setup):
         kill(cluster, "pd-1")
         for future in futures:
             future.result(timeout=300)
-    assert received == expected["short"]
+    assert received[:-1] == expected["short"]
+    assert received[-1] == expected["sampled"]["short"]
     assert all(r is not None for r in reports)
     assert any(r.resumed_from > 0 for r in reports if r is not None)

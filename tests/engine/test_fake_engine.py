@@ -27,6 +27,7 @@ from prfaas_jax.engine.fake import (
     fake_tokens,
 )
 from prfaas_jax.engine.prefix_cache import PrefixCache
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import state_nbytes
 
@@ -81,6 +82,65 @@ def test_prefill_codec_decode_round_trip():
     assert tokens == fake_tokens(prompt, 4, 256)
     engine.free(slot)
     assert engine.step() == [] and engine.free_slots == [0, 1]
+
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.9, seed=2**40 + 3)
+
+
+def splitmix_finaliser(x: int) -> int:
+    """splitmix64's finaliser on Python integers (the oracle for the engines' numpy one)."""
+    mask = 2**64 - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_sampled_tokens_by_hand():
+    # Greedy token 0 of [1, 2, 3] is 15; a sampled one moves by a hash of (seed, 0) within the
+    # ⌊256 · 0.9⌋ = 230 candidates top_p keeps, and each next token follows the sampled one.
+    seed = splitmix_finaliser(SAMPLED.seed)
+    tokens, total, length = [], 6, 3
+    for i in range(4):
+        offset = splitmix_finaliser((seed + i) % 2**64) % 230
+        tokens.append((2 * total + length + offset) % 256)
+        total, length = total + tokens[-1], length + 1
+    assert fake_tokens([1, 2, 3], 4, 256, SAMPLED) == tokens
+    assert tokens != fake_tokens([1, 2, 3], 4, 256)
+    other_seed = dataclasses.replace(SAMPLED, seed=SAMPLED.seed + 1)
+    assert fake_tokens([1, 2, 3], 4, 256, other_seed) != tokens
+    # top_k = 1 keeps one candidate: greedy, as the real sampler.
+    top_1 = dataclasses.replace(SAMPLED, top_k=1)
+    assert fake_tokens([1, 2, 3], 4, 256, top_1) == fake_tokens([1, 2, 3], 4, 256, GREEDY)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    prompt=st.lists(st.integers(0, 255), min_size=1, max_size=20),
+    n=st.integers(2, 20),
+    seed=st.integers(0, 2**64 - 1),
+    data=st.data(),
+)
+def test_sampled_requests_resume_and_survive_the_codec(prompt, n, seed, data):
+    """The engines draw token i from the request's key and index: resumed after k tokens at
+    ``first_index = k``, a request continues with the tokens one run makes; each slot keeps its
+    own settings."""
+    sampling = dataclasses.replace(SAMPLED, seed=seed)
+    expected = fake_tokens(prompt, n, 256, sampling)
+    k = data.draw(st.integers(0, n - 1))
+    resumed = dataclasses.replace(sampling, first_index=k)
+    result = FakePrefillEngine(CFG).prefill(prompt + expected[:k], sampling=resumed, max_len=64)
+    engine = FakeDecodeEngine(CFG, max_slots=2, max_len=64)
+    greedy = FakePrefillEngine(CFG).prefill(prompt, max_len=64)
+    beside = engine.insert(greedy.state, greedy.first_token, max_new_tokens=n - 1)
+    state = codec.decode(list(codec.encode(result.state, CFG)), CFG, max_len=64)
+    made = {beside: [greedy.first_token]}
+    if k < n - 1:
+        made[engine.insert(state, result.first_token, resumed, max_new_tokens=n - k - 1)] = []
+    while steps := engine.step():
+        for slot, token in steps:
+            made[slot].append(token)
+    assert [result.first_token, *made.get(1 - beside, [])] == expected[k:]
+    assert made[beside] == fake_tokens(prompt, n, 256)
 
 
 def test_a_damaged_token_is_refused():

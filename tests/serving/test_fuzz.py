@@ -189,13 +189,17 @@ def test_router_generate_accepts_exactly_the_valid_requests(
         valid = False
     event(f"valid={valid}")
     try:
-        streamed = [t for m in in_process_router.Generate(request, timeout=30) for t in m.token_ids]
+        messages = list(in_process_router.Generate(request, timeout=30))
     except grpc.RpcError as err:
         assert not valid, (err.code(), err.details())
         assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and err.details(), err
         return
     assert valid
-    assert streamed == fake_tokens(tokens, max_new_tokens, VOCAB)
+    # No seed was sent: the router drew one and reports it; the fake engines sample with it.
+    seed = messages[-1].report.seed
+    sampling = sampling_from_proto(request.temperature, request.top_p, request.top_k, seed)
+    streamed = [t for m in messages for t in m.token_ids]
+    assert streamed == fake_tokens(tokens, max_new_tokens, VOCAB, sampling)
 
 
 @FAST

@@ -15,12 +15,14 @@ import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import openai
 import pytest
-from serving_support import fake_config, serve_in_process
+from serving_support import fake_config, fake_instances, serve_in_process
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
@@ -45,12 +47,7 @@ ROUTER: dict[str, str] = {}  # the front door's address → its router's
 def door(tmp_path_factory):
     """The front door's address, over a cluster of fake engines (no token)."""
     config = load_cluster_config(fake_config(tmp_path_factory.mktemp("oai") / "cluster.toml"))
-    instances = {
-        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(CFG)),
-        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(CFG)),
-        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(CFG, max_slots=4, max_len=MAX_LEN)),
-    }
-    with serve_in_process(config, instances) as cluster:
+    with serve_in_process(config, fake_instances(CFG, max_len=MAX_LEN)) as cluster:
         router = cluster.servers["router"].address
         front = FrontDoor(router, model=MODEL, vocab_size=CFG.vocab_size, max_len=MAX_LEN)
         with FrontDoorServer(front) as server:
@@ -73,6 +70,117 @@ def test_sdk_completion_equals_the_models_tokens_decoded(client, prompt):
     usage = reply.usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 12)
     assert usage.total_tokens == len(ids) + 12
+
+
+def test_a_seeded_reply_is_its_seeds_tokens_and_an_unseeded_one_names_its_seed(client):
+    prompt = "x" * 90  # the PrfaaS route
+    ids = TOKENIZER.encode(prompt)
+    knobs = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0.8, "top_p": 0.9}
+    reply = client.completions.create(seed=77, **knobs)
+    sampling = SamplingParams(temperature=0.8, top_p=0.9, seed=77)
+    assert reply.choices[0].text == TOKENIZER.decode(fake_tokens(ids, 16, CFG.vocab_size, sampling))
+    assert reply.choices[0].text != expected_text(ids, 16) and reply.seed == 77
+    fresh = [client.completions.create(**knobs) for _ in range(2)]
+    assert fresh[0].seed != fresh[1].seed
+    for unseeded in fresh:
+        replay = client.completions.create(seed=unseeded.seed, **knobs)
+        assert replay.choices[0].text == unseeded.choices[0].text
+    chunks = list(client.completions.create(seed=77, stream=True, **knobs))
+    assert "".join(c.choices[0].text for c in chunks) == reply.choices[0].text
+    assert {c.seed for c in chunks} == {77}
+
+
+def fake_scores(ids: list[int], n: int, sampling: SamplingParams, top: int) -> list:
+    """The fake model's `TokenLogprobs` of ``ids`` and its ``n`` tokens with ``sampling``."""
+    tokens = fake_tokens(ids, n, CFG.vocab_size, sampling)
+    return FakePrefillEngine(CFG).score(ids + tokens, top=top)
+
+
+def test_echo_and_logprobs_are_the_models_log_probabilities(client):
+    prompt = "score this prompt"
+    ids = TOKENIZER.encode(prompt)
+    reply = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=2, echo=True
+    )
+    choice = reply.choices[0]
+    assert choice.text == prompt + expected_text(ids, 3)
+    scored = fake_scores(ids, 3, SamplingParams(), top=2)
+    lp = choice.logprobs
+    assert lp.tokens == [TOKENIZER.decode([t]) for t in ids + [s.token for s in scored[-3:]]]
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:] == pytest.approx([s.logprob for s in scored], abs=1e-5)
+    for got, want in zip(lp.top_logprobs[1:], scored, strict=True):
+        alternatives = {}
+        for token, value in want.top:
+            alternatives.setdefault(TOKENIZER.decode([token]), value)
+        assert got == pytest.approx(alternatives, abs=1e-5)
+    assert lp.text_offset[:3] == [0, 1, 2]
+    # Without echo, only the new tokens; with echo alone, the prompt's text and no numbers.
+    plain = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, logprobs=0
+    ).choices[0]
+    assert plain.logprobs.token_logprobs == pytest.approx(lp.token_logprobs[-3:], abs=1e-6)
+    assert plain.logprobs.top_logprobs == [{}, {}, {}]
+    echoed = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, temperature=0, echo=True
+    ).choices[0]
+    assert echoed.text == choice.text and echoed.logprobs is None
+
+
+def test_a_streamed_reply_carries_its_tokens_logprobs_chunk_by_chunk(client):
+    prompt = "stream the scores " * 5  # the PrfaaS route
+    kwargs = {"model": MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 2}
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    chunks = [c for c in client.completions.create(stream=True, **kwargs) if c.choices]
+    pieces = [c.choices[0].logprobs for c in chunks]
+    assert [t for p in pieces for t in p.tokens] == whole.tokens
+    assert [v for p in pieces for v in p.token_logprobs] == whole.token_logprobs
+    assert [d for p in pieces for d in p.top_logprobs] == whole.top_logprobs
+    assert [o for p in pieces for o in p.text_offset] == whole.text_offset
+    messages = [{"role": "user", "content": "hi"}]
+    chat = {"model": MODEL, "messages": messages, "max_tokens": 5, "temperature": 0}
+    content = client.chat.completions.create(logprobs=True, top_logprobs=1, **chat)
+    streamed = client.chat.completions.create(logprobs=True, top_logprobs=1, stream=True, **chat)
+    entries = [e for c in streamed if c.choices and c.choices[0].logprobs
+               for e in c.choices[0].logprobs.content]  # fmt: skip
+    assert entries == content.choices[0].logprobs.content
+
+
+def test_n_best_of_and_several_prompts(client):
+    ids = [TOKENIZER.encode(p) for p in ("first prompt", "the second one")]
+    knobs = {"model": MODEL, "max_tokens": 6, "temperature": 0.8, "top_p": 0.9, "seed": 40}
+    reply = client.completions.create(prompt=[TOKENIZER.decode(i) for i in ids], n=2, **knobs)
+    seeds = [SamplingParams(temperature=0.8, top_p=0.9, seed=40 + k) for k in range(3)]
+    want = [TOKENIZER.decode(fake_tokens(p, 6, CFG.vocab_size, s)) for p in ids for s in seeds[:2]]
+    assert [c.text for c in reply.choices] == want
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert reply.usage.prompt_tokens == len(ids[0]) + len(ids[1])
+    assert reply.usage.completion_tokens == 24
+    # best_of 3, n 1: the choice whose tokens have the highest mean log-probability.
+    best = client.completions.create(prompt=ids[0], n=1, best_of=3, **knobs)
+
+    def mean(sampling):
+        return np.mean([s.logprob for s in fake_scores(ids[0], 6, sampling, 0)[-6:]])
+
+    winner = max(seeds, key=mean)
+    assert best.choices[0].text == TOKENIZER.decode(fake_tokens(ids[0], 6, CFG.vocab_size, winner))
+    assert best.choices[0].logprobs is None  # scored to rank them, not asked for
+
+
+def test_chat_logprobs_list_each_token_with_its_alternatives(client):
+    messages = [{"role": "user", "content": "hi"}]
+    ids = TOKENIZER.encode(chat_prompt(messages))
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = reply.choices[0].logprobs.content
+    scored = fake_scores(ids, 4, SamplingParams(), top=3)[-4:]
+    assert [c.token for c in content] == [TOKENIZER.decode([s.token]) for s in scored]
+    assert [c.logprob for c in content] == pytest.approx([s.logprob for s in scored], abs=1e-5)
+    assert [c.bytes for c in content] == [list(c.token.encode()) for c in content]
+    assert [[t.logprob for t in c.top_logprobs] for c in content] == [
+        pytest.approx([v for _, v in s.top], abs=1e-5) for s in scored
+    ]
 
 
 def test_sdk_stream_pieces_join_to_the_same_text_with_usage_last(client):
@@ -228,7 +336,8 @@ BAD_BODIES = [
     ({"model": "other", "prompt": "hi", "max_tokens": 2}, "model"),
     ({"model": MODEL, "max_tokens": 2}, "prompt"),
     ({"model": MODEL, "prompt": "", "max_tokens": 2}, "prompt"),
-    ({"model": MODEL, "prompt": ["a", "b"], "max_tokens": 2}, "prompt"),
+    ({"model": MODEL, "prompt": ["a", ""], "max_tokens": 2}, "prompt"),
+    ({"model": MODEL, "prompt": [[1, 2], [3.5]], "max_tokens": 2}, "prompt"),
     ({"model": MODEL, "prompt": [1, 999], "max_tokens": 2}, "prompt"),
     ({"model": MODEL, "prompt": "x" * 600, "max_tokens": 2}, "max_tokens"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
@@ -237,8 +346,13 @@ BAD_BODIES = [
     ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "top_p": 1.5}, "top_p"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "seed": -3}, "seed"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "stop": ["a"] * 5}, "stop"),
-    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 2}, "n"),
-    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": 3}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 0}, "n"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 17}, "n"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 3, "best_of": 2}, "best_of"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": 21}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "logprobs": -1}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 2, "stream": True}, "stream"),
+    ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "echo": True, "stream": True}, "stream"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": "yes"}, "stream"),
 ]
 
@@ -262,6 +376,11 @@ def test_a_bad_chat_and_a_bad_request_id_are_400(door):
         assert (status, error["param"], error["code"]) == (400, name, "context_length_exceeded")
     status, _, text = _post(door, "/v1/chat/completions", {**chat, "messages": [{"role": "x"}]})
     assert status == 400 and json.loads(text)["error"]["param"] == "messages[0]"
+    for extra, param in (({"top_logprobs": 2}, "top_logprobs"),
+                         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+                         ({"logprobs": 2}, "logprobs")):  # fmt: skip
+        status, _, text = _post(door, "/v1/chat/completions", {**chat, **extra})
+        assert status == 400 and json.loads(text)["error"]["param"] == param, extra
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
     status, _, text = _post(door, "/v1/completions", body, {"x-request-id": "a" * 300})
     assert status == 400 and json.loads(text)["error"]["param"] == "x-request-id"

@@ -56,11 +56,17 @@ def test_client_port_is_as_specified():
         ("top_p", 5, T.TYPE_FLOAT),
         ("top_k", 6, T.TYPE_INT32),
         ("seed", 7, T.TYPE_UINT64),
+        ("logprobs", 8, T.TYPE_INT32),
+        ("prompt_logprobs", 9, T.TYPE_BOOL),
     ]
+    # A request that names no seed is told apart from seed 0: the router draws it a fresh one.
+    assert generate.input_type.fields_by_name["seed"].has_presence
     assert fields("GenerateResponse") == [
         ("token_ids", 1, T.TYPE_INT32),
         ("finished", 2, T.TYPE_BOOL),
         ("report", 3, T.TYPE_MESSAGE),
+        ("logprobs", 4, T.TYPE_MESSAGE),
+        ("prompt_logprobs", 5, T.TYPE_MESSAGE),
     ]
     assert fields("RequestReport") == [
         ("route", 1, T.TYPE_STRING),
@@ -78,5 +84,6 @@ def test_client_port_is_as_specified():
         ("exposed_transfer_s", 13, T.TYPE_DOUBLE),
         ("decode_cached_len", 14, T.TYPE_INT32),
         ("saved_bytes", 15, T.TYPE_UINT64),
+        ("seed", 16, T.TYPE_UINT64),
     ]
     assert prfaas_pb2.DESCRIPTOR.package == "prfaas.v1"

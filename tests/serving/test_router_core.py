@@ -321,7 +321,9 @@ def test_fuzzed_generate_is_served_or_invalid_argument(fuzz_cluster, fields):
     tokens, max_new_tokens = list(request.prompt_token_ids), request.max_new_tokens
     try:  # the router's own checks, in its order: they decide which outcome is right
         check_prompt(tokens, CFG, max_len=MAX_LEN, max_new_tokens=max_new_tokens)
-        sampling_from_proto(request.temperature, request.top_p, request.top_k, request.seed)
+        sampling = sampling_from_proto(
+            request.temperature, request.top_p, request.top_k, request.seed
+        )
         check_request_id(request.request_id)
     except UserError:
         valid = False
@@ -336,5 +338,5 @@ def test_fuzzed_generate_is_served_or_invalid_argument(fuzz_cluster, fields):
         assert not valid, err.details()
         return
     assert valid
-    # The fake engines ignore sampling settings: the tokens are the greedy ones.
-    assert streamed == fake_tokens(tokens, max_new_tokens, VOCAB)
+    # The fake engines sample as a function of the seed, the knobs and each token's index.
+    assert streamed == fake_tokens(tokens, max_new_tokens, VOCAB, sampling)

@@ -7,12 +7,15 @@
   per chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``);
 - ``GET /health``: 200 once the app runs.
 
-Text goes in and out through the served model's tokenizer (engine/tokenizer.py: a checkpoint's
-own, or the byte-level one of the presets) and streams through `text.TextStream`. A stop string
-or the tokenizer's end-of-sequence id (unless ``ignore_eos``) ends the reply (``finish_reason``
-"stop"; the end-of-sequence token is counted, not shown) and cancels the router call, which frees
-the decode slot; otherwise the reply runs to the budget ("length"). A client that disconnects
-mid-stream cancels the call as well.
+Text goes in and out through the served model's tokenizer (engine/tokenizer.py: a checkpoint's own,
+or the byte-level one of the presets) and streams through `text.TextStream`. A stop string or the
+tokenizer's end-of-sequence id (unless ``ignore_eos``) ends the reply (``finish_reason`` "stop";
+the end-of-sequence token is counted, not shown) and cancels the router call, which frees the
+decode slot; otherwise the reply runs to the budget ("length"). A client that disconnects
+mid-stream cancels the call as well. Several prompts, ``n``, ``best_of``, ``echo`` and
+log-probabilities not streamed are answered whole: one router call per prompt and choice, all at
+once (an ``x-request-id`` gets the call's index as a suffix), their replies read by `reply.Reply`
+and shaped by `reply.whole_choices`.
 
 Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
 bearer token of ``token`` (compared in constant time), 404 for another path, 413 for a body larger
@@ -32,7 +35,6 @@ import asyncio
 import contextlib
 import hmac
 import json
-import logging
 import socket
 import threading
 import time
@@ -52,12 +54,11 @@ from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_confi
 from prfaas_jax.serving.frontdoor.openai_api import (
     ApiError,
     Completion,
-    chunk,
     models,
     parse_completion,
     response,
 )
-from prfaas_jax.serving.frontdoor.text import TextStream
+from prfaas_jax.serving.frontdoor.reply import ENDED_EARLY, Reply, router_error, whole_choices
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.messages import check_request_id, router_max_request_bytes
@@ -67,29 +68,9 @@ from prfaas_jax.serving.transport.security import (
     read_token,
 )
 
-log = logging.getLogger("prfaas.frontdoor")
-
-HTTP_STATUS = {
-    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
-    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
-    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
-    grpc.StatusCode.ALREADY_EXISTS: (409, "invalid_request_error"),  # x-request-id in flight
-    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable"),
-    grpc.StatusCode.DEADLINE_EXCEEDED: (504, "timeout"),
-}
-
-
-def router_error(err: grpc.aio.AioRpcError) -> ApiError:
-    status, kind = HTTP_STATUS.get(err.code(), (500, "server_error"))
-    return ApiError(status, err.details() or err.code().name, kind=kind, code=err.code().name)
-
 
 def _error(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body, status_code=err.status)
-
-
-def _sse(body: dict | str) -> bytes:
-    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n".encode()
 
 
 class FrontDoor:
@@ -185,33 +166,14 @@ class FrontDoor:
                 check_request_id(request_id)
             except UserError as err:
                 raise ApiError(400, f"x-request-id: {err}", param="x-request-id") from None
-            call = self.stub.Generate(
-                pb.GenerateRequest(
-                    request_id=request_id,
-                    prompt_token_ids=completion.prompt_ids,
-                    max_new_tokens=completion.max_tokens,
-                    temperature=completion.sampling.temperature,
-                    top_p=completion.sampling.top_p,
-                    top_k=completion.sampling.top_k,
-                    seed=completion.sampling.seed,
-                ),
-                timeout=self.timeout_s,
-                metadata=client_metadata(self.token),
-            )
             rid = ("chatcmpl-" if chat else "cmpl-") + (request_id or uuid.uuid4().hex)
-            messages = aiter(call)
-            try:  # the status of a refusal reaches the client before any 200
-                first = await anext(messages)
-            except grpc.aio.AioRpcError as err:
-                raise router_error(err) from None
-            except StopAsyncIteration:
-                raise ENDED_EARLY from None
-            except asyncio.CancelledError:  # the client went away while it waited
-                call.cancel()
-                raise
+            if completion.whole_only and not completion.stream:
+                return JSONResponse(await self._whole(completion, rid, request_id))
+            reply = await self._open(
+                completion, rid, completion.prompt_ids, completion.sampling.seed, request_id
+            )
         except ApiError as err:
             return _error(err)
-        reply = Reply(completion, rid, self.model, call, first, messages, self.tokenizer)
         if completion.stream:
             headers = {"x-request-id": rid}
             return StreamingResponse(
@@ -222,100 +184,67 @@ class FrontDoor:
         except ApiError as err:
             return _error(err)
 
+    async def _open(
+        self, completion: Completion, rid: str, prompt: list[int], seed: int, request_id: str
+    ) -> Reply:
+        """The router call of one prompt and seed, once its first message came (the status of
+        a refusal reaches the client before any 200)."""
+        scored = completion.logprobs is not None or completion.best_of > completion.n
+        call = self.stub.Generate(
+            pb.GenerateRequest(
+                request_id=request_id,
+                prompt_token_ids=prompt,
+                max_new_tokens=completion.max_tokens,
+                temperature=completion.sampling.temperature,
+                top_p=completion.sampling.top_p,
+                top_k=completion.sampling.top_k,
+                seed=seed,
+                logprobs=(completion.logprobs or 0) if scored else None,
+                prompt_logprobs=completion.echo and completion.logprobs is not None,
+            ),
+            timeout=self.timeout_s,
+            metadata=client_metadata(self.token),
+        )
+        messages = aiter(call)
+        try:
+            first = await anext(messages)
+        except grpc.aio.AioRpcError as err:
+            raise router_error(err) from None
+        except StopAsyncIteration:
+            raise ENDED_EARLY from None
+        except asyncio.CancelledError:  # the client went away while it waited
+            call.cancel()
+            raise
+        return Reply(completion, rid, self.model, call, first, messages, self.tokenizer, prompt)
+
+    async def _whole(self, completion: Completion, rid: str, request_id: str) -> dict:
+        """Every prompt's ``best_of`` choices, asked of the router at once, answered whole."""
+
+        async def one(index: int, prompt: list[int], seed: int) -> tuple[Reply, str, str]:
+            wire_id = f"{request_id}.{index}" if request_id else ""
+            reply = await self._open(completion, rid, prompt, seed, wire_id)
+            return (reply, *await reply.collect())
+
+        calls = [
+            (list(prompt), seed) for prompt in completion.prompts for seed in completion.seeds()
+        ]
+        tasks = [asyncio.ensure_future(one(i, *call)) for i, call in enumerate(calls)]
+        try:
+            finished = await asyncio.gather(*tasks)
+        finally:  # one refused or failed: the others stop too
+            for task in tasks:
+                task.cancel()
+        counts = (
+            sum(len(p) for p in completion.prompts),
+            sum(reply.tokens for reply, _, _ in finished),
+        )
+        choices = whole_choices(completion, self.tokenizer, finished)
+        return response(completion, rid, self.model, choices, counts)
+
 
 UNAUTHORIZED = ApiError(
     401, "missing or invalid bearer token", kind="authentication_error", code="invalid_api_key"
 )
-
-
-ENDED_EARLY = ApiError(502, "the router's stream ended unfinished", kind="server_error")
-
-
-class Reply:
-    """One request's token stream from the router, as text pieces with their finish reason."""
-
-    def __init__(
-        self,
-        completion: Completion,
-        rid: str,
-        model: str,
-        call: grpc.aio.UnaryStreamCall,
-        first: pb.GenerateResponse,
-        messages: AsyncIterator[pb.GenerateResponse],
-        tokenizer: Tokenizer | None = None,
-    ) -> None:
-        self.completion, self.rid, self.model, self.call = completion, rid, model, call
-        self.first, self.messages = first, messages
-        detokenizer = (tokenizer or ByteTokenizer()).detokenizer()
-        self.text = TextStream(completion.stop, detokenizer)
-        self.tokens = 0
-
-    async def pieces(self) -> AsyncIterator[tuple[str, str | None]]:
-        """(text, None) as tokens arrive; the last piece carries the finish reason: "length"
-        with the router's final message (which holds the last tokens), "stop" with the text
-        before a stop string or an end-of-sequence id. The router call is cancelled on a stop
-        and on any early exit; a finished one is read to its end, so the router has counted the
-        request by then."""
-        finished = False
-        try:
-            message = self.first
-            while True:
-                ids = list(message.token_ids)
-                eos = next((i for i, t in enumerate(ids) if t in self.completion.stop_ids), None)
-                self.tokens += len(ids) if eos is None else eos + 1
-                text = self.text.push(ids if eos is None else ids[:eos])
-                if eos is not None and not self.text.stopped:
-                    text += self.text.finish()
-                    yield text, "stop"
-                    return
-                if self.text.stopped:
-                    yield text, "stop"
-                    return
-                if message.finished:
-                    finished = True
-                    with contextlib.suppress(grpc.aio.AioRpcError):  # the reply is whole
-                        async for _ in self.messages:  # nothing follows the final message
-                            pass
-                    text += self.text.finish()
-                    yield text, "stop" if self.text.stopped else "length"
-                    return
-                if text:
-                    yield text, None
-                try:
-                    message = await anext(self.messages)
-                except StopAsyncIteration:  # a router always sends a finished message
-                    raise ENDED_EARLY from None
-                except grpc.aio.AioRpcError as err:
-                    raise router_error(err) from None
-        finally:
-            if not finished:
-                self.call.cancel()
-
-    def counts(self) -> tuple[int, int]:
-        return len(self.completion.prompt_ids), self.tokens
-
-    async def whole(self) -> dict:
-        texts, finish = [], "length"
-        async for text, reason in self.pieces():
-            texts.append(text)
-            finish = reason or finish
-        return response(
-            self.completion, self.rid, self.model, "".join(texts), finish, self.counts()
-        )
-
-    async def events(self) -> AsyncIterator[bytes]:
-        first = True
-        try:
-            async for text, reason in self.pieces():
-                yield _sse(chunk(self.completion, self.rid, self.model, text, reason, first=first))
-                first = False
-        except ApiError as err:  # the 200 is gone: an error event ends the stream
-            log.warning("%s: %s", self.rid, err)
-            yield _sse(err.body)
-            return
-        if self.completion.include_usage:
-            yield _sse(chunk(self.completion, self.rid, self.model, None, counts=self.counts()))
-        yield _sse("[DONE]")
 
 
 def build_app(door: FrontDoor) -> Starlette:

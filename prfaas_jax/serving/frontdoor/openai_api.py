@@ -5,14 +5,29 @@
 Every refusal is an `ApiError` carrying the HTTP status and the OpenAI error object
 (``{"error": {"message", "type", "param", "code"}}``) the client gets.
 
-Accepted fields: ``model`` (must name the served model), ``prompt`` (a string or a list of token
-ids; one prompt per request) or ``messages`` (roles ``system`` / ``user`` / ``assistant``, text
-content), ``max_tokens`` / ``max_completion_tokens`` (default: what still fits in the cluster's
-``max_len``), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop`` (a string or up to 4),
-``stream``, ``stream_options.include_usage``, ``ignore_eos`` (generation otherwise ends at the
-tokenizer's end-of-sequence token, which the byte tokenizer does not have), ``n`` = 1, ``echo``
-false, no ``logprobs``, ``repetition_penalty`` 1 (what ``vllm bench serve`` sends). Other fields
-are ignored.
+Accepted fields: ``model`` (must name the served model), ``prompt`` (a string, a list of token
+ids, or a list of either: several prompts, their choices in order) or ``messages`` (roles
+``system`` / ``user`` / ``assistant``, text content), ``max_tokens`` / ``max_completion_tokens``
+(default: what still fits in the cluster's ``max_len``), ``temperature``, ``top_p``, ``top_k``,
+``seed``, ``stop`` (a string or up to 4), ``stream``, ``stream_options.include_usage``,
+``ignore_eos`` (generation otherwise ends at the tokenizer's end-of-sequence token, which the byte
+tokenizer does not have), ``repetition_penalty`` 1 (what ``vllm bench serve`` sends), and:
+
+- ``logprobs`` (completions: the alternatives per token, 0–20; chat: true, with
+  ``top_logprobs`` 0–20): each token's log-probability under the model (the log-softmax of its
+  raw logits, before temperature and top-p), computed in the cluster only when asked;
+- ``echo`` (completions): the prompt before the reply, and with ``logprobs`` the prompt tokens'
+  log-probabilities too (the first has none) — what log-likelihood evaluation reads;
+- ``n`` choices per prompt, and ``best_of`` (≥ n) of which the n with the highest mean token
+  log-probability are returned; choice k samples with seed + k.
+
+Several prompts, ``n`` > 1, ``best_of`` > 1 and ``echo`` are answered whole (not streamed); a
+streamed reply's chunks carry the log-probabilities of their tokens. Other fields are ignored.
+
+Sampling is seeded: the same ``seed`` and settings give the same tokens whatever route, retries
+or workers the request takes. A request without one gets a fresh seed (63 random bits from
+`secrets`), and every response object names the seed it sampled with (``seed``, beside
+``id``), so a sampled reply can be replayed.
 
 Text becomes ids through the served model's tokenizer (engine/tokenizer.py): a prompt string
 with `encode`, a chat's messages through its chat template (`chat_ids`; for the byte tokenizer
@@ -24,10 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import secrets
 import time
 from collections.abc import Sequence
 
 from prfaas_jax.engine.sampling_params import SamplingParams
+from prfaas_jax.engine.token_logprobs import MAX_TOP_LOGPROBS
 from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, byte_chat_text
 from prfaas_jax.errors import UserError
 
@@ -56,16 +73,43 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return ApiError(400, message, param=param, code=code)
 
 
+MAX_CHOICES = 16  # n and best_of, per prompt
+
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
     chat: bool
-    prompt_ids: list[int]
+    prompts: tuple[tuple[int, ...], ...]  # one or more prompts, as token ids
     max_tokens: int
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     stream: bool = False
     include_usage: bool = False
     stop_ids: frozenset[int] = frozenset()  # end-of-sequence ids that end the reply
+    logprobs: int | None = None  # alternatives per token when log-probabilities are asked
+    echo: bool = False
+    n: int = 1
+    best_of: int = 1
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The first (for a streamed reply, the only) prompt."""
+        return list(self.prompts[0])
+
+    @property
+    def several(self) -> bool:
+        """Several prompts or choices: answered whole, never streamed."""
+        return len(self.prompts) > 1 or self.best_of > 1
+
+    @property
+    def whole_only(self) -> bool:
+        """Whether a reply that is not streamed takes the whole-reply path (`reply.whole_choices`):
+        several choices, ``echo`` or log-probabilities."""
+        return self.several or self.logprobs is not None or self.echo
+
+    def seeds(self) -> list[int]:
+        """The seed of each of the ``best_of`` choices of a prompt: seed, seed + 1, …"""
+        return [(self.sampling.seed + k) % 2**64 for k in range(self.best_of)]
 
 
 def chat_messages(messages: object) -> list[dict[str, str]]:
@@ -126,25 +170,21 @@ def _flag(body: dict, name: str) -> bool:
     return value
 
 
-def _prompt_ids(body: dict, chat: bool, vocab_size: int, tokenizer: Tokenizer) -> list[int]:
-    if chat:
-        try:
-            return tokenizer.chat_ids(chat_messages(body.get("messages")))
-        except UserError as err:  # the template refuses the conversation
-            raise bad_request(str(err), "messages") from None
-    prompt = body.get("prompt")
+def _is_ids(prompt: object) -> bool:
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+    )
+
+
+def _one_prompt(prompt: object, vocab_size: int, tokenizer: Tokenizer) -> list[int]:
     if isinstance(prompt, str):
         ids = tokenizer.encode(prompt)
-    elif (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-    ):
-        ids = prompt
-    elif isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        raise bad_request("one prompt per request: send a string or a list of token ids", "prompt")
+    elif _is_ids(prompt):
+        ids = list(prompt)  # type: ignore[arg-type]
     else:
-        raise bad_request("prompt must be a string or a list of token ids", "prompt")
+        raise bad_request("prompt must be a string or a list of token ids (or a list of those)")
     if not ids:
         raise bad_request("prompt is empty", "prompt")
     bad = [t for t in ids if not 0 <= t < vocab_size]
@@ -153,6 +193,22 @@ def _prompt_ids(body: dict, chat: bool, vocab_size: int, tokenizer: Tokenizer) -
             f"token id(s) {bad[:5]} outside the vocabulary [0, {vocab_size})", "prompt"
         )
     return ids
+
+
+def _prompts(body: dict, chat: bool, vocab_size: int, tokenizer: Tokenizer) -> list[list[int]]:
+    if chat:
+        try:
+            return [tokenizer.chat_ids(chat_messages(body.get("messages")))]
+        except UserError as err:  # the template refuses the conversation
+            raise bad_request(str(err), "messages") from None
+    prompt = body.get("prompt")
+    try:
+        if isinstance(prompt, list) and prompt and not _is_ids(prompt):  # several prompts
+            return [_one_prompt(p, vocab_size, tokenizer) for p in prompt]
+        return [_one_prompt(prompt, vocab_size, tokenizer)]
+    except ApiError as err:
+        err.body["error"]["param"] = "prompt"
+        raise
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -169,15 +225,38 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stops)
 
 
+def _choices(body: dict) -> tuple[int, int]:
+    """``(n, best_of)``: choices returned and made per prompt."""
+    n = _integer(body, "n")
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise bad_request(f"n must be in [1, {MAX_CHOICES}]", "n")
+    best_of = _integer(body, "best_of")
+    best_of = n if best_of is None else best_of
+    if not n <= best_of <= MAX_CHOICES:
+        raise bad_request(f"best_of must be in [n, {MAX_CHOICES}]", "best_of")
+    return n, best_of
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """The alternatives per token when log-probabilities are asked, else None."""
+    if chat:
+        if not _flag(body, "logprobs"):
+            if body.get("top_logprobs") is not None:
+                raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        name, top = "top_logprobs", _integer(body, "top_logprobs") or 0
+    else:
+        name, top = "logprobs", _integer(body, "logprobs")
+        if top is None:
+            return None
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise bad_request(f"{name} must be in [0, {MAX_TOP_LOGPROBS}]", name)
+    return top
+
+
 def _unsupported(body: dict) -> None:
     """Fields with values this server cannot honour (rather than silently ignoring them)."""
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise bad_request("n must be 1: one choice per request", "n")
-    if body.get("echo"):
-        raise bad_request("echo is not supported", "echo")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs"):
-        raise bad_request("logprobs are not supported", "logprobs")
     if _number(body, "repetition_penalty", 1.0) != 1.0:
         raise bad_request("repetition_penalty must be 1", "repetition_penalty")
     for name in ("presence_penalty", "frequency_penalty"):
@@ -206,18 +285,19 @@ def parse_completion(
             f"{model!r}", param="model", code="model_not_found",
         )  # fmt: skip
     _unsupported(body)
-    prompt_ids = _prompt_ids(body, chat, vocab_size, tokenizer)
+    prompts = _prompts(body, chat, vocab_size, tokenizer)
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     given = [(n, v) for n, v in ((n, _integer(body, n)) for n in names) if v is not None]
     name, budget = given[0] if given else (names[-1], None)
-    room = max_len + 1 - len(prompt_ids)  # n tokens absorb n − 1 into the state
+    longest = max(len(p) for p in prompts)
+    room = max_len + 1 - longest  # n tokens absorb n − 1 into the state
     if budget is None:
         budget = room
     if budget < 1:
         raise bad_request(f"{name} must be ≥ 1, got {budget}", name)
     if budget > room:
         raise bad_request(
-            f"the prompt ({len(prompt_ids)} tokens) and {name} ({budget}) do not fit in "
+            f"the prompt ({longest} tokens) and {name} ({budget}) do not fit in "
             f"the context of {max_len} tokens",
             name,
             "context_length_exceeded",
@@ -229,7 +309,7 @@ def parse_completion(
             temperature=_number(body, "temperature", 1.0),
             top_p=_number(body, "top_p", 1.0),
             top_k=0 if top_k is None or top_k < 0 else top_k,  # vLLM: -1 is off
-            seed=0 if seed is None else seed,
+            seed=secrets.randbits(63) if seed is None else seed,
         )
     except UserError as err:
         raise bad_request(str(err), str(err).split()[0]) from None
@@ -237,16 +317,27 @@ def parse_completion(
     if not isinstance(stream_options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
     ignore_eos = _flag(body, "ignore_eos")
-    return Completion(
+    n, best_of = _choices(body)
+    completion = Completion(
         chat=chat,
-        prompt_ids=list(prompt_ids),
+        prompts=tuple(tuple(p) for p in prompts),
         max_tokens=budget,
         sampling=sampling,
         stop=_stop(body),
         stream=_flag(body, "stream"),
         include_usage=_flag(stream_options, "include_usage"),
         stop_ids=frozenset() if ignore_eos else tokenizer.eos_ids,
+        logprobs=_logprobs(body, chat),
+        echo=not chat and _flag(body, "echo"),
+        n=n,
+        best_of=best_of,
     )
+    if completion.stream and (completion.several or completion.echo):
+        raise bad_request(
+            "several prompts or choices and echo are answered whole: stream must be false",
+            "stream",
+        )
+    return completion
 
 
 # --- response objects -------------------------------------------------------------------------
@@ -260,26 +351,38 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def _choice(chat: bool, text: str, finish: str | None, *, delta: bool, first: bool) -> dict:
+def choice(
+    chat: bool,
+    text: str,
+    finish: str | None,
+    *,
+    delta: bool = False,
+    first: bool = True,
+    index: int = 0,
+    logprobs: dict | None = None,
+) -> dict:
+    """One choice: whole (``delta`` false) or a streamed piece."""
+    out: dict = {"index": index}
     if not chat:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-    if not delta:
-        message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-    piece = {"role": "assistant", "content": text} if first else {"content": text}
-    return {"index": 0, "delta": piece, "logprobs": None, "finish_reason": finish}
+        out["text"] = text
+    elif not delta:
+        out["message"] = {"role": "assistant", "content": text}
+    else:
+        out["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    return out | {"logprobs": logprobs, "finish_reason": finish}
 
 
 def response(
-    completion: Completion, rid: str, model: str, text: str, finish: str, counts: tuple[int, int]
+    completion: Completion, rid: str, model: str, choices: list[dict], counts: tuple[int, int]
 ) -> dict:
-    """The whole (non-streaming) reply."""
+    """The whole (non-streaming) reply with its `choice` objects."""
     return {
         "id": rid,
         "object": "chat.completion" if completion.chat else "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [_choice(completion.chat, text, finish, delta=False, first=True)],
+        "seed": completion.sampling.seed,
+        "choices": choices,
         "usage": usage(*counts),
     }
 
@@ -297,13 +400,14 @@ def chunk(
     """One streamed chunk: a piece of text (and/or the finish reason), or with ``text`` None
     the usage chunk (no choices) that ``stream_options.include_usage`` asks for."""
     choices = (
-        [] if text is None else [_choice(completion.chat, text, finish, delta=True, first=first)]
+        [] if text is None else [choice(completion.chat, text, finish, delta=True, first=first)]
     )
     body = {
         "id": rid,
         "object": "chat.completion.chunk" if completion.chat else "text_completion",
         "created": int(time.time()),
         "model": model,
+        "seed": completion.sampling.seed,
         "choices": choices,
     }
     if counts is not None:

@@ -25,21 +25,24 @@ the link the decode worker is asked which leading KV it holds (`reserve_kv`), an
 ships as an increment. Tokens are forwarded as they come; the final message carries
 the `RequestReport`. If the client goes away, both calls are cancelled.
 
-Faults. One prefill + decode is an *attempt*; the router keeps a `RequestRecord` (prompt,
-budget, sampling, tokens already streamed) and retries a failed attempt — a prefill worker or
-link that dies mid-transfer, a state the decode worker rejects, a decode worker that dies
-mid-stream, a deadline — up to `max_attempts` in all, with backoff; an attempt a worker refused
-as final (the request itself, e.g. a prompt past its engine's limit: `Failure.retryable`) is
-not retried, the client gets that status at once. A retry prefills the prompt
-plus the tokens already streamed and decodes only what is still owed, sampling from the same
-key-schedule index, so the client sees every token exactly once and the same tokens as an
-uninterrupted run. An attempt whose decode stream stays silent for `stall_timeout_s` (a hung
-worker or link, serving/transport/watchdog.py) is cancelled and retried like a failed one. Each
-attempt uses a fresh wire id, so nothing of a failed attempt (a late state, a half-sent stream)
-can reach a later one. After a failure the router probes the two workers; one that does not answer
-is left out of routing until the control loop hears from it again or its replacement registers
-(serving/router/control.py). A new request that finds no live instance fails at once
-(UNAVAILABLE); a request already in flight waits up to `retry_wait_s` for one.
+Faults. One prefill + decode is an *attempt*; the router keeps a `RequestRecord` (prompt, budget,
+sampling, tokens already streamed) and retries a failed attempt — a prefill worker or link that
+dies mid-transfer, a state the decode worker rejects, a decode worker that dies mid-stream, a
+deadline — up to `max_attempts` in all, with backoff; an attempt a worker refused as final (the
+request itself, e.g. a prompt past its engine's limit: `Failure.retryable`) is not retried, the
+client gets that status at once. A retry prefills the prompt plus the tokens already streamed and
+decodes only what is still owed, sampling from the same key-schedule index, so the client sees
+every token exactly once and the same tokens as an uninterrupted run. A request that names no seed
+gets a fresh one here (63 random bits, so a client can send it back as a JSON integer to replay the
+request), reported in its `RequestReport.seed`. Log-probabilities, when a request asks, come from
+the attempt's prefill reply and its decode stream (serving/router/scores.py). An attempt whose
+decode stream stays silent for `stall_timeout_s` (a hung worker or link,
+serving/transport/watchdog.py) is cancelled and retried like a failed one. Each attempt uses a
+fresh wire id, so nothing of a failed attempt (a late state, a half-sent stream) can reach a later
+one. After a failure the router probes the two workers; one that does not answer is left out of
+routing until the control loop hears from it again or its replacement registers
+(serving/router/control.py). A new request that finds no live instance fails at once (UNAVAILABLE);
+a request already in flight waits up to `retry_wait_s` for one.
 
 The router's own counts of outstanding prefills (and their tokens) per instance are the queue
 depths the routing rule and the controllers see — exact at decision time, unlike polled worker
@@ -50,6 +53,7 @@ its own: routing, t and role changes come from `prfaas_jax.policy`.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 import uuid
@@ -88,9 +92,11 @@ from prfaas_jax.serving.router.handles import (
 )
 from prfaas_jax.serving.router.metrics import LOOKUP_BUCKETS, Histogram
 from prfaas_jax.serving.router.record import Failure, Outcome, RequestRecord, Route, backoff_s
+from prfaas_jax.serving.router.scores import AttemptScores, scores_asked
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
+    check_top_logprobs,
     sampling_from_proto,
     sampling_to_proto,
 )
@@ -293,9 +299,9 @@ class RouterCore:
                 max_len=self.config.engine.max_len,
                 max_new_tokens=request.max_new_tokens,
             )
-            sampling = sampling_from_proto(
-                request.temperature, request.top_p, request.top_k, request.seed
-            )
+            seed = request.seed if request.HasField("seed") else secrets.randbits(63)
+            sampling = sampling_from_proto(request.temperature, request.top_p, request.top_k, seed)
+            top = check_top_logprobs(request.logprobs) if request.HasField("logprobs") else None
             check_request_id(request.request_id)
         except UserError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
@@ -308,7 +314,15 @@ class RouterCore:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, f"request {request_id} is in flight")
         except _RejectedError as err:
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-        record = RequestRecord(request_id, prompt, request.max_new_tokens, sampling, received)
+        record = RequestRecord(
+            request_id,
+            prompt,
+            request.max_new_tokens,
+            sampling,
+            received,
+            logprobs=top,
+            prompt_logprobs=request.prompt_logprobs,
+        )
         context.add_callback(record.cancel)
         outcome = Outcome.ERROR
         try:
@@ -382,7 +396,12 @@ class RouterCore:
         # earlier attempt (a late state, a half-sent stream) nor a reused client id's.
         wire_id = f"{record.request_id}.{uuid.uuid4().hex[:12]}"
         decode_call = decode.decode.Generate(
-            pb.DecodeRequest(request_id=wire_id, prompt_len=len(context), max_new_tokens=owed),
+            pb.DecodeRequest(
+                request_id=wire_id,
+                prompt_len=len(context),
+                max_new_tokens=owed,
+                logprobs=record.logprobs,
+            ),
             timeout=timeout,
         )
         source = self.workers.get(decision.prefix_source or "") if decision.moves_prefix else None
@@ -399,6 +418,7 @@ class RouterCore:
                 prefix_source=source.address if source else "",
                 prefix_cross_cluster=bool(source and source.role.cluster != prefill.role.cluster),
                 decode_cached_len=held,
+                logprobs=(record.logprobs or 0) if scores_asked(record) else None,
             ),
             timeout=timeout,
         )
@@ -418,12 +438,18 @@ class RouterCore:
         stall_s = self.config.router.stall_timeout_s
         watch = self.watchdog.watch(decode_call, stall_s)
         try:
-            state_bytes, first, first_token_at = 0, True, None
+            state_bytes, first, first_token_at, scores = 0, True, None, None
             for message in decode_call:
                 watch.touch()
                 if first:
                     state_bytes, first = message.state_bytes, False
+                    if scores_asked(record):  # its first token's are in the prefill's reply
+                        reply = prefill_reply(prefill_call, timeout)
+                        if reply is None:
+                            return Failure(grpc.StatusCode.UNAVAILABLE, "the prefill reply is lost")
+                        scores = AttemptScores(record, reply)
                 tokens = record.take(list(message.token_ids))
+                scored = scores.fields(message, len(tokens)) if scores is not None else {}
                 if tokens and record.ttft_s is None:
                     first_token_at = time.perf_counter()
                     record.ttft_s = first_token_at - record.received
@@ -459,14 +485,17 @@ class RouterCore:
                         exposed_transfer_s=exposed,
                         decode_cached_len=held,
                         saved_bytes=saved,
+                        seed=record.sampling.seed,
                     )
                     if resumed_from:
                         with self.lock:
                             self.resumed += 1
-                    yield pb.GenerateResponse(token_ids=tokens, finished=True, report=report)
+                    yield pb.GenerateResponse(
+                        token_ids=tokens, finished=True, report=report, **scored
+                    )
                     return None
                 if tokens:
-                    yield pb.GenerateResponse(token_ids=tokens)
+                    yield pb.GenerateResponse(token_ids=tokens, **scored)
             return Failure(grpc.StatusCode.INTERNAL, "the decode stream ended without finishing")
         except grpc.RpcError as err:
             if watch.fired:

@@ -83,6 +83,9 @@ class RequestRecord:
     max_new_tokens: int
     sampling: SamplingParams
     received: float  # perf_counter at receipt
+    logprobs: int | None = None  # alternatives per new token when its log-probabilities are asked
+    prompt_logprobs: bool = False  # the prompt's log-probabilities asked
+    prompt_scored: bool = False  # and sent
     streamed: list[int] = dataclasses.field(default_factory=list)
     attempts: int = 0
     route: Route = Route.NONE

@@ -2,7 +2,8 @@
 
 `role_to_proto` / `role_from_proto` (policy `Role` ↔ `prfaas.v1.Role`), `sampling_from_proto` /
 `sampling_to_proto` (`SamplingParams` ↔ the message; an unset top_p of 0 reads as 1.0, "off"),
-and the request checks every entry point shares: `check_prompt` (tokens and budget) and
+`logprobs_to_proto` (an engine's `TokenLogprobs` as a `TokenLogprob`), and the request checks
+every entry point shares: `check_prompt` (tokens and budget), `check_top_logprobs` and
 `check_request_id`. `router_max_request_bytes` bounds a valid `GenerateRequest`, so the router's
 port refuses anything larger (RESOURCE_EXHAUSTED) before parsing it.
 
@@ -22,6 +23,7 @@ import grpc
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.sampling_params import SamplingParams
+from prfaas_jax.engine.token_logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -70,6 +72,22 @@ def sampling_to_proto(sampling: SamplingParams) -> pb.SamplingParams:
         seed=sampling.seed,
         first_index=sampling.first_index,
     )
+
+
+def logprobs_to_proto(scored: TokenLogprobs) -> pb.TokenLogprob:
+    return pb.TokenLogprob(
+        token_id=scored.token,
+        logprob=scored.logprob,
+        top_ids=[t for t, _ in scored.top],
+        top_logprobs=[v for _, v in scored.top],
+    )
+
+
+def check_top_logprobs(top: int) -> int:
+    """``top`` if it is a count of alternatives the engines serve; UserError otherwise."""
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise UserError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}")
+    return top
 
 
 def check_prompt(

@@ -21,7 +21,9 @@ failed or cancelled.
 
 One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into
 free slots as they arrive, runs one `step` for all active slots, sends each request its token,
-and frees a slot when its request finishes or its client goes away. The first token (sampled by
+and frees a slot when its request finishes or its client goes away. A request whose `Generate`
+asks for `logprobs` gets each decoded token's beside it (`DecodeResponse.logprobs`; the first
+token's come from its prefill). The first token (sampled by
 prefill) is sent on insertion, so time-to-first-token includes the state transfer. A request
 for one token has nothing to decode and takes no slot; the engine still checks its state
 (`check_state`: what `insert` checks, and with the fake engines every value), so a state that
@@ -60,7 +62,12 @@ from prfaas_jax.serving.transfer.api import ReceivedState, TransferError
 from prfaas_jax.serving.transfer.data_path import DataListener
 from prfaas_jax.serving.transfer.increments import DecodeKvCache
 from prfaas_jax.serving.transfer.receiver import IncomingPush, PushIntake
-from prfaas_jax.serving.transport.messages import abort_final, check_prompt
+from prfaas_jax.serving.transport.messages import (
+    abort_final,
+    check_prompt,
+    check_top_logprobs,
+    logprobs_to_proto,
+)
 from prfaas_jax.serving.worker.decode_request import DecodeRequest, Phase
 
 _DONE = object()
@@ -277,6 +284,12 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"prompt_len + max_new_tokens − 1 exceed max_len {self.max_len}",
             )
+        top = None
+        if request.HasField("logprobs"):
+            try:
+                top = check_top_logprobs(request.logprobs)
+            except UserError as err:
+                abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         self._start_engine_thread()
         with self._cv:
             if self._waiting() >= self.max_waiting:
@@ -295,7 +308,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 context.abort(
                     grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id} is already decoding"
                 )
-            req.prompt_len, req.max_new_tokens = request.prompt_len, n
+            req.prompt_len, req.max_new_tokens, req.logprobs = request.prompt_len, n, top
             if req.phase is Phase.PARKED:
                 assert req.state is not None
                 length = int(np.asarray(req.state.lengths)[0])
@@ -327,10 +340,13 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                     grpc.StatusCode.DEADLINE_EXCEEDED,
                     f"{req.request_id}: no state or token within {self.state_timeout_s:.0f} s",
                 )
-            tokens, done = [], False
+            tokens, scored, done = [], [], False
             while True:  # everything already queued goes into one message
                 if item is _DONE:
                     done = True
+                elif isinstance(item, pb.TokenLogprob):  # a token with its log-probabilities
+                    tokens.append(item.token_id)
+                    scored.append(item)
                 elif isinstance(item, tuple):
                     code, details, final = item
                     if final:
@@ -343,7 +359,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 except queue.Empty:
                     break
             yield pb.DecodeResponse(
-                token_ids=tokens, finished=done, state_bytes=req.state_bytes if first else 0
+                token_ids=tokens,
+                finished=done,
+                state_bytes=req.state_bytes if first else 0,
+                logprobs=scored,
             )
             first = False
             if done:
@@ -444,6 +463,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                         req.first_token,
                         req.sampling,
                         max_new_tokens=req.max_new_tokens - 1,
+                        logprobs=req.logprobs,
                     )
             except Exception as err:  # the engine refused the state: fail this request only
                 with self._cv:
@@ -471,7 +491,10 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             self.tokens_generated += len(produced)
         for slot, token in produced:
             req = self._slots[slot]
-            req.out.put(token)
+            scored = engine.logprobs(slot)
+            # A scored token is queued with its log-probabilities, as one item: the stream never
+            # sends one without the other.
+            req.out.put(token if scored is None else logprobs_to_proto(scored))
             if engine.is_finished(slot):
                 engine.free(slot)
                 with self._cv:

@@ -68,6 +68,7 @@ class DecodeRequest:
     phase: Phase = Phase.NEW
     prompt_len: int = 0  # announced by Generate
     max_new_tokens: int = 0
+    logprobs: int | None = None  # alternatives per decoded token, when its tokens are scored
     state: ModelState | None = None  # from PushState; released once a slot holds it
     first_token: int = 0  # sampled by prefill, from the handoff frame
     sampling: SamplingParams | None = None

@@ -21,6 +21,10 @@ and replies with the link's time for them, from which a PrfaaS worker learns its
 next prompt prefills while this state's tail is on the wire. The push's deadline
 (`push_timeout_s`) therefore covers prefill and transfer.
 
+A request that asks for log-probabilities (`logprobs`) has its context and first token scored
+once the state is sealed, while its tail is on the wire (`score`: a second prefill that keeps
+every position's logits), and the reply carries them; other requests never pay for it.
+
 When the router says the decode worker already holds the KV of the prompt's first K positions
 (`decode_cached_len`, from `DecodeWorker.ReserveKv`), the stream is an increment: those rows
 stay out of it (the header's base; docs/wire-format.md).
@@ -72,7 +76,13 @@ from prfaas_jax.serving.transfer.channels import DecodeChannels
 from prfaas_jax.serving.transfer.faults import FaultInjector
 from prfaas_jax.serving.transfer.sender import StatePush
 from prfaas_jax.serving.transport.link import LinkShaper
-from prfaas_jax.serving.transport.messages import abort_final, check_prompt, sampling_from_proto
+from prfaas_jax.serving.transport.messages import (
+    abort_final,
+    check_prompt,
+    check_top_logprobs,
+    logprobs_to_proto,
+    sampling_from_proto,
+)
 from prfaas_jax.serving.transport.server import abort_for
 from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
@@ -182,6 +192,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 )
             s = request.sampling
             sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
+            top = check_top_logprobs(request.logprobs) if request.HasField("logprobs") else None
         except UserError as err:  # the request itself: another attempt would meet the same
             abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         arrived = time.perf_counter()
@@ -265,6 +276,14 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         else:
             handoff = pack_handoff(Handoff(result.first_token, sampling), encoder.header())
             push.seal([*tail, handoff])
+        scored = []
+        if result is not None and top is not None:  # while the state's tail is on the wire
+            try:
+                with self._engine_lock:
+                    scored = self._engine().score([*tokens, result.first_token], top)
+            except Exception as err:
+                push.cancel()
+                abort_for(context, err)
         try:
             delivery = push.wait()
         except TransferError as err:
@@ -289,6 +308,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             cached_len=result.prefix_len,
             cache_seq=cache_seq,
             prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
+            logprobs=[logprobs_to_proto(x) for x in scored],
         )
 
     def _prefill(
