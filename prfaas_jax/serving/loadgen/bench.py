@@ -308,7 +308,8 @@ def run_bench(
             send = functools.partial(_one_openai, opts.openai_url, before.model, token)
         workers = min(opts.num_prompts, opts.max_concurrency or 256)
         start = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers)
+        try:
             futures = []
             for prompt, rec, offset in zip(prompts, records, offsets, strict=True):
                 delay = start + offset - time.perf_counter()
@@ -319,6 +320,12 @@ def run_bench(
                 futures.append(future)
             for future in futures:
                 future.result()
+        except BaseException:
+            # Ctrl-C: the requests not sent yet are dropped, and closing the channel (leaving
+            # the `with`) cancels those in flight, instead of waiting for the whole run.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown()
         duration = time.perf_counter() - start
         time.sleep(1.0)  # the router polls link counters every control period
         after = stub.GetStats(pb.GetStatsRequest(), timeout=10)
