@@ -46,7 +46,7 @@ def add_experiment(sub: argparse._SubParsersAction) -> None:
         "--out-dir",
         metavar="DIR",
         help="keep the profiles, generated configs, logs and experiment.json here (default: a "
-        "temporary folder, removed after a clean run)",
+        "temporary folder, removed after the run)",
     )
     add_json_flag(p)
     p.set_defaults(run=_run_experiment)

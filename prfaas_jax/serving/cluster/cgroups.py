@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster.processes import pid_alive
 from prfaas_jax.serving.cluster_sections import NodeClassSection
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -63,16 +64,6 @@ def machine_cpus() -> tuple[int, ...]:
     return NodeClassSection(cpus=text, cpu_quota=1.0).cpu_list
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _remove(path: Path, timeout_s: float = 5.0) -> None:
     """Kill what is left in the cgroup at ``path`` and remove it (a cgroup with tasks cannot be
     removed; a killed task leaves it a moment later)."""
@@ -102,7 +93,7 @@ def sweep_stale() -> list[str]:
             continue
         for path in root.iterdir():
             match = _NAME.match(path.name)
-            if match and path.is_dir() and not _alive(int(match.group(1))):
+            if match and path.is_dir() and not pid_alive(int(match.group(1))):
                 _remove(path)
                 removed.append(f"{controller}/{path.name}")
     return removed

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prfaas_jax.errors import UserError
+from prfaas_jax.serving.cluster.processes import pid_alive
 from prfaas_jax.serving.cluster_sections import LinkSection
 from prfaas_jax.serving.transport.kernel_link import (
     KernelLinkError,
@@ -85,16 +86,6 @@ def _namespaces() -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def root_devices(index: int) -> tuple[str, str]:
     """The root-namespace ends of cluster ``index``'s veths (to the PrfaaS and the PD side)."""
     return f"pf{index}p", f"pf{index}d"
@@ -116,7 +107,7 @@ def remove_stale() -> list[str]:
     removed = []
     for name in _namespaces():
         match = _NAME.match(name)
-        if match and not _alive(int(match[1])):
+        if match and not pid_alive(int(match[1])):
             _delete(int(match[2]), [name])
             removed.append(name)
     return removed

@@ -1,7 +1,7 @@
 """`ChildProcess`: one process the launcher started (its own session, a log file, an address
-file), with the followers of a multi-process instance; `ClusterError` and `free_port`. What
-each child does for itself (parent death, stop signals, its address file) is in
-serving/transport/lifecycle.py."""
+file), with the followers of a multi-process instance; `ClusterError`, `free_port` and
+`pid_alive`. What each child does for itself (parent death, stop signals, its address file) is
+in serving/transport/lifecycle.py."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ from prfaas_jax.errors import UserError
 
 class ClusterError(UserError):
     """A cluster process failed to start; the message names it and quotes its log."""
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs (a launcher whose namespaces or cgroups may be stale)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def free_port(host: str = "127.0.0.1") -> int:
