@@ -4,6 +4,7 @@ the CLI against a cluster of real processes is in tests/cluster/test_fake_cluste
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -182,3 +183,42 @@ def test_link_device_names():
             LinkDevice.parse(bad)
     with pytest.raises(UserError, match="cannot read the link device's counters"):
         LinkDevice("no-such-device0").tx_bytes()
+
+
+def test_ctrl_c_ends_a_run_without_waiting_for_its_requests(tmp_path):
+    """Ctrl-C (KeyboardInterrupt in the sending thread) drops the requests not sent and
+    cancels those in flight: the run ends in moments, not when its last request would."""
+    import _thread
+    import threading
+
+    from serving_support import fake_config, serve_in_process
+
+    from prfaas_jax.config import load_model_config
+    from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine
+    from prfaas_jax.policy.routing import Role
+    from prfaas_jax.serving.cluster_config import load_cluster_config
+    from prfaas_jax.serving.loadgen.bench import InputDist, run_bench
+
+    config = load_cluster_config(fake_config(tmp_path / "cluster.toml"))
+    cfg = load_model_config("tiny")
+    engines = {
+        "prfaas-0": (Role.PRFAAS_PREFILL, FakePrefillEngine(cfg)),
+        "pd-0": (Role.PD_PREFILL, FakePrefillEngine(cfg)),
+        "pd-1": (Role.PD_DECODE, FakeDecodeEngine(cfg, max_slots=4, max_len=512, step_s=0.05)),
+    }
+    with serve_in_process(config, engines) as cluster:
+        # The whole run: 64 requests, 2 at a time, 16 decode steps of 50 ms each ≈ 26 s.
+        opts = BenchOptions(
+            router=cluster.servers["router"].address,
+            num_prompts=64,
+            max_concurrency=2,
+            input_dist=InputDist.FIXED,
+            input_len=8,
+            output_len=16,
+        )
+        timer = threading.Timer(1.5, _thread.interrupt_main)
+        timer.start()
+        start = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            run_bench(opts)
+        assert time.monotonic() - start < 6.0
