@@ -173,7 +173,10 @@ def draw_experiment(e: Experiment, path: str | Path) -> None:
         ax_level.axhline(
             e.plans[name].lambda_max, ls="--", lw=0.8, color=ax_level.lines[-1].get_color()
         )
+    levels = sorted({r.concurrency for m in e.measured.values() for r in m.levels})
     ax_level.set_xscale("log", base=2)
+    ax_level.set_xticks(levels, [str(level) for level in levels])
+    ax_level.minorticks_off()
     ax_level.set_xlabel("requests in flight (closed loop)")
     ax_level.set_ylabel("completions/s")
     ax_level.set_title("(b) measured throughput by concurrency (dashed: planner)")
