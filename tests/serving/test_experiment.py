@@ -223,3 +223,16 @@ def test_the_reference_is_single_request_generation(tmp_path):
     cfg, params = load_model("tiny")
     for prompt, tokens in zip(prompts, got, strict=True):
         assert tokens == generate(params, cfg, prompt, 5, GREEDY)[0]
+
+
+def test_without_root_or_cgroups_node_classes_are_refused_in_one_line(monkeypatch, tmp_path):
+    from prfaas_jax.errors import UserError
+    from prfaas_jax.serving.cluster import cgroups
+
+    monkeypatch.setattr(cgroups.os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match=r"^node classes \(\[node_classes\]\) need root"):
+        cgroups.require_cgroups()
+    monkeypatch.setattr(cgroups.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(cgroups, "CGROUP_ROOT", tmp_path)
+    with pytest.raises(UserError, match="need the cgroup v1 'cpu' controller mounted at"):
+        cgroups.require_cgroups()
