@@ -1,0 +1,85 @@
+"""``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
+``BatchCall``: one such packing; ``row_states``: the batch-1 states of a batched state's rows.
+
+Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
+``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
+buffers and block size it would alone, only beside other rows. Within a group, rows (shortest
+first) fill calls of at most ``max_batch_tokens`` padded tokens; a call's row count is padded to a
+power of two with empty rows (``valid_len`` 0 in every block: they neither write nor decay
+anything), so compiles stay bounded per bucket. Long prompts still chunk at multiples of
+``chunk_len``: block ``c`` of every row absorbs its positions ``[c·chunk_len, (c+1)·chunk_len)``,
+and a row already done takes an empty block while longer rows finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from prfaas_jax.model import ModelState
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchCall:
+    """Rows that share one compiled shape: ``rows`` index the caller's prompts, in row order."""
+
+    rows: tuple[int, ...]
+    batch: int  # compiled rows: len(rows) padded to a power of two (the padding rows are empty)
+    block_len: int  # tokens per row per call
+    capacity: int  # positions of the working state's growing caches
+    blocks: int  # calls: the longest row's chunks
+
+    def windows(self, lengths: Sequence[int], chunk_len: int) -> list[np.ndarray]:
+        """Per call, each compiled row's ``[start, end)`` positions (``start == end``: empty)."""
+        out = []
+        for c in range(self.blocks):
+            spans = np.zeros((self.batch, 2), np.int64)
+            for slot, row in enumerate(self.rows):
+                spans[slot] = [
+                    min(c * chunk_len, lengths[row]),
+                    min((c + 1) * chunk_len, lengths[row]),
+                ]
+            out.append(spans)
+        return out
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def plan_calls(
+    lengths: Sequence[int],
+    shape_of: Callable[[int], tuple[int, int]],
+    *,
+    chunk_len: int,
+    max_batch_tokens: int,
+) -> list[BatchCall]:
+    """Calls that prefill prompts of ``lengths``; ``shape_of(length)`` is batch-1 prefill's
+    ``(block_len, capacity)`` for that length. At most ``max_batch_tokens`` padded tokens per call
+    (a single row always fits, whatever its block)."""
+    groups: dict[tuple[int, int], list[int]] = {}
+    for row in sorted(range(len(lengths)), key=lambda r: lengths[r]):
+        groups.setdefault(shape_of(lengths[row]), []).append(row)
+    calls = []
+    for (block_len, capacity), rows in groups.items():
+        per_call = max(1, max_batch_tokens // block_len)
+        cap = 1 << (per_call.bit_length() - 1)  # the largest power of two that fits the budget
+        for first in range(0, len(rows), cap):
+            part = tuple(rows[first : first + cap])
+            blocks = -(-max(lengths[r] for r in part) // chunk_len)
+            batch = _pow2_at_least(len(part))
+            calls.append(BatchCall(part, batch, block_len, capacity, blocks))
+    return calls
+
+
+def row_states(state: ModelState, count: int) -> list[ModelState]:
+    """The first ``count`` rows of ``state``, each a batch-1 state, through host memory (a slice
+    on the device would compile once per shape)."""
+    host = jax.device_get(state)
+    return [
+        jax.device_put(jax.tree.map(lambda a, r=row: np.ascontiguousarray(a[r : r + 1]), host))
+        for row in range(count)
+    ]
