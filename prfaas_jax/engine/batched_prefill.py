@@ -1,5 +1,6 @@
 """``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
-``BatchCall``: one such packing; ``row_states``: the batch-1 states of a batched state's rows.
+``BatchCall``: one such packing; ``row_states``: the batch-1 states of a batched state's rows;
+``sampling_args``: the first-token sampler's per-row arguments for a call's rows.
 
 Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
 ``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
@@ -19,6 +20,9 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.sampling import GREEDY, SamplingParams, request_key, sampling_knobs
+from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState
 
 
@@ -75,11 +79,23 @@ def plan_calls(
     return calls
 
 
-def row_states(state: ModelState, count: int) -> list[ModelState]:
-    """The first ``count`` rows of ``state``, each a batch-1 state, through host memory (a slice
-    on the device would compile once per shape)."""
+def row_states(state: ModelState, cfg: ModelConfig, capacities: Sequence[int]) -> list[ModelState]:
+    """Row ``r`` of ``state`` as a batch-1 state of ``capacities[r]`` positions, for each of the
+    first ``len(capacities)`` rows: cut in host memory (a slice on the device would compile once
+    per shape), then put back once."""
     host = jax.device_get(state)
-    return [
-        jax.device_put(jax.tree.map(lambda a, r=row: np.ascontiguousarray(a[r : r + 1]), host))
-        for row in range(count)
-    ]
+    rows = []
+    for row, capacity in enumerate(capacities):
+        one = jax.tree.map(lambda a, r=row: np.ascontiguousarray(a[r : r + 1]), host)
+        rows.append(jax.device_put(with_capacity(one, cfg, capacity)))
+    return rows
+
+
+def sampling_args(sampling: Sequence[SamplingParams], batch: int) -> tuple[np.ndarray, ...]:
+    """``draw_tokens``'s per-row arguments after the logits, for ``sampling`` padded with greedy
+    rows to ``batch`` (so the sampler compiles once per padded batch)."""
+    rows = [*sampling, *[GREEDY] * (batch - len(sampling))]
+    keys = np.stack([request_key(s.seed) for s in rows])
+    index = np.array([s.first_index for s in rows], np.int32)
+    knobs = [np.concatenate(parts) for parts in zip(*map(sampling_knobs, rows), strict=True)]
+    return keys, index, *knobs

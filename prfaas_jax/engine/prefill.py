@@ -47,7 +47,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
-from prfaas_jax.engine.batched_prefill import plan_calls, row_states
+from prfaas_jax.engine.batched_prefill import plan_calls, row_states, sampling_args
 from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
     GREEDY,
@@ -427,18 +427,22 @@ class PrefillEngine:
                 for slot, row in enumerate(call.rows):
                     if valid[slot] and spans[slot, 1] == sizes[row]:
                         last[slot] = logits
+            # Each row's last logits, from the call that ended it, sampled in one call.
+            host = {id(out): np.asarray(out) for out in last.values()}
+            dtype = next(iter(host.values())).dtype  # as batch-1 samples them
+            logits_BV = np.zeros((call.batch, self.cfg.vocab_size), dtype)
+            for slot, out in last.items():
+                logits_BV[slot] = host[id(out)][slot]
+            picks = [sampling[row] for row in call.rows]
+            firsts = np.asarray(_DRAW_TOKENS(logits_BV, *sampling_args(picks, call.batch)))
+            capacities = [sizes[row] if max_len is None else max_len for row in call.rows]
             for slot, (row, row_state) in enumerate(
-                zip(call.rows, row_states(state, len(call.rows)), strict=True)
+                zip(call.rows, row_states(state, self.cfg, capacities), strict=True)
             ):
-                logits_1V = np.asarray(last[slot])[slot : slot + 1]
-                first_token, seconds = self._sample_first(logits_1V, sampling[row])
-                compile_s += seconds
-                if max_len is None:
-                    row_state = with_capacity(row_state, self.cfg, sizes[row])
                 results[row] = PrefillResult(
                     state=row_state,
-                    first_token=first_token,
-                    logits_last=logits_1V[0],
+                    first_token=int(firsts[slot]),
+                    logits_last=logits_BV[slot],
                     prefix_len=0,
                     num_tokens=sizes[row],
                     plan=plans[row],
