@@ -5,11 +5,11 @@
 Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
 ``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
 buffers and block size it would alone, only beside other rows. Within a group, rows (shortest
-first) fill calls of at most ``max_batch_tokens`` padded tokens; a call's row count is padded to a
-power of two with empty rows (``valid_len`` 0 in every block: they neither write nor decay
-anything), so compiles stay bounded per bucket. Long prompts still chunk at multiples of
-``chunk_len``: block ``c`` of every row absorbs its positions ``[c·chunk_len, (c+1)·chunk_len)``,
-and a row already done takes an empty block while longer rows finish.
+first) fill calls of at most ``max_batch_tokens`` padded tokens, each call a power of two of rows
+(a group of 5 runs as 4 + 1), so compiles stay bounded per bucket and no call computes an empty
+row. Long prompts still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its
+positions ``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block
+(``valid_len`` 0: it neither writes nor decays anything) while longer rows finish.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.sampling import GREEDY, SamplingParams, request_key, sampling_knobs
+from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_knobs
 from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState
 
@@ -30,8 +30,7 @@ from prfaas_jax.model import ModelState
 class BatchCall:
     """Rows that share one compiled shape: ``rows`` index the caller's prompts, in row order."""
 
-    rows: tuple[int, ...]
-    batch: int  # compiled rows: len(rows) padded to a power of two (the padding rows are empty)
+    rows: tuple[int, ...]  # a power of two of them
     block_len: int  # tokens per row per call
     capacity: int  # positions of the working state's growing caches
     blocks: int  # calls: the longest row's chunks
@@ -40,7 +39,7 @@ class BatchCall:
         """Per call, each compiled row's ``[start, end)`` positions (``start == end``: empty)."""
         out = []
         for c in range(self.blocks):
-            spans = np.zeros((self.batch, 2), np.int64)
+            spans = np.zeros((len(self.rows), 2), np.int64)
             for slot, row in enumerate(self.rows):
                 spans[slot] = [
                     min(c * chunk_len, lengths[row]),
@@ -48,10 +47,6 @@ class BatchCall:
                 ]
             out.append(spans)
         return out
-
-
-def _pow2_at_least(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def plan_calls(
@@ -71,11 +66,12 @@ def plan_calls(
     for (block_len, capacity), rows in groups.items():
         per_call = max(1, max_batch_tokens // block_len)
         cap = 1 << (per_call.bit_length() - 1)  # the largest power of two that fits the budget
-        for first in range(0, len(rows), cap):
-            part = tuple(rows[first : first + cap])
+        while rows:
+            # Calls of power-of-two rows, so compiles stay bounded, and no empty rows computed.
+            size = min(cap, 1 << (len(rows).bit_length() - 1))
+            part, rows = rows[:size], rows[size:]
             blocks = -(-max(lengths[r] for r in part) // chunk_len)
-            batch = _pow2_at_least(len(part))
-            calls.append(BatchCall(part, batch, block_len, capacity, blocks))
+            calls.append(BatchCall(tuple(part), block_len, capacity, blocks))
     return calls
 
 
@@ -91,10 +87,9 @@ def row_states(state: ModelState, cfg: ModelConfig, capacities: Sequence[int]) -
     return rows
 
 
-def sampling_args(sampling: Sequence[SamplingParams], batch: int) -> tuple[np.ndarray, ...]:
-    """``draw_tokens``'s per-row arguments after the logits, for ``sampling`` padded with greedy
-    rows to ``batch`` (so the sampler compiles once per padded batch)."""
-    rows = [*sampling, *[GREEDY] * (batch - len(sampling))]
+def sampling_args(sampling: Sequence[SamplingParams]) -> tuple[np.ndarray, ...]:
+    """``draw_tokens``'s per-row arguments after the logits, one row per ``sampling``."""
+    rows = list(sampling)
     keys = np.stack([request_key(s.seed) for s in rows])
     index = np.array([s.first_index for s in rows], np.int32)
     knobs = [np.concatenate(parts) for parts in zip(*map(sampling_knobs, rows), strict=True)]

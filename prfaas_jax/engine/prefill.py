@@ -412,10 +412,10 @@ class PrefillEngine:
         for call in plan_calls(
             sizes, shape_of, chunk_len=self.chunk_len, max_batch_tokens=max_batch_tokens
         ):
-            state = fresh_state(self.cfg, call.capacity, None, batch=call.batch)
+            state = fresh_state(self.cfg, call.capacity, None, batch=len(call.rows))
             last: dict[int, jax.Array] = {}  # slot -> the logits of the call that ended its row
             for spans in call.windows(sizes, self.chunk_len):
-                block = np.zeros((call.batch, call.block_len), np.int32)
+                block = np.zeros((len(call.rows), call.block_len), np.int32)
                 for slot, row in enumerate(call.rows):
                     begin, end = spans[slot]
                     block[slot, : end - begin] = rows[row][begin:end]
@@ -429,12 +429,9 @@ class PrefillEngine:
                         last[slot] = logits
             # Each row's last logits, from the call that ended it, sampled in one call.
             host = {id(out): np.asarray(out) for out in last.values()}
-            dtype = next(iter(host.values())).dtype  # as batch-1 samples them
-            logits_BV = np.zeros((call.batch, self.cfg.vocab_size), dtype)
-            for slot, out in last.items():
-                logits_BV[slot] = host[id(out)][slot]
+            logits_BV = np.stack([host[id(last[slot])][slot] for slot in range(len(call.rows))])
             picks = [sampling[row] for row in call.rows]
-            firsts = np.asarray(_DRAW_TOKENS(logits_BV, *sampling_args(picks, call.batch)))
+            firsts = np.asarray(_DRAW_TOKENS(logits_BV, *sampling_args(picks)))
             capacities = [sizes[row] if max_len is None else max_len for row in call.rows]
             for slot, (row, row_state) in enumerate(
                 zip(call.rows, row_states(state, self.cfg, capacities), strict=True)

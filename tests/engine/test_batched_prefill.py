@@ -1,6 +1,6 @@
 """``PrefillEngine.prefill_batch`` against ``prefill`` on each prompt alone: the same first token
 and the same state, field by field, for every tiny preset, with ragged lengths in one call
-(finished rows riding along as empty blocks), a prompt past ``chunk_len`` and an empty padding row.
+(finished rows riding along as empty blocks) and a prompt past ``chunk_len``.
 
 A call of one row is bit for bit the batch-1 call. Several rows change the matrix products' batch
 dimension, which moves XLA's fp32 rounding (by about 1e-5 on these presets), so there states
@@ -24,8 +24,9 @@ from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import EngineError
 
 CHUNK = 16
-# Buckets 16 and 64: {1, 15, 16} share one shape, {17, 33, 50} the other (50: four chunks).
-LENGTHS = (50, 1, 17, 16, 33, 15)
+# Buckets 16 and 64: {1, 8, 15, 16} share one shape, {17, 33, 50, 64} the other (64: four chunks,
+# while 17 is done after two).
+LENGTHS = (50, 1, 17, 16, 33, 15, 64, 8)
 ATOL = 1e-4
 
 
@@ -55,8 +56,8 @@ def test_each_row_equals_its_prompt_prefilled_alone(name):
     eng = engine(name)
     prompts = [prompt(n) for n in LENGTHS]
     alone = [eng.prefill(tokens) for tokens in prompts]
-    # 64 padded tokens per call: each shape's three rows share one call of four rows; 16: one
-    # row per call, the batch-1 program itself.
+    # 64 padded tokens per call: each shape's four rows share one call; 16: one row per call,
+    # the batch-1 program itself.
     for budget, atol in ((64, ATOL), (CHUNK, 0.0)):
         batched = eng.prefill_batch(prompts, max_batch_tokens=budget)
         assert len(batched) == len(prompts)
@@ -85,17 +86,17 @@ def test_plan_calls_keeps_the_budget_and_one_shape_per_call():
     calls = plan_calls(lengths, shape_of, chunk_len=64, max_batch_tokens=200)
     assert sorted(r for c in calls for r in c.rows) == list(range(len(lengths)))
     for call in calls:
-        assert call.batch * call.block_len <= 200
-        assert call.batch >= len(call.rows) and call.batch & (call.batch - 1) == 0
+        size = len(call.rows)
+        assert size * call.block_len <= 200 and size & (size - 1) == 0
         assert {shape_of(lengths[r]) for r in call.rows} == {(call.block_len, 0)}
         assert call.blocks == -(-max(lengths[r] for r in call.rows) // 64)
         spans = call.windows(lengths, 64)
         for slot, row in enumerate(call.rows):  # the row's spans tile [0, length)
             assert sum(int(s[slot, 1] - s[slot, 0]) for s in spans) == lengths[row]
-        assert all(not s[len(call.rows) :].any() for s in spans)  # padding rows stay empty
-    # The 16-token shape: 12 rows fit the budget, so its three rows (5, 9, 12) share one call.
-    small = [c for c in calls if c.block_len == 16]
-    assert [c.rows for c in small] == [(1, 3, 6)]
+    # The 16-token shape: 12 rows fit the budget, so its three rows (5, 9, 12) run as 2 + 1;
+    # the 64-token one fits 3, so its five rows (18, 20, 70, 130, 300) run as 2 + 2 + 1.
+    assert [c.rows for c in calls if c.block_len == 16] == [(1, 3), (6,)]
+    assert [c.rows for c in calls if c.block_len == 64] == [(7, 4), (0, 5), (2,)]
 
 
 def test_prefill_batch_errors():
