@@ -402,15 +402,11 @@ class PrefillEngine:
             raise EngineError(f"{len(sampling)} sampling settings for {len(rows)} prompts")
         plans = [self.plan(ids.size, max_len=max_len) for ids in rows]
         sizes = [ids.size for ids in rows]
-
-        def shape_of(length: int) -> tuple[int, int]:
-            plan = self.plan(length, max_len=max_len)
-            return plan.block_len, plan.capacity
-
+        shapes = {n: (plan.block_len, plan.capacity) for n, plan in zip(sizes, plans, strict=True)}
         results: list[PrefillResult | None] = [None] * len(rows)
         compile_s = 0.0
         for call in plan_calls(
-            sizes, shape_of, chunk_len=self.chunk_len, max_batch_tokens=max_batch_tokens
+            sizes, shapes.__getitem__, chunk_len=self.chunk_len, max_batch_tokens=max_batch_tokens
         ):
             state = fresh_state(self.cfg, call.capacity, None, batch=len(call.rows))
             last: dict[int, jax.Array] = {}  # slot -> the logits of the call that ended its row
