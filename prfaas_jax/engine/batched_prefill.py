@@ -23,6 +23,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_knobs
 from prfaas_jax.engine.state_resize import with_capacity
+from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState
 
 
@@ -59,6 +60,8 @@ def plan_calls(
     """Calls that prefill prompts of ``lengths``; ``shape_of(length)`` is batch-1 prefill's
     ``(block_len, capacity)`` for that length. At most ``max_batch_tokens`` padded tokens per call
     (a single row always fits, whatever its block)."""
+    if max_batch_tokens < 1:
+        raise EngineError(f"max_batch_tokens must be ≥ 1, got {max_batch_tokens}")
     groups: dict[tuple[int, int], list[int]] = {}
     for row in sorted(range(len(lengths)), key=lambda r: lengths[r]):
         groups.setdefault(shape_of(lengths[row]), []).append(row)

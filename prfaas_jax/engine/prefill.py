@@ -25,7 +25,9 @@ per request, so a request that does not ask costs nothing more.
 
 Batched prefill. ``prefill_batch`` runs several prompts per compiled call, each row in the shape
 its prompt would compile alone (engine/batched_prefill.py), within a budget of padded tokens per
-call: every row's state and first token are those of ``prefill`` on its prompt.
+call — at most one compile per bucket and power-of-two row count. Every row's first token is
+that of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds
+several rows (XLA rounds a matmul differently at another batch size).
 
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
@@ -155,7 +157,8 @@ _DRAW_TOKENS = jax.jit(draw_tokens)
 
 
 class PrefillEngine:
-    """Prefills one prompt at a time, with one executable per (block_len, capacity) shape."""
+    """Prefills a prompt (or several per call, ``prefill_batch``), with one executable per
+    (rows, block_len, capacity) shape."""
 
     def __init__(
         self,
@@ -394,8 +397,6 @@ class PrefillEngine:
         start = time.perf_counter()
         if self.mesh is not None:
             raise EngineError("batched prefill runs on one device; prefill on a mesh one by one")
-        if max_batch_tokens < 1:
-            raise EngineError(f"max_batch_tokens must be ≥ 1, got {max_batch_tokens}")
         rows = [self._checked_ids(tokens) for tokens in prompts]
         sampling = [GREEDY] * len(rows) if sampling is None else list(sampling)
         if len(sampling) != len(rows):
