@@ -23,6 +23,12 @@ position's logits (``prefill`` above keeps the last alone), padded to a bucket l
 returns each token's log-probability after the tokens before it (engine/logprobs.py): asked for
 per request, so a request that does not ask costs nothing more.
 
+Batched prefill. ``prefill_batch`` runs several prompts per compiled call, each row in the shape
+its prompt would compile alone (engine/batched_prefill.py), within a budget of padded tokens per
+call — at most one compile per bucket and power-of-two row count. Every row's first token is
+that of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds
+several rows (XLA rounds a matmul differently at another batch size).
+
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
 ``on_layers(state, tokens_done, layers)`` runs after each with the group whose states just
@@ -43,6 +49,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
+from prfaas_jax.engine.batched_prefill import plan_calls, row_states, sampling_args
 from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
     GREEDY,
@@ -58,6 +65,7 @@ from prfaas_jax.model.sharding import shard_params, shard_state, to_host
 from prfaas_jax.ops.dispatch import Impl
 
 DEFAULT_CHUNK_LEN = 512
+DEFAULT_BATCH_TOKENS = 4096  # padded tokens per batched call
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -149,7 +157,8 @@ _DRAW_TOKENS = jax.jit(draw_tokens)
 
 
 class PrefillEngine:
-    """Prefills one prompt at a time, with one executable per (block_len, capacity) shape."""
+    """Prefills a prompt (or several per call, ``prefill_batch``), with one executable per
+    (rows, block_len, capacity) shape."""
 
     def __init__(
         self,
@@ -260,6 +269,16 @@ class PrefillEngine:
         on_layers(state, end, ready)
         return inputs, state, compile_s
 
+    def _checked_ids(self, tokens: Sequence[int] | np.ndarray) -> np.ndarray:
+        """``tokens`` as a flat array; raises ``EngineError`` on an id outside the vocabulary."""
+        ids = np.asarray(tokens, np.int64).reshape(-1)
+        if ids.size and not (ids.min() >= 0 and ids.max() < self.cfg.vocab_size):
+            bad = ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()
+            raise EngineError(
+                f"token id(s) {bad} outside the vocabulary [0, {self.cfg.vocab_size})"
+            )
+        return ids
+
     def _sample_first(self, logits_1V: jax.Array, sampling: SamplingParams) -> tuple[int, float]:
         index = np.array([sampling.first_index], np.int32)
         args = (logits_1V, request_key(sampling.seed)[None], index)
@@ -315,12 +334,7 @@ class PrefillEngine:
         docstring), before that call's ``on_chunk``.
         """
         start = time.perf_counter()
-        ids = np.asarray(tokens, np.int64).reshape(-1)
-        if ids.size and not (ids.min() >= 0 and ids.max() < self.cfg.vocab_size):
-            bad = ids[(ids < 0) | (ids >= self.cfg.vocab_size)][:5].tolist()
-            raise EngineError(
-                f"token id(s) {bad} outside the vocabulary [0, {self.cfg.vocab_size})"
-            )
+        ids = self._checked_ids(tokens)
         if prefix is not None and prefix.batch_size != 1:
             raise EngineError(f"a prefix must be one sequence, got a batch of {prefix.batch_size}")
         prefix_len = 0 if prefix is None else int(np.asarray(prefix.lengths)[0])
@@ -368,3 +382,67 @@ class PrefillEngine:
                 "total_s": time.perf_counter() - start,
             },
         )
+
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int] | np.ndarray],
+        *,
+        max_len: int | None = None,
+        max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        sampling: Sequence[SamplingParams] | None = None,
+    ) -> list[PrefillResult]:
+        """``prefill`` of each prompt (``sampling[i]`` for prompt ``i``, greedy by default), rows
+        of one compiled shape sharing calls of at most ``max_batch_tokens`` padded tokens
+        (module docstring). No prefix, callbacks or mesh: those stay with ``prefill``."""
+        start = time.perf_counter()
+        if self.mesh is not None:
+            raise EngineError("batched prefill runs on one device; prefill on a mesh one by one")
+        rows = [self._checked_ids(tokens) for tokens in prompts]
+        sampling = [GREEDY] * len(rows) if sampling is None else list(sampling)
+        if len(sampling) != len(rows):
+            raise EngineError(f"{len(sampling)} sampling settings for {len(rows)} prompts")
+        plans = [self.plan(ids.size, max_len=max_len) for ids in rows]
+        sizes = [ids.size for ids in rows]
+        shapes = {n: (plan.block_len, plan.capacity) for n, plan in zip(sizes, plans, strict=True)}
+        results: list[PrefillResult | None] = [None] * len(rows)
+        compile_s = 0.0
+        for call in plan_calls(
+            sizes, shapes.__getitem__, chunk_len=self.chunk_len, max_batch_tokens=max_batch_tokens
+        ):
+            state = fresh_state(self.cfg, call.capacity, None, batch=len(call.rows))
+            last: dict[int, jax.Array] = {}  # slot -> the logits of the call that ended its row
+            for spans in call.windows(sizes, self.chunk_len):
+                block = np.zeros((len(call.rows), call.block_len), np.int32)
+                for slot, row in enumerate(call.rows):
+                    begin, end = spans[slot]
+                    block[slot, : end - begin] = rows[row][begin:end]
+                valid = (spans[:, 1] - spans[:, 0]).astype(np.int32)
+                args = (self.params, block, valid, state)
+                compiled, seconds = self._executable(*args)
+                compile_s += seconds
+                logits, state = compiled(*args)
+                for slot, row in enumerate(call.rows):
+                    if valid[slot] and spans[slot, 1] == sizes[row]:
+                        last[slot] = logits
+            # Each row's last logits, from the call that ended it, sampled in one call.
+            host = {id(out): np.asarray(out) for out in last.values()}
+            logits_BV = np.stack([host[id(last[slot])][slot] for slot in range(len(call.rows))])
+            picks = [sampling[row] for row in call.rows]
+            firsts = np.asarray(_DRAW_TOKENS(logits_BV, *sampling_args(picks)))
+            capacities = [sizes[row] if max_len is None else max_len for row in call.rows]
+            for slot, (row, row_state) in enumerate(
+                zip(call.rows, row_states(state, self.cfg, capacities), strict=True)
+            ):
+                results[row] = PrefillResult(
+                    state=row_state,
+                    first_token=int(firsts[slot]),
+                    logits_last=logits_BV[slot],
+                    prefix_len=0,
+                    num_tokens=sizes[row],
+                    plan=plans[row],
+                    timings={},
+                )
+        total_s = time.perf_counter() - start
+        # The calls are shared: every row reports the whole batch's times.
+        timings = {"compile_s": compile_s, "run_s": total_s - compile_s, "total_s": total_s}
+        return [dataclasses.replace(r, timings=timings) for r in results if r is not None]

@@ -92,10 +92,13 @@ def with_capacity(
     return jax.tree.map(resize, state, want)
 
 
-def fresh_state(cfg: ModelConfig, capacity: int, prefix: ModelState | None) -> ModelState:
-    """A batch-1 working state of new buffers (so donating it never frees a caller's arrays),
-    holding ``prefix`` if given; zeros come from the host, where they cost no compile."""
+def fresh_state(
+    cfg: ModelConfig, capacity: int, prefix: ModelState | None, *, batch: int = 1
+) -> ModelState:
+    """A working state of ``batch`` rows (1 with a ``prefix``, which it holds) in new buffers (so
+    donating it never frees a caller's arrays); zeros come from the host, where they cost no
+    compile."""
     if prefix is not None:
         return with_capacity(prefix, cfg, capacity, copy=True)
-    want = jax.eval_shape(functools.partial(init_state, cfg, 1, capacity))
+    want = jax.eval_shape(functools.partial(init_state, cfg, batch, capacity))
     return jax.tree.map(lambda w: jax.device_put(np.zeros(w.shape, w.dtype)), want)

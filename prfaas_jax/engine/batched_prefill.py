@@ -1,0 +1,99 @@
+"""``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
+``BatchCall``: one such packing; ``row_states``: the batch-1 states of a batched state's rows;
+``sampling_args``: the first-token sampler's per-row arguments for a call's rows.
+
+Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
+``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
+buffers and block size it would alone, only beside other rows. Within a group, rows (shortest
+first) fill calls of at most ``max_batch_tokens`` padded tokens, each call a power of two of rows
+(a group of 5 runs as 4 + 1), so compiles stay bounded per bucket and no call computes an empty
+row. Long prompts still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its
+positions ``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block
+(``valid_len`` 0: it neither writes nor decays anything) while longer rows finish.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import jax
+import numpy as np
+
+from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_knobs
+from prfaas_jax.engine.state_resize import with_capacity
+from prfaas_jax.errors import EngineError
+from prfaas_jax.model import ModelState
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchCall:
+    """Rows that share one compiled shape: ``rows`` index the caller's prompts, in row order."""
+
+    rows: tuple[int, ...]  # a power of two of them
+    block_len: int  # tokens per row per call
+    capacity: int  # positions of the working state's growing caches
+    blocks: int  # calls: the longest row's chunks
+
+    def windows(self, lengths: Sequence[int], chunk_len: int) -> list[np.ndarray]:
+        """Per call, each compiled row's ``[start, end)`` positions (``start == end``: empty)."""
+        out = []
+        for c in range(self.blocks):
+            spans = np.zeros((len(self.rows), 2), np.int64)
+            for slot, row in enumerate(self.rows):
+                spans[slot] = [
+                    min(c * chunk_len, lengths[row]),
+                    min((c + 1) * chunk_len, lengths[row]),
+                ]
+            out.append(spans)
+        return out
+
+
+def plan_calls(
+    lengths: Sequence[int],
+    shape_of: Callable[[int], tuple[int, int]],
+    *,
+    chunk_len: int,
+    max_batch_tokens: int,
+) -> list[BatchCall]:
+    """Calls that prefill prompts of ``lengths``; ``shape_of(length)`` is batch-1 prefill's
+    ``(block_len, capacity)`` for that length. At most ``max_batch_tokens`` padded tokens per call
+    (a single row always fits, whatever its block)."""
+    if max_batch_tokens < 1:
+        raise EngineError(f"max_batch_tokens must be ≥ 1, got {max_batch_tokens}")
+    groups: dict[tuple[int, int], list[int]] = {}
+    for row in sorted(range(len(lengths)), key=lambda r: lengths[r]):
+        groups.setdefault(shape_of(lengths[row]), []).append(row)
+    calls = []
+    for (block_len, capacity), rows in groups.items():
+        per_call = max(1, max_batch_tokens // block_len)
+        cap = 1 << (per_call.bit_length() - 1)  # the largest power of two that fits the budget
+        while rows:
+            # Calls of power-of-two rows, so compiles stay bounded, and no empty rows computed.
+            size = min(cap, 1 << (len(rows).bit_length() - 1))
+            part, rows = rows[:size], rows[size:]
+            blocks = -(-max(lengths[r] for r in part) // chunk_len)
+            calls.append(BatchCall(tuple(part), block_len, capacity, blocks))
+    return calls
+
+
+def row_states(state: ModelState, cfg: ModelConfig, capacities: Sequence[int]) -> list[ModelState]:
+    """Row ``r`` of ``state`` as a batch-1 state of ``capacities[r]`` positions, for each of the
+    first ``len(capacities)`` rows: cut in host memory (a slice on the device would compile once
+    per shape), then put back once."""
+    host = jax.device_get(state)
+    rows = []
+    for row, capacity in enumerate(capacities):
+        one = jax.tree.map(lambda a, r=row: np.ascontiguousarray(a[r : r + 1]), host)
+        rows.append(jax.device_put(with_capacity(one, cfg, capacity)))
+    return rows
+
+
+def sampling_args(sampling: Sequence[SamplingParams]) -> tuple[np.ndarray, ...]:
+    """``draw_tokens``'s per-row arguments after the logits, one row per ``sampling``."""
+    rows = list(sampling)
+    keys = np.stack([request_key(s.seed) for s in rows])
+    index = np.array([s.first_index for s in rows], np.int32)
+    knobs = [np.concatenate(parts) for parts in zip(*map(sampling_knobs, rows), strict=True)]
+    return keys, index, *knobs
