@@ -191,7 +191,14 @@ def test_a_failed_transfer_ends_where_its_error_says(start, faults, code, ends_i
         prefill_call(address, "bad")
     assert err.value.code() == code
     assert prefill.transfers.counts() == {ends_in: 1}
-    assert wait_for(lambda: decode.intake.ledger.counts() == {ends_in: 1})
+    if ends_in is P.CUT:
+        # The sender cancels after k ≥ 1 frames left it, but a busy machine's cancel can
+        # overtake them: a call cancelled before the receiver's handler starts leaves no
+        # transfer there. One the receiver saw ends CUT, never in another phase.
+        wait_for(lambda: decode.intake.ledger.counts() == {P.CUT: 1}, timeout_s=3.0)
+        assert decode.intake.ledger.counts() in ({P.CUT: 1}, {})
+    else:
+        assert wait_for(lambda: decode.intake.ledger.counts() == {ends_in: 1})
     assert decode.stats()["state_bytes_received"] == 0
 
 
