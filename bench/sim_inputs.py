@@ -20,18 +20,21 @@ import numpy as np
 from prfaas_jax.config import load_model_config
 from prfaas_jax.model.state import state_nbytes
 from prfaas_jax.serving.loadgen.bench import BenchResult
+from prfaas_jax.toml_config import dumps
 
 ROUTES = ("prfaas", "pd")
 
 
 def toml_text(sections: dict[str, dict]) -> str:
-    """A TOML document of flat tables (values: numbers, booleans, strings, lists of them)."""
-    lines = []
+    """A TOML document of tables named with dots ("workload.input_len"): `toml_config.dumps`
+    of the same tables nested."""
+    nested: dict[str, dict] = {}
     for name, keys in sections.items():
-        lines.append(f"[{name}]")
-        lines += [f"{key} = {json.dumps(value)}" for key, value in keys.items()]
-        lines.append("")
-    return "\n".join(lines)
+        table = nested
+        for part in name.split("."):
+            table = table.setdefault(part, {})
+        table.update(keys)
+    return dumps(nested)
 
 
 def fit_line(lengths: list[int], seconds: list[float]) -> list[float]:

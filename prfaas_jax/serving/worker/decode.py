@@ -1,5 +1,10 @@
 """The `DecodeWorker` service: take in states, batch their requests, stream their tokens.
 
+The module is over 450 lines, long because one service meets a request from both sides — the
+state's push and the router's `Generate`, in either order — and one engine thread serves them
+all; the transfer itself is serving/transfer/, a request's record serving/worker/
+decode_request.py.
+
 A request meets the decode worker twice, in either order: the prefill worker's `PushState` (its
 state, as codec frames) and the router's `Generate` (request id, prompt length, token budget).
 `PushState` hands the push to the node's `PushIntake` (serving/transfer/receiver.py), which reads,
