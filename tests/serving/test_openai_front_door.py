@@ -333,7 +333,6 @@ BAD_BODIES = [
     (b"{not json", None),
     ([1, 2], None),
     ({"prompt": "hi", "max_tokens": 2}, "model"),
-    ({"model": "other", "prompt": "hi", "max_tokens": 2}, "model"),
     ({"model": MODEL, "max_tokens": 2}, "prompt"),
     ({"model": MODEL, "prompt": "", "max_tokens": 2}, "prompt"),
     ({"model": MODEL, "prompt": ["a", ""], "max_tokens": 2}, "prompt"),
@@ -396,6 +395,19 @@ def test_an_unknown_path_is_404_in_openai_shape(door):
     status, kind, text = _post(door, "/v1/embeddings", {"model": MODEL, "input": "hi"})
     assert status == 404 and kind == "application/json"
     assert "no such endpoint" in json.loads(text)["error"]["message"]
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_an_unknown_model_is_404_model_not_found_as_openai_answers(client, chat):
+    with pytest.raises(openai.NotFoundError) as raised:
+        if chat:
+            messages = [{"role": "user", "content": "hi"}]
+            client.chat.completions.create(model="other", messages=messages, max_tokens=2)
+        else:
+            client.completions.create(model="other", prompt="hi", max_tokens=2)
+    assert raised.value.status_code == 404
+    assert raised.value.code == "model_not_found" and raised.value.param == "model"
+    assert raised.value.type == "invalid_request_error"
 
 
 def test_the_cluster_keeps_serving_after_refusals(client):

@@ -17,13 +17,13 @@ log-probabilities not streamed are answered whole: one router call per prompt an
 once (an ``x-request-id`` gets the call's index as a suffix), their replies read by `reply.Reply`
 and shaped by `reply.whole_choices`.
 
-Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`), 401 without the
-bearer token of ``token`` (compared in constant time), 404 for another path, 413 for a body larger
-than any valid request. Refusals of the router map by gRPC status: INVALID_ARGUMENT 400,
-RESOURCE_EXHAUSTED 429 (admission), ALREADY_EXISTS 409 (an ``x-request-id`` already in flight),
-UNAVAILABLE 503 (no live instance), DEADLINE_EXCEEDED 504, anything else 500. Before the first
-token the client gets that status; after it (the SSE response already sent 200) an ``error`` event
-and the end of the stream.
+Errors keep OpenAI's shape. Refusals of the front door itself: 400 (`openai_api`; 404
+``model_not_found`` for another model), 401 without the bearer token of ``token`` (compared in
+constant time), 404 for another path, 413 for a body larger than any valid request. Refusals of
+the router map by gRPC status: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429 (admission),
+ALREADY_EXISTS 409 (an ``x-request-id`` already in flight), UNAVAILABLE 503 (no live instance),
+DEADLINE_EXCEEDED 504, anything else 500. Before the first token the client gets that status;
+after it (the SSE response already sent 200) an ``error`` event and the end of the stream.
 
 `FrontDoorServer` runs the app on uvicorn in a thread, on a socket it binds first (so port 0
 works and the address is known before it starts).

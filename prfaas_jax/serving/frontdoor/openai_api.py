@@ -3,9 +3,10 @@
 `parse_completion` reads a `/v1/completions` or `/v1/chat/completions` body into a
 `Completion`: the prompt as token ids, the budget, the sampling settings and the stream options.
 Every refusal is an `ApiError` carrying the HTTP status and the OpenAI error object
-(``{"error": {"message", "type", "param", "code"}}``) the client gets.
+(``{"error": {"message", "type", "param", "code"}}``) the client gets: 400, or 404 with code
+``model_not_found`` for a model other than the served one.
 
-Accepted fields: ``model`` (must name the served model), ``prompt`` (a string, a list of token
+Accepted fields: ``model`` (required; the served model), ``prompt`` (a string, a list of token
 ids, or a list of either: several prompts, their choices in order) or ``messages`` (roles
 ``system`` / ``user`` / ``assistant``, text content), ``max_tokens`` / ``max_completion_tokens``
 (default: what still fits in the cluster's ``max_len``), ``temperature``, ``top_p``, ``top_k``,
@@ -279,9 +280,11 @@ def parse_completion(
     tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    if body.get("model") != model:
+    if body.get("model") is None:
+        raise bad_request("model is required", "model")
+    if body.get("model") != model:  # 404, as OpenAI answers: clients catch NotFoundError
         raise ApiError(
-            400, f"the model {body.get('model')!r} is not served here; this server serves "
+            404, f"the model {body.get('model')!r} is not served here; this server serves "
             f"{model!r}", param="model", code="model_not_found",
         )  # fmt: skip
     _unsupported(body)
