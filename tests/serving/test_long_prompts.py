@@ -123,6 +123,7 @@ def test_every_process_reads_the_one_limit(tmp_path):
                 "prompt_tokens": 20000,
                 "completion_tokens": 4,
                 "total_tokens": 20004,
+                "prompt_tokens_details": {"cached_tokens": 0},
             }
             status, body = completion(door.base_url, config.model.preset, [1] * LIMIT, 2)
             assert status == 400 and f"the context of {LIMIT} tokens" in body["error"]["message"]

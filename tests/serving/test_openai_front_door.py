@@ -321,7 +321,12 @@ def test_sse_framing_is_what_benchmark_clients_parse(door):
     assert events[-1] == "data: [DONE]"
     chunks = [json.loads(e[len("data: ") :]) for e in events[:-1]]
     assert {c["id"] for c in chunks} == {"cmpl-bench-1"}
-    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    assert chunks[-1]["usage"] == {
+        "prompt_tokens": 3,
+        "completion_tokens": 6,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 0},  # no prefix cache in this cluster
+    }
     assert "".join(c["choices"][0]["text"] for c in chunks[:-1]) == expected_text([5, 6, 7], 6)
     # Every chunk with choices carries text (each is a client's inter-token sample); the last
     # also carries the finish reason, as the router's last message carries the last tokens.

@@ -234,9 +234,11 @@ class FrontDoor:
         finally:  # one refused or failed: the others stop too
             for task in tasks:
                 task.cancel()
+        firsts = finished[:: completion.best_of]  # a prompt counts once, whatever its choices
         counts = (
             sum(len(p) for p in completion.prompts),
             sum(reply.tokens for reply, _, _ in finished),
+            sum(reply.cached for reply, _, _ in firsts),
         )
         choices = whole_choices(completion, self.tokenizer, finished)
         return response(completion, rid, self.model, choices, counts)

@@ -346,11 +346,13 @@ def parse_completion(
 # --- response objects -------------------------------------------------------------------------
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    """OpenAI's usage object; ``cached_tokens``: the prompt's tokens served from a prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -376,9 +378,9 @@ def choice(
 
 
 def response(
-    completion: Completion, rid: str, model: str, choices: list[dict], counts: tuple[int, int]
+    completion: Completion, rid: str, model: str, choices: list[dict], counts: Sequence[int]
 ) -> dict:
-    """The whole (non-streaming) reply with its `choice` objects."""
+    """The whole (non-streaming) reply with its `choice` objects; ``counts``: `usage`'s."""
     return {
         "id": rid,
         "object": "chat.completion" if completion.chat else "text_completion",

@@ -64,6 +64,7 @@ class Reply:
         self.tokenizer = tokenizer or ByteTokenizer()
         self.text = TextStream(completion.stop, self.tokenizer.detokenizer())
         self.tokens = 0
+        self.cached = 0  # prompt tokens the cluster reused, from the router's latest report
         self.ids: list[int] = []  # the tokens counted, and their log-probabilities when asked
         self.scored: list[pb.TokenLogprob] = []
         self.prompt_scored: list[pb.TokenLogprob] = []
@@ -78,6 +79,8 @@ class Reply:
         try:
             message = self.first
             while True:
+                if message.HasField("report"):
+                    self.cached = message.report.cached_len
                 ids = list(message.token_ids)
                 eos = next((i for i, t in enumerate(ids) if t in self.completion.stop_ids), None)
                 counted = len(ids) if eos is None else eos + 1
@@ -113,8 +116,9 @@ class Reply:
             if not finished:
                 self.call.cancel()
 
-    def counts(self) -> tuple[int, int]:
-        return len(self.prompt), self.tokens
+    def counts(self) -> tuple[int, int, int]:
+        """Prompt tokens, completion tokens, cached prompt tokens: `usage`'s."""
+        return len(self.prompt), self.tokens, self.cached
 
     async def collect(self) -> tuple[str, str]:
         """The whole text and its finish reason."""

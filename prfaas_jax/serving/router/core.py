@@ -450,11 +450,22 @@ class RouterCore:
                         scores = AttemptScores(record, reply)
                 tokens = record.take(list(message.token_ids))
                 scored = scores.fields(message, len(tokens)) if scores is not None else {}
+                routed = None
                 if tokens and record.ttft_s is None:
                     first_token_at = time.perf_counter()
                     record.ttft_s = first_token_at - record.received
                     with self.lock:
                         self.ttft.observe(record.ttft_s)
+                    # A client that stops early (a stop string) still learns the route and the
+                    # cached prefix as routed; the final report has what the prefill reused.
+                    routed = pb.RequestReport(
+                        route=decision.cluster.value,
+                        prompt_len=len(record.prompt),
+                        cached_len=decision.cached_len,
+                        uncached_len=decision.uncached_len,
+                        threshold=threshold,
+                        seed=record.sampling.seed,
+                    )
                 if message.finished or record.owed == 0:
                     reply = prefill_reply(prefill_call, timeout)
                     cached = self._reused(reply, decision)
@@ -495,7 +506,7 @@ class RouterCore:
                     )
                     return None
                 if tokens:
-                    yield pb.GenerateResponse(token_ids=tokens, **scored)
+                    yield pb.GenerateResponse(token_ids=tokens, report=routed, **scored)
             return Failure(grpc.StatusCode.INTERNAL, "the decode stream ended without finishing")
         except grpc.RpcError as err:
             if watch.fired:
