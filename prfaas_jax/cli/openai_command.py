@@ -3,8 +3,9 @@
 It asks the router (``GetStats``) which model it serves, its ``max_len`` and vocabulary, takes
 the tokenizer of ``--tokenizer DIR`` or of the served model's directory (a checkpoint with a
 ``tokenizer.json``, engine/tokenizer.py), else the byte-level one, then serves ``/v1/models``,
-``/v1/completions`` and ``/v1/chat/completions`` on ``--host:--port`` (serving/frontdoor) until
-SIGTERM or Ctrl-C, exiting 0. With ``--token-file`` (the cluster's
+``/v1/completions``, ``/v1/chat/completions`` and ``/metrics`` (its own request counters, then
+the router's exposition: ``--router-metrics`` or the ready file's) on ``--host:--port``
+(serving/frontdoor) until SIGTERM or Ctrl-C, exiting 0. With ``--token-file`` (the cluster's
 ``[security]`` token) the router calls carry the token and HTTP clients must present it as
 ``Authorization: Bearer …``, as the router's own clients do.
 """
@@ -52,6 +53,12 @@ def add_openai(sub: argparse._SubParsersAction) -> None:
         help="a directory with tokenizer.json (default: the served checkpoint's, if it has one; "
         "else byte-level)",
     )
+    p.add_argument(
+        "--router-metrics",
+        metavar="HOST:PORT",
+        help="the router's Prometheus endpoint, served again after the front door's own series "
+        "at /metrics (default: the ready file's `metrics`)",
+    )
     add_client_security_flags(p)
     p.set_defaults(run=_run_openai)
 
@@ -74,7 +81,8 @@ def _run_openai(args: argparse.Namespace) -> int:
         raise UserError(f"--port must be in [0, 65536), got {args.port}")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be > 0, got {args.timeout}")
-    router = args.router or read_ready_file(args.ready_file)["router"]
+    ready = read_ready_file(args.ready_file) if args.ready_file else {}
+    router = args.router or ready["router"]
     security = client_security(args)
     with router_channel(router, security) as channel:
         try:
@@ -91,6 +99,7 @@ def _run_openai(args: argparse.Namespace) -> int:
         credentials=channel_credentials(security),
         timeout_s=args.timeout,
         tokenizer=tokenizer,
+        router_metrics=args.router_metrics or ready.get("metrics"),
     )
     stop = install_stop_handlers()
     with FrontDoorServer(door, args.host, args.port) as server:

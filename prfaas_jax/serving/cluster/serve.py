@@ -64,7 +64,12 @@ def serve(
             extra = {}
             if openai_port is not None and ready["router"]:
                 door = stack.enter_context(
-                    cluster_front_door(cluster.config, ready["router"], port=openai_port)
+                    cluster_front_door(
+                        cluster.config,
+                        ready["router"],
+                        port=openai_port,
+                        router_metrics=ready["metrics"],
+                    )
                 )
                 extra["openai"] = door.base_url
             if ready_file:

@@ -5,7 +5,9 @@
 - ``POST /v1/completions`` and ``POST /v1/chat/completions``: parsed by `openai_api`, sent to
   the router over grpc.aio, answered whole or streamed as server-sent events (``data: {json}``
   per chunk, a usage chunk with ``stream_options.include_usage``, then ``data: [DONE]``);
-- ``GET /health``: 200 once the app runs.
+- ``GET /health``: 200 once the app runs;
+- ``GET /metrics``: Prometheus text, the front door's request counters then the router's
+  exposition (`metrics.FrontDoorMetrics`).
 
 Text goes in and out through the served model's tokenizer (engine/tokenizer.py: a checkpoint's own,
 or the byte-level one of the presets) and streams through `text.TextStream`. A stop string or the
@@ -51,6 +53,7 @@ from starlette.routing import Route
 from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
+from prfaas_jax.serving.frontdoor.metrics import CONTENT_TYPE, FrontDoorMetrics
 from prfaas_jax.serving.frontdoor.openai_api import (
     ApiError,
     Completion,
@@ -75,7 +78,8 @@ def _error(err: ApiError) -> JSONResponse:
 
 class FrontDoor:
     """The app's state: the router channel (made on the server's event loop), the model and its
-    tokenizer (default: the byte-level one)."""
+    tokenizer (default: the byte-level one), and its metrics (with the router's Prometheus
+    endpoint, host:port, when it is known)."""
 
     def __init__(
         self,
@@ -88,11 +92,13 @@ class FrontDoor:
         credentials: grpc.ChannelCredentials | None = None,
         timeout_s: float = 600.0,
         tokenizer: Tokenizer | None = None,
+        router_metrics: str | None = None,
     ) -> None:
         self.router, self.model, self.vocab_size, self.max_len = router, model, vocab_size, max_len
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.token, self.credentials, self.timeout_s = token, credentials, timeout_s
         self.created = int(time.time())
+        self.metrics = FrontDoorMetrics(router_metrics)
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.RouterStub | None = None
 
@@ -126,10 +132,19 @@ class FrontDoor:
         return JSONResponse(models(self.model, self.created))
 
     async def completions(self, request: Request) -> Response:
-        return await self._complete(request, chat=False)
+        return self._counted(request, await self._complete(request, chat=False))
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._complete(request, chat=True)
+        return self._counted(request, await self._complete(request, chat=True))
+
+    def _counted(self, request: Request, response: Response) -> Response:
+        self.metrics.count(request.url.path, response.status_code)
+        return response
+
+    async def prometheus(self, request: Request) -> Response:
+        if not self.authorized(request):
+            return _error(UNAUTHORIZED)
+        return Response(await self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -255,6 +270,7 @@ def build_app(door: FrontDoor) -> Starlette:
         Route("/v1/completions", door.completions, methods=["POST"]),
         Route("/v1/chat/completions", door.chat_completions, methods=["POST"]),
         Route("/health", door.health, methods=["GET"]),
+        Route("/metrics", door.prometheus, methods=["GET"]),
     ]
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -316,11 +332,16 @@ class FrontDoorServer:
 
 
 def cluster_front_door(
-    config: ClusterConfig, router: str, host: str = "127.0.0.1", port: int = 0
+    config: ClusterConfig,
+    router: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    router_metrics: str | None = None,
 ) -> FrontDoorServer:
-    """The front door of a cluster whose router is at `router`, as `prfaas serve --openai-port`
-    runs it: the config's model, its tokenizer and max_len, and its `[security]` (TLS to the
-    router with the node certificate; the bearer token required of clients and passed on)."""
+    """The front door of a cluster whose router is at `router` (its Prometheus endpoint at
+    `router_metrics`), as `prfaas serve --openai-port` runs it: the config's model, its tokenizer
+    and max_len, and its `[security]` (TLS to the router with the node certificate; the bearer
+    token required of clients and passed on)."""
     cfg = serving_model_config(config)
     door = FrontDoor(
         router,
@@ -330,5 +351,6 @@ def cluster_front_door(
         token=read_token(config.security),
         credentials=channel_credentials(config.security),
         tokenizer=load_tokenizer(config.model.preset, cfg.vocab_size),
+        router_metrics=router_metrics,
     )
     return FrontDoorServer(door, host, port)
