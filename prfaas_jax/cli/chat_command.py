@@ -1,18 +1,19 @@
 """`prfaas chat`: a multi-turn conversation with a running cluster from the terminal.
 
 Each line read from stdin is a message (text, or token ids with ``--ids``); the reply is printed
-with one line on what the turn cost: the route, the cached share of the conversation, TTFT and
-the state bytes shipped (serving/loadgen/chat.py). ``/reset`` starts a new conversation, an
-empty line is skipped, end of input (Ctrl-D) ends the session. With ``--json`` each turn is one
-JSON line. Exit status 1 when any turn failed.
+as its tokens arrive (`chat_loop`), then one line on what the turn cost: the route, the cached
+share of the conversation, TTFT and the state bytes shipped (serving/loadgen/chat.py).
+``/reset`` starts a new conversation, an empty line is skipped, end of input (Ctrl-D) ends the
+session. With ``--json`` each turn is one JSON line. Exit status 1 when any turn failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from prfaas_jax.cli.flags import add_json_flag, add_sampling_flags, parse_int_list
 from prfaas_jax.cli.serving_commands import (
@@ -21,10 +22,12 @@ from prfaas_jax.cli.serving_commands import (
     client_security,
     read_ready_file,
 )
+from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.errors import UserError
 
 if TYPE_CHECKING:
-    from prfaas_jax.serving.loadgen.chat import Turn
+    from prfaas_jax.engine.tokenizer import Tokenizer
+    from prfaas_jax.serving.loadgen.chat import Conversation, Turn
 
 RESET = "/reset"
 
@@ -74,8 +77,6 @@ def _run_chat(args: argparse.Namespace) -> int:
     sampling = SamplingParams(
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.sample_seed
     )
-    interactive = sys.stdin.isatty()
-    failed = 0
     with router_channel(router, client_security(args)) as channel:
         stub = pb_grpc.RouterStub(channel)
         try:
@@ -100,41 +101,109 @@ def _run_chat(args: argparse.Namespace) -> int:
                 f"conversation; {RESET} starts over, Ctrl-D ends",
                 file=sys.stderr,
             )
-        while True:
-            if interactive:
-                print("you> ", end="", file=sys.stderr, flush=True)
-            line = sys.stdin.readline()
-            if not line:
-                break
-            message = line.rstrip("\n")
-            if not message.strip():
-                continue
-            if message.strip() == RESET:
-                conversation.reset()
-                continue
-            try:
-                if args.ids:
-                    turn = conversation.say_ids(parse_int_list(message))
-                else:
-                    turn = conversation.say(message)
-            except (UserError, argparse.ArgumentTypeError) as err:
-                failed += 1
-                print(f"error: {err}", file=sys.stderr)
-                continue
-            if args.json:
-                print(json.dumps(turn.to_json()), flush=True)
-            else:
-                print(f"model> {_shown(turn)}\n  [{turn.summary()}]", flush=True)
+        failed = chat_loop(
+            conversation, sys.stdin, sys.stdout, ids=args.ids, json_lines=args.json,
+            tokenizer=tokenizer, prompt=sys.stdin.isatty(),
+        )  # fmt: skip
     return 1 if failed else 0
 
 
-def _shown(turn: Turn) -> str:
-    """A reply for the terminal: text with the bytes that are not UTF-8 escaped (``\\xa3``),
-    so a model that answers in raw byte values shows them; token ids for ``--ids``."""
-    if turn.text is None:
-        return ",".join(map(str, turn.tokens))
-    if any(not 0 <= token < 256 for token in turn.tokens):  # beyond the byte range
-        return repr(turn.text)
-    text = bytes(turn.tokens).decode("utf-8", errors="backslashreplace")
-    printable = (c if c.isprintable() or c == "\\" else repr(c)[1:-1] for c in text)
-    return "'" + "".join(printable) + "'"
+def chat_loop(
+    conversation: Conversation,
+    lines: TextIO,
+    out: TextIO,
+    *,
+    ids: bool = False,
+    json_lines: bool = False,
+    tokenizer: Tokenizer | None = None,
+    prompt: bool = False,
+) -> int:
+    """Each line of `lines` a turn of `conversation` until the end of input; each reply written
+    to `out` as its tokens arrive (one JSON line per turn with `json_lines`), then the turn's
+    summary. `prompt`: ask with ``you>`` on stderr. The number of turns that failed."""
+    failed = 0
+    while True:
+        if prompt:
+            print("you> ", end="", file=sys.stderr, flush=True)
+        line = lines.readline()
+        if not line:
+            return failed
+        message = line.rstrip("\n")
+        if not message.strip():
+            continue
+        if message.strip() == RESET:
+            conversation.reset()
+            continue
+        echo = None if json_lines else ReplyEcho(out, None if ids else tokenizer or ByteTokenizer())
+        try:
+            if ids:
+                turn = conversation.say_ids(parse_int_list(message), echo and echo.push)
+            else:
+                turn = conversation.say(message, echo and echo.push)
+        except (UserError, argparse.ArgumentTypeError) as err:
+            failed += 1
+            if echo is not None:
+                echo.abandon()
+            print(f"error: {err}", file=sys.stderr)
+            continue
+        if echo is None:
+            print(json.dumps(turn.to_json()), file=out, flush=True)
+        else:
+            echo.end(turn)
+
+
+class ReplyEcho:
+    """One reply written to `out` as its tokens arrive: ``model> '…'`` with the bytes that are
+    not UTF-8 escaped (``\\xa3``: a model that answers in raw byte values shows them) and other
+    characters that do not print spelled as Python escapes, or ``model> 1,2,3`` for token ids
+    (`tokenizer` None: ``--ids``); then, at `end`, the turn's summary line."""
+
+    def __init__(self, out: TextIO, tokenizer: Tokenizer | None) -> None:
+        self.out, self.tokenizer, self.started = out, tokenizer, False
+        self.bytes = tokenizer is None or isinstance(tokenizer, ByteTokenizer)
+        self.decoder = (
+            codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+            if self.bytes
+            else tokenizer.detokenizer()  # type: ignore[union-attr]
+        )
+
+    def _write(self, text: str) -> None:
+        if not self.started:
+            self.out.write("model> " + ("" if self.tokenizer is None else "'"))
+            self.started = True
+        self.out.write(text)
+        self.out.flush()
+
+    def push(self, token_ids: list[int]) -> None:
+        if self.tokenizer is None:
+            self._write(("," if self.started else "") + ",".join(map(str, token_ids)))
+        elif self.bytes:  # ids past the byte range decode as U+FFFD, as the tokenizer does
+            text = "".join(
+                self.decoder.decode(bytes([t])) if t < 256 else "\ufffd" for t in token_ids
+            )
+            self._write(_printable(text))
+        else:
+            self._write(_printable(self.decoder.push(token_ids)))
+
+    def _close(self) -> None:
+        if self.tokenizer is not None:
+            tail = self.decoder.decode(b"", final=True) if self.bytes else self.decoder.finish()
+            self._write(_printable(tail) + "'")
+        elif not self.started:
+            self._write("")
+
+    def end(self, turn: Turn) -> None:
+        self._close()
+        self.out.write(f"\n  [{turn.summary()}]\n")
+        self.out.flush()
+
+    def abandon(self) -> None:
+        """A turn that failed: end the line of what came (if anything did)."""
+        if self.started:
+            self._close()
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() or c == "\\" else repr(c)[1:-1] for c in text)

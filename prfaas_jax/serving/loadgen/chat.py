@@ -10,13 +10,15 @@ offloaded turn ships only the state's increment when the decode worker still hol
 
 Messages are text, encoded with the served model's tokenizer (engine/tokenizer.py: a
 checkpoint's own, else the byte-level one, which needs a vocabulary of at least 256), or token
-ids. A turn the cluster refuses leaves the conversation as it was.
+ids. A reply streams: ``on_tokens`` sees each message's new token ids as the router sends them,
+before the turn's report (which comes with the last). A turn the cluster refuses leaves the
+conversation as it was.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -27,6 +29,7 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 
 SEPARATOR = "\n"  # ends each message and each reply in the conversation's text
+OnTokens = Callable[[list[int]], None]  # a reply's new token ids, as they arrive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,19 +87,19 @@ class Conversation:
     def reset(self) -> None:
         self.context, self.turns = [], 0
 
-    def say(self, message: str) -> Turn:
+    def say(self, message: str, on_tokens: OnTokens | None = None) -> Turn:
         """Send a text message (the separator appended) and return the turn; the reply and
         its separator join the context."""
-        turn = self._send(self._tokenizer.encode(message + SEPARATOR))
+        turn = self._send(self._tokenizer.encode(message + SEPARATOR), on_tokens)
         text = self._tokenizer.decode(turn.tokens)
         self.context += self._tokenizer.encode(SEPARATOR)
         return dataclasses.replace(turn, text=text)
 
-    def say_ids(self, ids: Sequence[int]) -> Turn:
+    def say_ids(self, ids: Sequence[int], on_tokens: OnTokens | None = None) -> Turn:
         """Send token ids as the next message; the reply's tokens join the context."""
-        return self._send(list(ids))
+        return self._send(list(ids), on_tokens)
 
-    def _send(self, message: list[int]) -> Turn:
+    def _send(self, message: list[int], on_tokens: OnTokens | None) -> Turn:
         if not message:
             raise UserError("an empty message")
         prompt = self.context + message
@@ -113,6 +116,8 @@ class Conversation:
         try:
             for reply in self.stub.Generate(request, timeout=self.timeout_s):
                 tokens.extend(reply.token_ids)
+                if on_tokens is not None and reply.token_ids:
+                    on_tokens(list(reply.token_ids))
                 if reply.finished:
                     report = reply.report
         except grpc.RpcError as err:
