@@ -10,8 +10,11 @@ Three lm-eval tasks read them:
   asked one correct: accuracy;
 - ``recall_ll`` (log-likelihood of the answer): its perplexity (mean log-likelihood =
   −ln perplexity) and whether it is the greedy continuation;
-- ``recall_gen`` (generation, 2 tokens): exact match of the generated text with the answer, on
-  the prompts whose answer bytes are one UTF-8 character (the front door returns text).
+- ``recall_gen`` (generation, 2 tokens): exact match of the generated text with the answer — the
+  value's two units as the served tokenizer writes them (recall-tiny's printable one,
+  engine/unit_tokenizer.py: ``⟨v203⟩⟨v150⟩``) — on the prompts whose answer bytes are one UTF-8
+  character (the set chosen when the front door's text was byte-level; kept, so the runs
+  compare).
 
 Token ids reach lm-eval as text through the tokenizer shipped beside the task
 (``tokenizer/``, a Hugging Face ``tokenizer.json``): id i is the character U+0100 + i, so every
@@ -69,6 +72,14 @@ def one_character(pair: tuple[int, int]) -> str | None:
     return text if len(text) == 1 else None
 
 
+def served_text(ids: list[int]) -> str:
+    """The text the front door answers ``ids`` with: the served model's tokenizer's."""
+    from prfaas_jax.config import load_model_config
+    from prfaas_jax.engine.tokenizer import load_tokenizer
+
+    return load_tokenizer(MODEL, load_model_config(MODEL).vocab_size).decode(ids)
+
+
 def documents() -> tuple[list[dict], list[dict]]:
     """The multiple-choice documents and the generation ones (module docstring)."""
     import jax
@@ -95,9 +106,9 @@ def documents() -> tuple[list[dict], list[dict]]:
         }
         if len(mc) < DOCS:
             mc.append(doc)
-        character = one_character(pairs[gold])
-        if character is not None:
-            gen.append({"ids": prompt, "context": doc["context"], "answer": character})
+        if one_character(pairs[gold]) is not None:
+            answer = served_text(list(pairs[gold]))
+            gen.append({"ids": prompt, "context": doc["context"], "answer": answer})
     return mc, gen
 
 
@@ -120,7 +131,6 @@ def one_process() -> dict[str, float]:
     from prfaas_jax.engine.generate import generate
     from prfaas_jax.engine.prefill import PrefillEngine
     from prfaas_jax.engine.sampling_params import GREEDY
-    from prfaas_jax.engine.tokenizer import ByteTokenizer
     from prfaas_jax.model.weights import load_model
 
     cfg, params = load_model(MODEL)
@@ -143,7 +153,7 @@ def one_process() -> dict[str, float]:
     matched, second = 0, []
     for doc in gen:
         tokens = generate(params, cfg, doc["ids"], 2, GREEDY)[0]
-        matched += ByteTokenizer().decode(tokens) == doc["answer"]
+        matched += served_text(tokens) == doc["answer"]
         second.append(engine.score(doc["ids"] + tokens)[-1].logprob)
     return {
         "recall_mc acc": correct / len(lls),

@@ -15,7 +15,9 @@ special tokens again (the template writes them). End-of-sequence ids: ``eos_toke
 
 Both stream ids into text (`detokenizer`): each ``push`` returns the text that is final so far,
 and all pieces plus ``finish()`` equal ``decode`` of all the ids. `load_tokenizer` picks the one
-of a model: the directory's own where it has ``tokenizer.json``, the byte-level one otherwise.
+of a model: the directory's own where it has ``tokenizer.json`` (a preset folder too: the
+trained ``recall-tiny`` ships the printable one of engine/unit_tokenizer.py), the byte-level one
+otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from prfaas_jax.errors import UserError
+from prfaas_jax.toml_config import config_dir
 
 REPLACEMENT = "\N{REPLACEMENT CHARACTER}"
 TOKENIZER_FILE = "tokenizer.json"
@@ -240,10 +243,14 @@ class HFTokenizer:
 
 
 def tokenizer_dir(model: str | Path | None) -> Path | None:
-    """The directory of ``model`` that holds a ``tokenizer.json``, if it is one."""
+    """The directory of ``model`` that holds a ``tokenizer.json``, if it is one: a path, or a
+    preset name whose folder ``configs/models/<name>/`` ships one (``recall-tiny``'s printable
+    tokenizer, engine/unit_tokenizer.py)."""
     if model is None:
         return None
     path = Path(model)
+    if not path.exists() and path.name == str(model):  # a bare name: a preset folder?
+        path = config_dir() / "models" / str(model)
     return path if (path / TOKENIZER_FILE).is_file() else None
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from serving_support import prfaas_serve, wait_for
 
-from prfaas_jax.engine.tokenizer import ByteTokenizer
+from prfaas_jax.engine.tokenizer import load_tokenizer
 from prfaas_jax.model import init_state, prefill
 from prfaas_jax.model.weights import load_model
 from prfaas_jax.serving.cluster_config import load_cluster_config
@@ -32,6 +32,14 @@ MESSAGES = [
     "Thank you. Summarise the whole conversation so far in a single short sentence. " * 2,
 ]
 NEW_TOKENS = 32
+
+
+def served_tokenizer():
+    """The toy model's tokenizer: recall-tiny's printable one (ASCII text encodes as bytes)."""
+    preset = load_cluster_config("toy").model.preset
+    tokenizer = load_tokenizer(preset, 256)
+    assert tokenizer.decode([203]) == "⟨v203⟩"
+    return tokenizer
 
 
 def chat(ready_file, lines: list[str], *extra: str) -> subprocess.CompletedProcess:
@@ -77,7 +85,7 @@ def test_a_five_turn_conversation_with_the_default_cluster(ready_file):
     max_len = load_cluster_config("toy").engine.max_len
     too_long = chat(ready_file, ["x" * max_len])
 
-    tokenizer = ByteTokenizer()
+    tokenizer = served_tokenizer()
     contexts, context = [], []
     for message, turn in zip(MESSAGES, turns, strict=True):
         context = context + tokenizer.encode(message + "\n")
@@ -114,7 +122,7 @@ def test_chat_without_a_router_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_the_openai_sdk_streams_the_models_greedy_text(ready_file, tmp_path):
     """`prfaas openai` in front of the toy cluster: the `openai` SDK's streamed completion is
-    single-process greedy generation decoded by the byte tokenizer, with the right usage; a
+    single-process greedy generation decoded by the served tokenizer, with the right usage; a
     bad request is a 400 and the door keeps serving; SIGTERM stops it with status 0. The door
     `prfaas serve --openai-port` runs answers a chat the same way."""
     import openai
@@ -153,7 +161,7 @@ def test_the_openai_sdk_streams_the_models_greedy_text(ready_file, tmp_path):
         door.send_signal(signal.SIGTERM)
         status = door.wait(timeout=30)
     cfg, params = load_model(model, seed=load_cluster_config("toy").model.seed)
-    tokenizer = ByteTokenizer()
+    tokenizer = served_tokenizer()
     ids = tokenizer.encode(prompt)
     expected = generate(params, cfg, ids, NEW_TOKENS, SamplingParams())[0]
     assert "".join(c.choices[0].text for c in chunks if c.choices) == tokenizer.decode(expected)
