@@ -280,11 +280,19 @@ def add_bench(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--timeout", type=float, default=300.0, help="per-request deadline in s")
     p.add_argument(
+        "--endpoint",
+        choices=("grpc", "openai"),
+        help="where the requests go: the router's gRPC API (the default), or the OpenAI front "
+        "door, timing TTFT and ITL from its SSE stream as vllm bench serve does (its base URL: "
+        "--openai URL, or the ready file's `openai`, as `prfaas serve --openai-port` writes "
+        "it); the router still gives the stats and egress",
+    )
+    p.add_argument(
         "--openai",
+        "--base-url",
         metavar="URL",
-        help="send the requests through an OpenAI front door at this base URL (`prfaas "
-        "openai`, e.g. http://127.0.0.1:8000/v1), timing TTFT and ITL from its SSE stream as "
-        "vllm bench serve does; the router still gives the stats and egress",
+        help="the OpenAI front door's base URL (`prfaas openai`, e.g. http://127.0.0.1:8000/v1); "
+        "implies --endpoint openai",
     )
     add_client_security_flags(p)
     add_json_flag(p)
@@ -314,11 +322,27 @@ def _bench_target(args: argparse.Namespace):
     return router, link
 
 
+def _openai_url(args: argparse.Namespace) -> str | None:
+    """The front door's base URL when the requests go through it (`--endpoint openai`)."""
+    if args.endpoint == "grpc" and args.openai:
+        raise UserError("--endpoint grpc sends to the router; drop --openai URL")
+    if args.openai or args.endpoint != "openai":
+        return args.openai
+    url = read_ready_file(args.ready_file).get("openai") if args.ready_file else None
+    if not url:
+        raise UserError(
+            "--endpoint openai needs the front door's base URL: --openai URL, or a ready file "
+            "of `prfaas serve --openai-port`"
+        )
+    return url
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     from prfaas_jax.serving.loadgen.bench import BenchOptions, run_bench
     from prfaas_jax.serving.loadgen.bench_report import format_summary, summarize
 
     router, link_device = _bench_target(args)
+    openai_url = _openai_url(args)
     opts = BenchOptions(
         router=router,
         link_device=link_device,
@@ -340,7 +364,7 @@ def _run_bench(args: argparse.Namespace) -> int:
         goodput=_parse_goodput(args.goodput),
         timeout_s=args.timeout,
         security=client_security(args),
-        openai_url=args.openai,
+        openai_url=openai_url,
     )
     total = opts.num_prompts
     with progress("bench", total=total, unit="requests", quiet=args.json) as shown:

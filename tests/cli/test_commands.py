@@ -63,6 +63,8 @@ def test_help_loads_neither_jax_nor_grpc():
         (["kv", "--compare", "tiny"], "--compare needs at least two models"),
         (["kv", "--paper", "--lengths", "1K"], "drop --lengths"),
         (["bench", "--router", "127.0.0.1:1", "--num-prompts", "0"], "--num-prompts"),
+        (["bench", "--router", "127.0.0.1:1", "--endpoint", "openai"], "needs the front door"),
+        (["bench", "--router", "h:1", "--endpoint", "grpc", "--openai", "u"], "drop --openai"),
         (["certs", "--out", "unused", "--days", "0"], "--days must be"),
         (["soak", "--duration", "0"], "must be positive"),
     ],
@@ -108,3 +110,19 @@ def test_the_demo_refuses_a_config_whose_outputs_it_cannot_check(
     assert main(["demo", "--config", str(config)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_bench_endpoint_openai_takes_the_ready_files_front_door(tmp_path):
+    """`--endpoint openai` (the spelling of vllm-style docs) and `--openai URL` name one path."""
+    from prfaas_jax.cli import build_parser
+    from prfaas_jax.cli.serving_commands import _openai_url
+
+    ready = tmp_path / "ready.json"
+    ready.write_text('{"router": "127.0.0.1:1", "openai": "http://127.0.0.1:9/v1"}')
+    parse = build_parser().parse_args
+    assert _openai_url(parse(["bench", "--ready-file", str(ready), "--endpoint", "openai"])) == (
+        "http://127.0.0.1:9/v1"
+    )
+    given = ["bench", "--ready-file", str(ready), "--base-url", "http://h:8/v1"]
+    assert _openai_url(parse(given)) == "http://h:8/v1"
+    assert _openai_url(parse(["bench", "--ready-file", str(ready)])) is None  # gRPC
