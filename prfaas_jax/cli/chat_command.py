@@ -177,9 +177,12 @@ class ReplyEcho:
     def push(self, token_ids: list[int]) -> None:
         if self.tokenizer is None:
             self._write(("," if self.started else "") + ",".join(map(str, token_ids)))
-        elif self.bytes:  # ids past the byte range decode as U+FFFD, as the tokenizer does
+        elif self.bytes:  # an id past the byte range is U+FFFD, as the tokenizer decodes it
             text = "".join(
-                self.decoder.decode(bytes([t])) if t < 256 else "\ufffd" for t in token_ids
+                self.decoder.decode(bytes([t]))
+                if t < 256
+                else self.decoder.decode(b"", final=True) + "\ufffd"  # what came before it
+                for t in token_ids
             )
             self._write(_printable(text))
         else:
