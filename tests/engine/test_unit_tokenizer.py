@@ -3,7 +3,7 @@
 Oracles: the ids themselves (decode then encode must give them back, one id at a time and in
 sequences that put every unit beside every kind of neighbour), `ByteTokenizer` (ASCII text and
 the byte-level chat template encode alike), the task's split of the vocabulary (keys below V/2,
-values above), and `transformers.AutoTokenizer`, the loader third-party clients use.
+values above), and `transformers`' fast tokenizer, what third-party clients load it as.
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ def test_the_shipped_files_are_what_the_module_writes():
 
 
 def test_transformers_loads_the_folder_by_path_and_counts_a_reply_exactly(served):
-    from transformers import AutoTokenizer
+    """As a client's ``AutoTokenizer.from_pretrained(folder)`` loads it: as the class that
+    ``tokenizer_config.json`` names (``PreTrainedTokenizerFast``, checked above)."""
+    from transformers import PreTrainedTokenizerFast
 
-    third_party = AutoTokenizer.from_pretrained(str(FOLDER))
+    third_party = PreTrainedTokenizerFast.from_pretrained(str(FOLDER))
     ids = list(range(VOCAB))
     reply = served.decode(ids)
     assert third_party.encode(reply, add_special_tokens=False) == ids
