@@ -1,8 +1,8 @@
 """A minimal streaming client of an OpenAI completions endpoint, read as benchmark clients read
 it (`prfaas bench --openai URL`).
 
-`stream_completion` posts one streamed completion (token ids as the prompt, greedy,
-``ignore_eos``, ``stream_options.include_usage``) and yields ``(arrival time, chunk)`` for every
+`stream_completion` posts one streamed completion (token ids or text as the prompt, greedy,
+``ignore_eos`` unless told not to, ``stream_options.include_usage``) and yields ``(arrival time, chunk)`` for every
 server-sent event: the body is split on blank lines, ``data: `` stripped, comment lines (``:``)
 skipped, and the stream ends at ``data: [DONE]`` — the parsing of `vllm bench serve`. A reply
 other than 200 raises `HTTPError` with the server's error message.
@@ -38,22 +38,26 @@ def parse_base_url(url: str) -> tuple[str, int, str]:
 def stream_completion(
     url: str,
     model: str,
-    prompt: list[int],
+    prompt: list[int] | str,
     max_tokens: int,
     *,
     token: str | None = None,
     timeout_s: float = 300.0,
+    ignore_eos: bool = True,
 ) -> Iterator[tuple[float, dict]]:
+    """``ignore_eos=False`` leaves the field out: servers that follow OpenAI's schema strictly
+    (`transformers serve`) refuse a body with a field OpenAI does not define."""
     host, port, prefix = parse_base_url(url)
     body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
-        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
     headers = {"content-type": "application/json"}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
