@@ -1,14 +1,22 @@
-"""bench/serving_metrics.py, the arithmetic of bench/serving.py's race against `transformers
-serve`: goodput, throughput, percentiles and the ratios, against numbers worked out by hand."""
+"""bench/serving.py's race against `transformers serve`: the arithmetic of
+bench/serving_metrics.py (goodput, throughput, percentiles and the ratios) against numbers worked
+out by hand, and the client's reading of a stream that a server closes without ``data: [DONE]``
+(as `transformers serve` does) against the events a stub HTTP server sent."""
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
+import json
 import math
 import pathlib
 import sys
+import threading
+from typing import ClassVar
 
 import pytest
+
+from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
@@ -87,3 +95,52 @@ def test_ratios_per_rate_and_at_each_servers_best_rate(metrics):
     assert c["best_goodput"] == {"prfaas": 1.8, "transformers": 0.5}
     assert c["best_goodput_ratio"] == pytest.approx(3.6)
     assert math.isnan(metrics.compare({1.0: run(0, 0)}, {1.0: run(0, 0)})["best_goodput_ratio"])
+
+
+EVENTS = [{"choices": [{"text": "w1"}]}, {"choices": [{"text": " w2"}]}, {"usage": {"n": 2}}]
+
+
+class _NoDone(http.server.BaseHTTPRequestHandler):
+    """Answers a completion with EVENTS as server-sent events, then closes: no ``[DONE]``; the
+    last event has no blank line after it. Keeps the request body for the test."""
+
+    bodies: ClassVar[list[dict]] = []
+
+    def do_POST(self):
+        length = int(self.headers["content-length"])
+        self.bodies.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        frames = [f"data: {json.dumps(e)}" for e in EVENTS]
+        self.wfile.write(("\n\n".join(frames) + "\n").encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def no_done_url():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NoDone)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_stream_closed_without_done_is_cut_short_unless_told_otherwise(no_done_url):
+    with pytest.raises(HTTPError, match=r"without data: \[DONE\]"):
+        list(stream_completion(no_done_url, "m", [1, 2], 2))
+    chunks = [c for _, c in stream_completion(no_done_url, "m", "w1 w2", 2, until_done=False)]
+    assert chunks == EVENTS
+
+
+def test_ignore_eos_is_sent_unless_told_not_to(no_done_url):
+    _NoDone.bodies.clear()
+    list(stream_completion(no_done_url, "m", "w3", 2, ignore_eos=False, until_done=False))
+    with pytest.raises(HTTPError):
+        list(stream_completion(no_done_url, "m", [3], 2))
+    sent, default = _NoDone.bodies
+    assert "ignore_eos" not in sent and sent["prompt"] == "w3"
+    assert default["ignore_eos"] is True and default["prompt"] == [3]
