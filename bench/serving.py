@@ -170,15 +170,21 @@ def running(name: str, argv: list[str], log: Path, env: dict | None = None) -> I
     try:
         yield Server(name, process, log)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGINT)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            _log(f"{name} did not stop on SIGINT: killing it")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # the group: children the server left
-        process.wait()
+        _stop(name, process)
+
+
+def _stop(name: str, process: subprocess.Popen) -> None:
+    """SIGINT the server's group, give it 30 s, then SIGKILL the group (children it left); a
+    second Ctrl-C while it stops goes straight to the kill."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGINT)
+    try:
+        process.wait(timeout=30)
+    except (subprocess.TimeoutExpired, KeyboardInterrupt):
+        _log(f"{name} did not stop on SIGINT: killing it")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _wait_ready(server: Server, ready, timeout_s: float) -> None:
@@ -226,11 +232,12 @@ def transformers_server(hf: Path, work: Path, cores: str, batching: str) -> Iter
     with running("transformers serve", argv, work / "transformers-serve.log", env) as server:
         server.base_url = f"http://127.0.0.1:{port}/v1"
 
-        def ready() -> bool:
+        def ready() -> bool:  # /health answers once the model is loaded and warmed up
             try:
-                return bool(_get_json(server.base_url, "/health") or True)
+                _get_json(server.base_url, "/health")
             except OSError:
                 return False
+            return True
 
         _wait_ready(server, ready, 600)
         yield server
