@@ -1,11 +1,13 @@
 """A minimal streaming client of an OpenAI completions endpoint, read as benchmark clients read
 it (`prfaas bench --openai URL`).
 
-`stream_completion` posts one streamed completion (token ids as the prompt, greedy,
-``ignore_eos``, ``stream_options.include_usage``) and yields ``(arrival time, chunk)`` for every
-server-sent event: the body is split on blank lines, ``data: `` stripped, comment lines (``:``)
-skipped, and the stream ends at ``data: [DONE]`` — the parsing of `vllm bench serve`. A reply
-other than 200 raises `HTTPError` with the server's error message.
+`stream_completion` posts one streamed completion (token ids or text as the prompt, greedy,
+``ignore_eos`` unless told not to, ``stream_options.include_usage``) and yields
+``(arrival time, chunk)`` for every server-sent event: the body is split on blank lines,
+``data: `` stripped, comment lines (``:``) skipped, and the stream ends at ``data: [DONE]`` —
+the parsing of `vllm bench serve`; a stream closed before it raises `HTTPError` (cut short),
+unless ``until_done=False`` (`transformers serve` closes its streams without it). A reply other
+than 200 raises `HTTPError` with the server's error message.
 """
 
 from __future__ import annotations
@@ -38,22 +40,27 @@ def parse_base_url(url: str) -> tuple[str, int, str]:
 def stream_completion(
     url: str,
     model: str,
-    prompt: list[int],
+    prompt: list[int] | str,
     max_tokens: int,
     *,
     token: str | None = None,
     timeout_s: float = 300.0,
+    ignore_eos: bool = True,
+    until_done: bool = True,
 ) -> Iterator[tuple[float, dict]]:
+    """``ignore_eos=False`` leaves the field out: servers that follow OpenAI's schema strictly
+    (`transformers serve`) refuse a body with a field OpenAI does not define."""
     host, port, prefix = parse_base_url(url)
     body = {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
-        "ignore_eos": True,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if ignore_eos:
+        body["ignore_eos"] = True
     headers = {"content-type": "application/json"}
     if token is not None:
         headers["authorization"] = f"Bearer {token}"
@@ -81,6 +88,9 @@ def stream_completion(
                 return
             if data:
                 yield now, json.loads(data)
-        raise HTTPError("the stream ended without data: [DONE]")
+        if until_done:
+            raise HTTPError("the stream ended without data: [DONE]")
+        if data := "\n".join(event):  # the last event, if no blank line closed it
+            yield time.perf_counter(), json.loads(data)
     finally:
         connection.close()

@@ -1,0 +1,146 @@
+"""bench/serving.py's race against `transformers serve`: the arithmetic of
+bench/serving_metrics.py (goodput, throughput, percentiles and the ratios) against numbers worked
+out by hand, and the client's reading of a stream that a server closes without ``data: [DONE]``
+(as `transformers serve` does) against the events a stub HTTP server sent."""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import math
+import pathlib
+import sys
+import threading
+from typing import ClassVar
+
+import pytest
+
+from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+
+
+@pytest.fixture(scope="module")
+def metrics():
+    spec = importlib.util.spec_from_file_location("serving_metrics", BENCH / "serving_metrics.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while being made
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def replies(m):
+    """Four requests of 5 tokens each, and one that failed; times in seconds.
+
+    a: TTFT 0.1, E2EL 0.5 → TPOT 0.1   meets TTFT ≤ 300 ms, TPOT ≤ 150 ms
+    b: TTFT 0.2, E2EL 1.4 → TPOT 0.3   misses TPOT
+    c: TTFT 0.4, E2EL 0.6 → TPOT 0.05  misses TTFT
+    d: TTFT 0.3, E2EL 0.7 → TPOT 0.1   meets both (TTFT exactly at the objective)
+    e: an error after its first token: counts nowhere
+    f: 3 tokens of the 5 asked: a short reply, counts nowhere
+    """
+    R = m.Reply
+    return [
+        R(10, 5, ttft=0.1, e2el=0.5, itl=[0.1, 0.1, 0.1, 0.1], output_tokens=5),
+        R(20, 5, ttft=0.2, e2el=1.4, itl=[0.3, 0.3, 0.3, 0.3], output_tokens=5),
+        R(30, 5, ttft=0.4, e2el=0.6, itl=[0.05, 0.05, 0.05, 0.05], output_tokens=5),
+        R(40, 5, ttft=0.3, e2el=0.7, itl=[0.1, 0.1, 0.1, 0.1], output_tokens=5),
+        R(50, 5, ttft=0.1, itl=[0.2], output_tokens=2, error="HTTPError: HTTP 500"),
+        R(60, 5, ttft=0.1, e2el=0.3, itl=[0.1, 0.1], output_tokens=3),
+    ]
+
+
+def test_goodput_counts_the_requests_that_meet_both_objectives(metrics):
+    s = metrics.summarize(replies(metrics), 2.0, metrics.Objective(ttft_ms=300, tpot_ms=150))
+    assert (s["requests"], s["completed"], s["failed"], s["met_objective"]) == (6, 4, 2, 2)
+    assert s["goodput"] == pytest.approx(2 / 2.0)
+    assert s["request_throughput"] == pytest.approx(4 / 2.0)
+    assert s["output_throughput"] == pytest.approx(20 / 2.0)
+    assert s["errors"] == ["HTTPError: HTTP 500", "short reply"]
+
+
+def test_percentiles_are_of_the_completed_requests_in_milliseconds(metrics):
+    s = metrics.summarize(replies(metrics), 2.0, metrics.Objective(ttft_ms=300, tpot_ms=150))
+    # TTFT 100, 200, 300, 400 ms: P50 = 250; P90 = 300 + 0.7 · 100 = 370 (linear interpolation)
+    assert s["ttft_ms"]["p50"] == pytest.approx(250.0)
+    assert s["ttft_ms"]["p90"] == pytest.approx(370.0)
+    # TPOT 50, 100, 100, 300 ms: P50 = 100, P99 = 100 + 0.97 · 200 = 294
+    assert s["tpot_ms"]["p50"] == pytest.approx(100.0)
+    assert s["tpot_ms"]["p99"] == pytest.approx(294.0)
+    # ITL: 16 gaps, four each of 50, 100, 100, 300 ms; P90 at rank 13.5 of 0..15 → 300
+    assert s["itl_ms"]["p50"] == pytest.approx(100.0)
+    assert s["itl_ms"]["p90"] == pytest.approx(300.0)
+
+
+def test_a_one_token_reply_is_judged_by_its_ttft_alone(metrics):
+    one = metrics.Reply(5, 1, ttft=0.2, e2el=0.2, output_tokens=1)
+    assert one.tpot is None
+    assert metrics.Objective(ttft_ms=200, tpot_ms=1).met_by(one)
+    assert not metrics.Objective(ttft_ms=199, tpot_ms=1e9).met_by(one)
+
+
+def test_ratios_per_rate_and_at_each_servers_best_rate(metrics):
+    def run(goodput: float, tokens: float) -> dict:
+        return {"goodput": goodput, "output_throughput": tokens}
+
+    ours = {1.0: run(1.0, 30.0), 2.0: run(1.8, 60.0), 4.0: run(0.5, 90.0)}
+    theirs = {1.0: run(0.5, 10.0), 2.0: run(0.0, 12.0), 4.0: run(0.0, 0.0)}
+    c = metrics.compare(ours, theirs)
+    assert c["goodput_ratio"][1.0] == pytest.approx(2.0)
+    assert math.isinf(c["goodput_ratio"][2.0]) and math.isinf(c["goodput_ratio"][4.0])
+    assert c["throughput_ratio"] == pytest.approx({1.0: 3.0, 2.0: 5.0, 4.0: math.inf})
+    # The best of each over the sweep: 1.8 (at 2 req/s) against 0.5 (at 1 req/s)
+    assert c["best_goodput"] == {"prfaas": 1.8, "transformers": 0.5}
+    assert c["best_goodput_ratio"] == pytest.approx(3.6)
+    assert math.isnan(metrics.compare({1.0: run(0, 0)}, {1.0: run(0, 0)})["best_goodput_ratio"])
+
+
+EVENTS = [{"choices": [{"text": "w1"}]}, {"choices": [{"text": " w2"}]}, {"usage": {"n": 2}}]
+
+
+class _NoDone(http.server.BaseHTTPRequestHandler):
+    """Answers a completion with EVENTS as server-sent events, then closes: no ``[DONE]``; the
+    last event has no blank line after it. Keeps the request body for the test."""
+
+    bodies: ClassVar[list[dict]] = []
+
+    def do_POST(self):
+        length = int(self.headers["content-length"])
+        self.bodies.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.end_headers()
+        frames = [f"data: {json.dumps(e)}" for e in EVENTS]
+        self.wfile.write(("\n\n".join(frames) + "\n").encode())
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def no_done_url():
+    server = http.server.HTTPServer(("127.0.0.1", 0), _NoDone)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_stream_closed_without_done_is_cut_short_unless_told_otherwise(no_done_url):
+    with pytest.raises(HTTPError, match=r"without data: \[DONE\]"):
+        list(stream_completion(no_done_url, "m", [1, 2], 2))
+    chunks = [c for _, c in stream_completion(no_done_url, "m", "w1 w2", 2, until_done=False)]
+    assert chunks == EVENTS
+
+
+def test_ignore_eos_is_sent_unless_told_not_to(no_done_url):
+    _NoDone.bodies.clear()
+    list(stream_completion(no_done_url, "m", "w3", 2, ignore_eos=False, until_done=False))
+    with pytest.raises(HTTPError):
+        list(stream_completion(no_done_url, "m", [3], 2))
+    sent, default = _NoDone.bodies
+    assert "ignore_eos" not in sent and sent["prompt"] == "w3"
+    assert default["ignore_eos"] is True and default["prompt"] == [3]
