@@ -191,3 +191,40 @@ def test_a_full_pool_refuses_before_taking_anything():
     assert (small.pool.used_pages, small.pool.reserved) == (0, 0)
     with pytest.raises(EngineError, match="holds no request"):
         small.free(slot)
+
+
+def _scored_run(engine, result, sampling) -> tuple[list, list]:
+    """``(token, logprobs(slot))`` of a request that asks for 3 alternatives and of one that
+    does not, decoded together; a third request, freed before the first step, leaves the asking
+    one in a slot other than its row of the paged engine's packed batch."""
+    spare = engine.insert(result.state, result.first_token, max_new_tokens=NEW)
+    plain = engine.insert(result.state, result.first_token, sampling, max_new_tokens=NEW)
+    asked = engine.insert(
+        result.state, result.first_token, sampling, max_new_tokens=NEW, logprobs=3
+    )
+    engine.free(spare)
+    made: dict[int, list] = {plain: [], asked: []}
+    while engine.active_slots:
+        for slot, token in engine.step():
+            made[slot].append((token, engine.logprobs(slot)))
+    engine.free(plain)
+    engine.free(asked)
+    return made[plain], made[asked]
+
+
+def test_logprobs_are_the_slot_engines():
+    """The paged engine reports each token's log-probability and top alternatives as the slot
+    engine does (whose numbers tests/engine/test_logprobs.py holds to a prefill's scores)."""
+    _, _, prefill, slots, pages = engines("tiny")
+    result = prefill.prefill(prompt(45))
+    sampled = SamplingParams(temperature=1.0, seed=3)
+    _, want = _scored_run(slots, result, sampled)
+    plain, got = _scored_run(pages, result, sampled)
+    assert all(lp is None for _, lp in plain)
+    assert [t for t, _ in plain] == [t for t, _ in got] == [t for t, _ in want]
+    for (token, a), (_, b) in zip(want, got, strict=True):
+        assert a.token == b.token == token
+        assert abs(a.logprob - b.logprob) < 1e-5
+        assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(b.top) == 3
+        np.testing.assert_allclose([v for _, v in b.top], [v for _, v in a.top], atol=1e-5)
+    assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
