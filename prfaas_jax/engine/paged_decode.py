@@ -14,8 +14,10 @@ the state is exactly the prefix, its last partial block and linear states too. B
 the engine makes the page each row writes its own (copy-on-write: a page another table still
 references is copied first), then one compiled function gathers the batch's dense state from the
 pages (engine/page_views.py), runs the model's ``decode_step`` on it, stores the new position and
-linear states, and samples. ``share(slot)`` pins a request's pages at its current length, with
-the copies its own next writes will need reserved.
+linear states, and samples. With ``paged_attention`` only the linear states are gathered: each
+attention layer attends through its block table (ops/attention/paged.py's ops, the Pallas
+kernels of paged_pallas.py under ``impl="pallas"``, interpreted on a CPU). ``share(slot)`` pins
+a request's pages at its current length, with the copies its own next writes will need reserved.
 """
 
 from __future__ import annotations
@@ -60,11 +62,14 @@ def _step(
     impl: Impl,
     layout: PageLayout,
     capacity: int,
+    paged: bool,
     top: int = 0,
 ) -> tuple[jax.Array, ...]:
     """The new pool and every row's token; with ``top`` > 0 also their log-probabilities
     (`log_softmax_top`, ``top`` wide), as the slot engine's step."""
-    state = gather_state(pool, tables, lengths, cfg=cfg, layout=layout, capacity=capacity)
+    state = gather_state(
+        pool, tables, lengths, cfg=cfg, layout=layout, capacity=capacity, paged=paged
+    )
     logits, state = decode_step(params, cfg, tokens, state, impl=impl, active=active)
     pool = write_token(pool, state, tables, lengths, active, cfg=cfg, layout=layout)
     drawn = draw_tokens(logits, keys, index, temperature, top_k, top_p)
@@ -85,7 +90,9 @@ def _copy_pages(pool: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
 
 
 _STEP = jax.jit(
-    _step, static_argnames=("cfg", "impl", "layout", "capacity", "top"), donate_argnums=(1,)
+    _step,
+    static_argnames=("cfg", "impl", "layout", "capacity", "paged", "top"),
+    donate_argnums=(1,),
 )
 _WRITE = jax.jit(_write_pages, static_argnames=("cfg", "layout"), donate_argnums=(0,))
 _COPY = jax.jit(_copy_pages, donate_argnums=(0,))
@@ -122,8 +129,12 @@ class PagedDecodeEngine(SlotControls):
         max_len: int,
         impl: Impl | str = Impl.CHUNK,
         buckets: Sequence[int] | None = None,
+        paged_attention: bool = False,
     ) -> None:
         super().__init__(cfg, max_slots, max_len)
+        # Attention layers read their pages through the paged-attention ops (the Pallas kernels
+        # under impl pallas) instead of a gathered dense cache.
+        self.paged_attention = paged_attention
         # Capacities a step gathers the caches to: powers of two (the prefill engine's buckets)
         # unless given; one compile per bucket and power-of-two batch.
         self.buckets = default_buckets(max_len) if buckets is None else tuple(buckets)
@@ -336,6 +347,7 @@ class PagedDecodeEngine(SlotControls):
             impl=self.impl,
             layout=self.layout,
             capacity=capacity,
+            paged=self.paged_attention,
             top=top,
         )
         drawn = np.asarray(drawn)

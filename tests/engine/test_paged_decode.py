@@ -228,3 +228,31 @@ def test_logprobs_are_the_slot_engines():
         assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(b.top) == 3
         np.testing.assert_allclose([v for _, v in b.top], [v for _, v in a.top], atol=1e-5)
     assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
+def test_attention_through_the_paged_kernels(name):
+    """``paged_attention=True`` under ``impl="pallas"``: attention layers read their pages
+    through the Pallas paged kernels (interpreted) — the greedy tokens of generation, which the
+    jnp gather path gives too (above), for MLA (tiny) and for GQA with an SWA ring that wraps
+    (tiny-swa, window 8), two requests at once."""
+    cfg, params, prefill, _, _ = engines(name)
+    pages = PagedDecodeEngine(
+        cfg,
+        params,
+        num_pages=64,
+        block_size=BLOCK,
+        max_slots=2,
+        max_len=MAX_LEN,
+        buckets=(64,),
+        impl="pallas",
+        paged_attention=True,
+    )
+    results = {length: prefill.prefill(prompt(length)) for length in (17, 50)}
+    slots = {
+        pages.insert(r.state, r.first_token, max_new_tokens=NEW): n for n, r in results.items()
+    }
+    got = drain(pages, list(slots))
+    for slot, length in slots.items():
+        assert [results[length].first_token, *got[slot]] == reference(name)[length], length
+    assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
