@@ -59,6 +59,11 @@ class SlotControls:
         """Slots that will produce a token on the next ``step``."""
         return [slot for slot, req in enumerate(self._requests) if req and not req.finished]
 
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        """How many of ``requests`` (``(state length, max_new_tokens)`` each), taken in order,
+        ``insert`` would take now: as many as there are free slots."""
+        return min(len(requests), len(self.free_slots))
+
     def is_finished(self, slot: int) -> bool:
         """True once ``slot``'s request hit its EOS or budget (it holds the slot until ``free``)."""
         return self._request(slot).finished

@@ -36,7 +36,7 @@ from prfaas_jax.engine.page_layout import PageLayout, page_layout
 from prfaas_jax.engine.page_views import gather_state, page_images, write_token
 from prfaas_jax.engine.prefill import default_buckets, pick_bucket
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState, decode_step
 from prfaas_jax.ops.dispatch import Impl
 
@@ -201,7 +201,8 @@ class PagedDecodeEngine(SlotControls):
         ``state`` is one sequence (any capacity); with ``prefix`` (from ``share``) its first
         ``prefix.length`` positions are taken to be the prefix's, whose pages are mapped
         rather than written (module docstring). Raises ``NoFreePageError`` when the pool cannot
-        promise every page the request may need. ``logprobs`` as the slot engine's.
+        promise every page the request may need now, ``LengthLimitError`` when even an empty
+        pool could not. ``logprobs`` as the slot engine's.
         """
         length = self._check_insert(state, first_token, max_new_tokens)
         self.check_state(state)
@@ -226,6 +227,11 @@ class PagedDecodeEngine(SlotControls):
                     mapped.append((layer, entry, page))
                     shared += 1
             future += self._future_pages(kind, length, max_new_tokens, shared)
+        if len(fresh) + future > self.pool.num_pages:
+            raise LengthLimitError(
+                f"a state of {length} tokens and {max_new_tokens} new needs "
+                f"{len(fresh) + future} pages; the pool has {self.pool.num_pages}"
+            )
         self.pool.reserve(len(fresh) + future)
         for layer, entry, page in mapped:
             self.pool.incref(page)
@@ -415,6 +421,17 @@ class PagedDecodeEngine(SlotControls):
             layout=self.layout,
             capacity=max(1, held.length),
         )
+
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        """How many of ``requests`` (``(state length, max_new_tokens)`` each), taken in order,
+        ``insert`` would take now: a free row each, and every page each may need (no prefix)."""
+        rows, pages = len(self.free_slots), self.pool.available
+        for count, (length, new) in enumerate(requests):
+            need = self.pages_needed(length, new)
+            if count == rows or need > pages:
+                return count
+            pages -= need
+        return len(requests)
 
     def pages_needed(self, length: int, max_new_tokens: int) -> int:
         """Pages an insert of ``length`` positions and ``max_new_tokens`` reserves (no prefix)."""

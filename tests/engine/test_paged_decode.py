@@ -25,7 +25,7 @@ from prfaas_jax.engine.block_pool import NoFreePageError
 from prfaas_jax.engine.codec.layout import canonical_arrays
 from prfaas_jax.engine.paged_decode import PagedDecodeEngine
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 
 BLOCK = 4
 
@@ -183,7 +183,10 @@ def test_a_full_pool_refuses_before_taking_anything():
     small = PagedDecodeEngine(cfg, params, num_pages=8, block_size=BLOCK, max_slots=2, max_len=64)
     need = small.pages_needed(45, NEW)
     assert need == 6  # ⌈51/20⌉ = 3 MLA pages + 3 KDA pages, all at insert
+    # In order, each with every page it may need: 6 + 6 > 8; two one-token requests, 4 + 4.
+    assert small.fits([(45, NEW), (1, 1)]) == 1 and small.fits([(1, 1), (1, 1)]) == 2
     slot = small.insert(result.state, result.first_token, max_new_tokens=NEW)
+    assert small.fits([(1, 1)]) == 0  # 2 pages left
     with pytest.raises(NoFreePageError):
         small.insert(result.state, result.first_token, max_new_tokens=NEW)
     assert small.free_slots == [1] and small.pool.used_pages == 6
@@ -191,6 +194,11 @@ def test_a_full_pool_refuses_before_taking_anything():
     assert (small.pool.used_pages, small.pool.reserved) == (0, 0)
     with pytest.raises(EngineError, match="holds no request"):
         small.free(slot)
+    # More pages than the whole pool has: past the engine's limit, not a wait for pages.
+    tinier = PagedDecodeEngine(cfg, params, num_pages=5, block_size=BLOCK, max_slots=2, max_len=64)
+    with pytest.raises(LengthLimitError, match="the pool has 5"):
+        tinier.insert(result.state, result.first_token, max_new_tokens=NEW)
+    assert (tinier.pool.used_pages, tinier.pool.reserved) == (0, 0)
 
 
 def _scored_run(engine, result, sampling) -> tuple[list, list]:
