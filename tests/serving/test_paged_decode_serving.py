@@ -31,8 +31,11 @@ def test_paged_decode_worker_tokens_are_single_process_generation(tmp_path):
         "engine": {"max_len": MAX_LEN, "allocator": "paged", "block_size": 4, "num_pages": PAGES},
     }
     config = load_cluster_config(fake_config(tmp_path / "cluster.toml", **sections))
-    decode = EngineFactory(config).decode_engine()
+    factory = EngineFactory(config)
+    decode = factory.decode_engine()
     assert isinstance(decode, PagedDecodeEngine) and decode.pool.num_pages == PAGES
+    # A row for each request the pool holds at its shortest: 3 KDA pages + 1 MLA page.
+    assert factory.decode_rows == decode.max_slots == PAGES // 4
     # 20 tokens a page: 3 linear pages and 1–3 MLA pages a request, so the 10 pages never hold
     # every request at once and some wait for pages.
     assert sum(decode.pages_needed(n, NEW - 1) for n in LENGTHS) > PAGES

@@ -182,24 +182,40 @@ class EngineFactory:
             batch *= 2
         return engine
 
-    def _paged_decode(self) -> DecodeEngineLike:
-        """The paged decode engine of ``[engine]``: ``num_pages`` pages (0: the bytes of
-        ``max_slots`` slots of ``max_len``), rows for as many requests as the pool holds at their
-        shortest (two positions each), and one capacity, ``max_len``, as the slot engine's."""
+    def _pages(self) -> tuple[int, int]:
+        """``(pages, rows)`` of the paged decode engine: ``[engine] num_pages`` (0: the bytes of
+        ``max_slots`` slots of ``max_len``), and a row for each request the pool holds at their
+        shortest (two positions each)."""
         from prfaas_jax.engine.page_layout import page_layout
-        from prfaas_jax.engine.paged_decode import PagedDecodeEngine
         from prfaas_jax.state_bytes import state_nbytes
 
         engine_cfg = self.config.engine
         layout = page_layout(self.cfg, engine_cfg.block_size)
         slots_bytes = engine_cfg.max_slots * state_nbytes(self.cfg, engine_cfg.max_len)
         num_pages = engine_cfg.num_pages or max(1, slots_bytes // layout.page_bytes)
+        return num_pages, max(1, num_pages // layout.request_pages(2))
+
+    @property
+    def decode_rows(self) -> int:
+        """Requests the decode engine can decode at once: ``[engine] max_slots``, or the paged
+        engine's rows (as many as its pool holds at their shortest)."""
+        if self.fake or self.config.engine.allocator is not Allocator.PAGED:
+            return self.config.engine.max_slots
+        return self._pages()[1]
+
+    def _paged_decode(self) -> DecodeEngineLike:
+        """The paged decode engine of ``[engine]`` (`_pages`), with one capacity, ``max_len``,
+        as the slot engine's."""
+        from prfaas_jax.engine.paged_decode import PagedDecodeEngine
+
+        engine_cfg = self.config.engine
+        num_pages, rows = self._pages()
         return PagedDecodeEngine(
             self.cfg,
             self._weights(),
             num_pages=num_pages,
             block_size=engine_cfg.block_size,
-            max_slots=max(1, num_pages // layout.request_pages(2)),
+            max_slots=rows,
             max_len=engine_cfg.max_len,
             impl=self.config.model.impl,
             buckets=(engine_cfg.max_len,),
