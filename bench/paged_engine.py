@@ -184,7 +184,7 @@ def main() -> None:
     ]
     headers = ["engine", "peak live", "mean live", "steps", "decode tok/s"]
     print(table(rows_out, headers=headers))
-    print(f"tokens equal; concurrent requests pages / slots = {report['concurrency_ratio']:.1f}×")
+    print(f"tokens equal; concurrent requests pages / slots = {report['concurrency_ratio']:.2f}×")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,8 @@ if "xla_cpu_use_fusion_emitters" not in os.environ.get("XLA_FLAGS", ""):
     )
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from hypothesis import settings
 from jax.experimental.compilation_cache import compilation_cache
@@ -65,7 +67,7 @@ from jax.experimental.compilation_cache import compilation_cache
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.compile_cache import default_compile_cache_dir, default_weights_cache_dir
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
-from prfaas_jax.model import decode_step, prefill
+from prfaas_jax.model import decode_step, init_state, prefill
 from prfaas_jax.model.seeded_weights import seeded_params, use_weights_cache
 
 jax.config.update("jax_enable_compilation_cache", False)
@@ -85,6 +87,30 @@ PRESETS = ("tiny", "tiny-gdn", "tiny-lightning", "tiny-swa")
 
 jit_prefill = jax.jit(prefill, static_argnames=("cfg", "impl"))
 jit_decode = jax.jit(decode_step, static_argnames=("cfg", "impl"))
+
+
+def greedy_generation(
+    params: dict, cfg, prompts: list[list[int]], steps: int, max_len: int
+) -> list[list[int]]:
+    """Greedy tokens of each prompt (the first included), from the model alone: one padded
+    ``prefill`` over every prompt with the token-by-token reference ops, then ``steps`` batched
+    ``decode_step``s — no buckets, chunks, slots, pages or codec."""
+    lengths = [len(p) for p in prompts]
+    tokens = np.zeros((len(prompts), max(lengths)), np.int32)
+    for row, prompt in enumerate(prompts):
+        tokens[row, : len(prompt)] = prompt
+    valid = jnp.asarray(lengths, jnp.int32)
+    state = init_state(cfg, len(prompts), max_len)
+    logits, state = jit_prefill(
+        params, cfg, jnp.asarray(tokens), state, impl="reference", valid_len=valid
+    )
+    token = jnp.argmax(logits[jnp.arange(len(prompts)), valid - 1], axis=-1)
+    out = [token]
+    for _ in range(steps):
+        logits, state = jit_decode(params, cfg, token, state)
+        token = jnp.argmax(logits, axis=-1)
+        out.append(token)
+    return np.stack([np.asarray(t) for t in out], axis=1).tolist()
 
 
 @functools.cache

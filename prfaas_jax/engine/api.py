@@ -106,6 +106,11 @@ class DecodeEngineLike(Protocol):
         token's log-probabilities after its step."""
         ...
 
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        """How many of ``requests`` (``(state length, max_new_tokens)`` each), taken in order,
+        `insert` would take now (free slots; for the paged engine, free pages too)."""
+        ...
+
     def check_state(self, state: ModelState) -> None:
         """Raise `EngineError` for a state `insert` would refuse whatever the token budget,
         without taking a slot: for a request whose only token prefill already sampled."""

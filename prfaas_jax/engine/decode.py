@@ -26,7 +26,7 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.decode_slots import NoFreeSlotError as NoFreeSlotError  # re-exported
 from prfaas_jax.engine.decode_slots import SlotControls
-from prfaas_jax.engine.logprobs import as_token_logprobs, log_softmax_top, top_width
+from prfaas_jax.engine.logprobs import log_softmax_top
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
 from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState, decode_step, init_state
@@ -131,8 +131,7 @@ class DecodeEngine(SlotControls):
         active_slots = self.active_slots
         if not active_slots:
             return []
-        asked = [s for s in active_slots if self._requests[s].logprobs is not None]
-        top = top_width(self.cfg.vocab_size) if asked else 0
+        asked, top = self._top(active_slots)
         self._state, tokens, *scored = _STEP(
             self.params,
             self._state,
@@ -142,16 +141,7 @@ class DecodeEngine(SlotControls):
             top=top,
         )
         tokens = np.asarray(tokens)
-        self._logprobs = {}
-        if asked:
-            chosen, top_ids, top_logprobs = jax.device_get(scored[0])
-            for slot in asked:
-                req = self._requests[slot]
-                assert req is not None and req.logprobs is not None
-                row = slice(slot, slot + 1)
-                (self._logprobs[slot],) = as_token_logprobs(
-                    tokens[row], chosen[row], top_ids[row], top_logprobs[row], req.logprobs
-                )
+        self._keep_logprobs(asked, {slot: slot for slot in asked}, tokens, scored)
         return self._advance(active_slots, tokens)
 
     def free(self, slot: int) -> None:

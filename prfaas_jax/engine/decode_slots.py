@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
-from prfaas_jax.engine.logprobs import TokenLogprobs
+from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, top_width
 from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_knobs
 from prfaas_jax.engine.state_resize import check_fits
 from prfaas_jax.errors import EngineError, LengthLimitError
@@ -57,6 +58,11 @@ class SlotControls:
     def active_slots(self) -> list[int]:
         """Slots that will produce a token on the next ``step``."""
         return [slot for slot, req in enumerate(self._requests) if req and not req.finished]
+
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        """How many of ``requests`` (``(state length, max_new_tokens)`` each), taken in order,
+        ``insert`` would take now: as many as there are free slots."""
+        return min(len(requests), len(self.free_slots))
 
     def is_finished(self, slot: int) -> bool:
         """True once ``slot``'s request hit its EOS or budget (it holds the slot until ``free``)."""
@@ -134,6 +140,29 @@ class SlotControls:
             req.finished = req.remaining == 0 or token == req.eos_id
             out.append((slot, token))
         return out
+
+    def _top(self, active_slots: list[int]) -> tuple[list[int], int]:
+        """The active slots that asked for log-probabilities, and the top-k width of the step's
+        compiled variant (0: none asked, the variant without them)."""
+        asked = [s for s in active_slots if self._request(s).logprobs is not None]
+        return asked, top_width(self.cfg.vocab_size) if asked else 0
+
+    def _keep_logprobs(
+        self, asked: list[int], rows: dict[int, int], tokens: np.ndarray, scored: list
+    ) -> None:
+        """Keep the step's log-probabilities of the ``asked`` slots: ``scored`` is what the
+        step returned after its tokens (`log_softmax_top`'s arrays; nothing when none asked),
+        ``rows[slot]`` the slot's row of ``tokens`` and of those arrays."""
+        self._logprobs = {}
+        if not asked:
+            return
+        chosen, top_ids, top_logprobs = jax.device_get(scored[0])
+        for slot in asked:
+            top, row = self._request(slot).logprobs, slice(rows[slot], rows[slot] + 1)
+            assert top is not None
+            (self._logprobs[slot],) = as_token_logprobs(
+                tokens[row], chosen[row], top_ids[row], top_logprobs[row], top
+            )
 
     def logprobs(self, slot: int) -> TokenLogprobs | None:
         """The log-probabilities of the token the last ``step`` made for ``slot``; None when its

@@ -334,6 +334,10 @@ class FakeDecodeEngine:
     def active_slots(self) -> list[int]:
         return [i for i, slot in enumerate(self._slots) if slot and not slot.finished]
 
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        """As many of ``requests`` as there are free slots."""
+        return min(len(requests), len(self.free_slots))
+
     def insert(
         self,
         state: ModelState,

@@ -5,22 +5,25 @@ One pool of equal pages serves every layer of a hybrid model (docs/kv.md, "Paged
 allocator's bytes"). A page belongs to one layer of one request at a time and holds either
 ``tokens_per_page`` consecutive positions of an attention layer (MLA: ``c_kv ‖ k_rope`` per
 token; GQA, SWA: ``k ‖ v`` per token) or one whole linear state (the recurrent state, then the
-short-conv tail). The page size follows vLLM's hybrid allocator: the attention block is the
-requested ``block_size`` raised to the smallest multiple of it whose page of the widest attention
-kind holds the largest linear state; a narrower attention kind puts as many tokens in that page
-as fit, and a linear state pads up to it:
+short-conv tail). The page is the smallest that holds both a block of the requested
+``block_size`` tokens of the widest attention kind and the largest linear state, in whole tokens
+of that kind; a narrower attention kind puts as many tokens in that page as fit, and a linear
+state pads up to it:
 
-    tokens_per_page = N · ⌈s_max / (N · t_max)⌉        (N when the model has no linear layer)
-    page_bytes      = tokens_per_page · t_max           (⌈s_max⌉ to the dtype when no attention)
-    tokens(kind)    = ⌊page_bytes / t_kind⌋             (for each attention kind)
+    tokens_per_page = max(N, ⌈s_max / t_max⌉)            (N when the model has no linear layer)
+    page_bytes      = tokens_per_page · t_max             (⌈s_max⌉ to the dtype when no attention)
+    tokens(kind)    = ⌊page_bytes / t_kind⌋               (for each attention kind)
 
 with ``t_kind`` the per-token bytes of an attention kind, ``t_max`` the largest, and ``s_max``
-the largest linear state. A request of L positions holds ⌈L / tokens(kind)⌉ pages per MLA / GQA
-layer, one page per linear layer, and per SWA layer a ring of at most
-``ring_pages = ⌈W / tokens(swa)⌉ + 1`` pages (the fewest that hold the window and the position
-being written without two live blocks sharing a page). Pure Python, the config and the byte
-formula only: `prfaas kv --allocator paged` prices the full-size presets with it, and the pool
-of engine/block_pool.py counts with it.
+the largest linear state. vLLM's hybrid allocator raises the block to a multiple of N instead
+(``N · ⌈s_max / (N · t_max)⌉``): that pads a linear state by up to N tokens' bytes and gives
+every attention layer longer pages to round up to, where this rule pads a linear state by less
+than one token (docs/kv.md, "Paged: the allocator's bytes", compares the two). A request of L
+positions holds ⌈L / tokens(kind)⌉ pages per MLA / GQA layer, one page per linear layer, and per
+SWA layer a ring of at most ``ring_pages = ⌈W / tokens(swa)⌉ + 1`` pages (the fewest that hold
+the window and the position being written without two live blocks sharing a page). Pure
+Python, the config and the byte formula only: `prfaas kv --allocator paged` prices the
+full-size presets with it, and the pool of engine/block_pool.py counts with it.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class PageLayout:
 
     model: str
     block_size: int  # the requested attention block (tokens)
-    tokens_per_page: int  # the block of the widest attention kind: a multiple of block_size
+    tokens_per_page: int  # the block of the widest attention kind: block_size or more
     page_bytes: int
     dtype_bytes: int  # a page is stored as page_bytes / dtype_bytes elements of the model dtype
     layers: tuple[LayerKind, ...]
@@ -90,7 +93,7 @@ def page_layout(cfg: ModelConfig, block_size: int) -> PageLayout:
     linear = max((layer_fixed_nbytes(cfg, k) for k in kinds if k.is_linear), default=0)
     item = dtype_nbytes(cfg.dtype)
     if per_token:
-        tokens = block_size * max(1, -(-linear // (block_size * per_token)))
+        tokens = max(block_size, -(-linear // per_token))
         page = tokens * per_token
     else:
         tokens, page = block_size, -(-linear // item) * item

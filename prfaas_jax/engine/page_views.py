@@ -12,8 +12,12 @@ end (an empty table entry is ``num_pages``).
 
 `gather_state` builds the dense `ModelState` a batch's block tables describe — the jnp path of
 decode over pages: the model's own ``decode_step`` then runs on it, and `write_token` stores
-what that step added (one position per attention layer, the new linear states). `page_images`
-is the reverse of the gather for a whole state, for an insert.
+what that step added (one position per attention layer, the new linear states). With
+``paged=True`` it gathers only the linear states and hands each attention layer a
+`PagedKvState` instead: the pool's pages of that kind viewed in the layout of the paged
+attention ops (`kind_pages`: a reshape when a page is whole tokens of the kind, then slices of
+each token row) and the layer's table, which the layer attends through. `page_images` is the
+reverse of the gather for a whole state, for an insert.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from prfaas_jax.model.state import (
     LightningState,
     MlaState,
     ModelState,
+    PagedKvState,
     WindowKvState,
 )
 
@@ -134,6 +139,35 @@ def pool_rows(layer: LayerState, pool_dtype: jnp.dtype) -> jax.Array:
     return jnp.concatenate([_to_pool(a, pool_dtype) for a in jax.tree.leaves(layer)], axis=-1)
 
 
+def kind_pages(
+    pool: jax.Array, cfg: ModelConfig, layout: PageLayout, kind: LayerKind
+) -> tuple[jax.Array, jax.Array]:
+    """Every page of the pool as pages of attention kind ``kind``, in ops/attention/paged.py's
+    layout: MLA ``(c_kv [P, T, R], k_rope [P, T, Dr])``, GQA / SWA ``(k [Hkv, P, T, Dk],
+    v [Hkv, P, T, Dv])``."""
+    per_page, row = layout.tokens(kind), row_elems(cfg, kind)
+    rows = pool[:, : per_page * row].reshape(pool.shape[0], per_page, row)
+    shapes = _token_parts(cfg, kind)
+    parts = _split(rows, [math.prod(shape) for shape in shapes])
+    if kind is LayerKind.MLA:
+        return parts[0], parts[1]
+    first, second = (
+        jnp.moveaxis(part.reshape(*rows.shape[:2], *shape), 2, 0)
+        for part, shape in zip(parts, shapes, strict=True)
+    )
+    return first, second
+
+
+def _paged_rows(layer: PagedKvState, page: jax.Array, pos: jax.Array) -> jax.Array:
+    """Token rows ``[B, row]`` at position ``pos [B]`` of ``page [B]`` of a layer's pages."""
+    row = pos % layer.first.shape[-2]
+    if layer.first.ndim == 3:  # MLA: [P, T, D]
+        first, second = layer.first[page, row], layer.second[page, row]
+    else:  # [Hkv, P, T, D] → [B, Hkv, D]
+        first, second = (jnp.moveaxis(x[:, page, row], 0, 1) for x in (layer.first, layer.second))
+    return jnp.concatenate([first.reshape(row.shape[0], -1), second.reshape(row.shape[0], -1)], 1)
+
+
 def gather_state(
     pool: jax.Array,
     tables: jax.Array,
@@ -142,12 +176,14 @@ def gather_state(
     cfg: ModelConfig,
     layout: PageLayout,
     capacity: int,
+    paged: bool = False,
 ) -> ModelState:
     """The dense state of a batch: ``tables [B, layers, entries]`` (``num_pages`` where empty),
     ``lengths [B]``. Whole pages are gathered and laid end to end: an MLA or GQA layer's cache
     is its first ⌈capacity / tokens⌉ blocks, an SWA layer's ring is its ``ring_pages`` pages —
     a ring of ``ring_pages · tokens`` slots, position p in slot p mod that (entry
-    (p // tokens) mod ring_pages, row p mod tokens), which holds the window and then some."""
+    (p // tokens) mod ring_pages, row p mod tokens), which holds the window and then some.
+    ``paged``: attention layers as `PagedKvState`s of those tables (module docstring)."""
     batch = lengths.shape[0]
     layers = []
     for index, kind in enumerate(cfg.layers):
@@ -159,6 +195,9 @@ def gather_state(
             continue
         per_page, row = layout.tokens(kind), row_elems(cfg, kind)
         count = layout.ring_pages if kind is LayerKind.SWA else -(-capacity // per_page)
+        if paged:
+            layers.append(PagedKvState(*kind_pages(pool, cfg, layout, kind), table[:, :count]))
+            continue
         pages = jnp.take(pool, table[:, :count], axis=0, mode="clip")
         rows = pages[..., : per_page * row].reshape(batch, count * per_page, row)
         layers.append(_token_layer(cfg, kind, rows))
@@ -176,8 +215,8 @@ def write_token(
     layout: PageLayout,
 ) -> jax.Array:
     """Store what one decode step added to ``state`` (a `gather_state` at ``lengths``, then
-    stepped): position ``lengths[b]`` of each attention layer and every linear state, for the
-    ``active`` rows only."""
+    stepped): position ``lengths[b]`` of each attention layer (read from its pages when it
+    stepped as a `PagedKvState`) and every linear state, for the ``active`` rows only."""
     parts, where = [], []
     end = pool.size  # past the end: the scatter drops it
     pos = lengths[:, None]
@@ -187,11 +226,14 @@ def write_token(
             values = pool_rows(layer, pool.dtype)
             at = table[:, :1] * layout.page_elems + jnp.arange(values.shape[1], dtype=table.dtype)
         else:
-            rows = _rows_of(layer, pool.dtype)
-            slot = pos % rows.shape[1] if kind is LayerKind.SWA else pos
-            values = jnp.take_along_axis(rows, slot[:, :, None], axis=1)[:, 0]
             page = _page_of(layout, kind, table, pos)
-            at = _token_index(layout, kind, page, pos, rows.shape[2])[:, 0]
+            if isinstance(layer, PagedKvState):
+                values = _paged_rows(layer, page[:, 0], lengths).astype(pool.dtype)
+            else:
+                rows = _rows_of(layer, pool.dtype)
+                slot = pos % rows.shape[1] if kind is LayerKind.SWA else pos
+                values = jnp.take_along_axis(rows, slot[:, :, None], axis=1)[:, 0]
+            at = _token_index(layout, kind, page, pos, values.shape[1])[:, 0]
         where.append(jnp.where(active[:, None], at, end))
         parts.append(values)
     flat = pool.reshape(-1)

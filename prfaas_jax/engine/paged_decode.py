@@ -1,10 +1,10 @@
 """``PagedDecodeEngine``: continuous batching over a block pool instead of fixed slots; and
 ``PagedPrefix``, a request's pages held for others to map.
 
-The same interface as ``DecodeEngine`` (engine/decode.py; `DecodeEngineLike`), the same tokens:
-a request's state lives in pages of one pool (engine/page_layout.py, engine/block_pool.py), as
-many as its length needs, so the requests that fit are bounded by pages, not by
-``max_slots × max_len``. ``max_slots`` is only the row count of the compiled step.
+The same interface as ``DecodeEngine`` (engine/decode.py; `DecodeEngineLike`), the same tokens
+and log-probabilities: a request's state lives in pages of one pool (engine/page_layout.py,
+engine/block_pool.py), as many as its length needs, so the requests that fit are bounded by
+pages, not by ``max_slots × max_len``. ``max_slots`` is only the row count of the compiled step.
 
 ``insert`` reserves every page the request can need up to its last token (new blocks, and one
 copy for each page it shares and will write), so a step never finds the pool empty; it writes the
@@ -14,8 +14,10 @@ the state is exactly the prefix, its last partial block and linear states too. B
 the engine makes the page each row writes its own (copy-on-write: a page another table still
 references is copied first), then one compiled function gathers the batch's dense state from the
 pages (engine/page_views.py), runs the model's ``decode_step`` on it, stores the new position and
-linear states, and samples. ``share(slot)`` pins a request's pages at its current length, with
-the copies its own next writes will need reserved.
+linear states, and samples. With ``paged_attention`` only the linear states are gathered: each
+attention layer attends through its block table (ops/attention/paged.py's ops, the Pallas
+kernels of paged_pallas.py under ``impl="pallas"``, interpreted on a CPU). ``share(slot)`` pins
+a request's pages at its current length, with the copies its own next writes will need reserved.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import numpy as np
 from prfaas_jax.config import LayerKind, ModelConfig
 from prfaas_jax.engine.block_pool import EMPTY, BlockTable, PagePool
 from prfaas_jax.engine.decode_slots import SlotControls
+from prfaas_jax.engine.logprobs import log_softmax_top
 from prfaas_jax.engine.page_layout import PageLayout, page_layout
 from prfaas_jax.engine.page_views import gather_state, page_images, write_token
 from prfaas_jax.engine.prefill import default_buckets, pick_bucket
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState, decode_step
 from prfaas_jax.ops.dispatch import Impl
 
@@ -59,11 +62,20 @@ def _step(
     impl: Impl,
     layout: PageLayout,
     capacity: int,
-) -> tuple[jax.Array, jax.Array]:
-    state = gather_state(pool, tables, lengths, cfg=cfg, layout=layout, capacity=capacity)
+    paged: bool,
+    top: int = 0,
+) -> tuple[jax.Array, ...]:
+    """The new pool and every row's token; with ``top`` > 0 also their log-probabilities
+    (`log_softmax_top`, ``top`` wide), as the slot engine's step."""
+    state = gather_state(
+        pool, tables, lengths, cfg=cfg, layout=layout, capacity=capacity, paged=paged
+    )
     logits, state = decode_step(params, cfg, tokens, state, impl=impl, active=active)
     pool = write_token(pool, state, tables, lengths, active, cfg=cfg, layout=layout)
-    return pool, draw_tokens(logits, keys, index, temperature, top_k, top_p)
+    drawn = draw_tokens(logits, keys, index, temperature, top_k, top_p)
+    if not top:
+        return pool, drawn
+    return pool, drawn, log_softmax_top(logits, drawn, top)
 
 
 def _write_pages(
@@ -77,7 +89,11 @@ def _copy_pages(pool: jax.Array, src: jax.Array, dst: jax.Array) -> jax.Array:
     return pool.at[dst].set(pool[src], mode="drop")
 
 
-_STEP = jax.jit(_step, static_argnames=("cfg", "impl", "layout", "capacity"), donate_argnums=(1,))
+_STEP = jax.jit(
+    _step,
+    static_argnames=("cfg", "impl", "layout", "capacity", "paged", "top"),
+    donate_argnums=(1,),
+)
 _WRITE = jax.jit(_write_pages, static_argnames=("cfg", "layout"), donate_argnums=(0,))
 _COPY = jax.jit(_copy_pages, donate_argnums=(0,))
 _GATHER = jax.jit(gather_state, static_argnames=("cfg", "layout", "capacity"))
@@ -113,8 +129,12 @@ class PagedDecodeEngine(SlotControls):
         max_len: int,
         impl: Impl | str = Impl.CHUNK,
         buckets: Sequence[int] | None = None,
+        paged_attention: bool = False,
     ) -> None:
         super().__init__(cfg, max_slots, max_len)
+        # Attention layers read their pages through the paged-attention ops (the Pallas kernels
+        # under impl pallas) instead of a gathered dense cache.
+        self.paged_attention = paged_attention
         # Capacities a step gathers the caches to: powers of two (the prefill engine's buckets)
         # unless given; one compile per bucket and power-of-two batch.
         self.buckets = default_buckets(max_len) if buckets is None else tuple(buckets)
@@ -181,11 +201,9 @@ class PagedDecodeEngine(SlotControls):
         ``state`` is one sequence (any capacity); with ``prefix`` (from ``share``) its first
         ``prefix.length`` positions are taken to be the prefix's, whose pages are mapped
         rather than written (module docstring). Raises ``NoFreePageError`` when the pool cannot
-        promise every page the request may need. Log-probabilities are the slot engine's
-        alone: ``logprobs`` is refused.
+        promise every page the request may need now, ``LengthLimitError`` when even an empty
+        pool could not. ``logprobs`` as the slot engine's.
         """
-        if logprobs is not None:
-            raise EngineError("the paged engine does not report log-probabilities")
         length = self._check_insert(state, first_token, max_new_tokens)
         self.check_state(state)
         if prefix is not None and (prefix.released or prefix.length > length):
@@ -209,6 +227,11 @@ class PagedDecodeEngine(SlotControls):
                     mapped.append((layer, entry, page))
                     shared += 1
             future += self._future_pages(kind, length, max_new_tokens, shared)
+        if len(fresh) + future > self.pool.num_pages:
+            raise LengthLimitError(
+                f"a state of {length} tokens and {max_new_tokens} new needs "
+                f"{len(fresh) + future} pages; the pool has {self.pool.num_pages}"
+            )
         self.pool.reserve(len(fresh) + future)
         for layer, entry, page in mapped:
             self.pool.incref(page)
@@ -220,7 +243,7 @@ class PagedDecodeEngine(SlotControls):
             written.append((layer, block, page))
         self._write(state, written)
         self._held[slot] = _Held(table, length, future)
-        self._admit(slot, first_token, sampling, max_new_tokens, eos_id)
+        self._admit(slot, first_token, sampling, max_new_tokens, eos_id, logprobs)
         return slot
 
     def _prefix_page(
@@ -317,7 +340,8 @@ class PagedDecodeEngine(SlotControls):
         padding = len(rows) - len(active_slots)
         tokens, active, *controls = (c[rows] for c in self._controls(active_slots))
         active[len(active_slots) :] = False
-        self._pages, drawn = _STEP(
+        asked, top = self._top(active_slots)
+        self._pages, drawn, *scored = _STEP(
             self.params,
             self._pages,
             np.pad(tables, ((0, padding), (0, 0), (0, 0)), constant_values=self.pool.num_pages),
@@ -329,9 +353,13 @@ class PagedDecodeEngine(SlotControls):
             impl=self.impl,
             layout=self.layout,
             capacity=capacity,
+            paged=self.paged_attention,
+            top=top,
         )
+        drawn = np.asarray(drawn)
+        self._keep_logprobs(asked, {slot: i for i, slot in enumerate(active_slots)}, drawn, scored)
         by_slot = np.zeros(self.max_slots, np.int32)
-        by_slot[active_slots] = np.asarray(drawn)[: len(active_slots)]
+        by_slot[active_slots] = drawn[: len(active_slots)]
         for slot in active_slots:
             self._slot(slot).length += 1
         return self._advance(active_slots, by_slot)
@@ -393,6 +421,17 @@ class PagedDecodeEngine(SlotControls):
             layout=self.layout,
             capacity=max(1, held.length),
         )
+
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        """How many of ``requests`` (``(state length, max_new_tokens)`` each), taken in order,
+        ``insert`` would take now: a free row each, and every page each may need (no prefix)."""
+        rows, pages = len(self.free_slots), self.pool.available
+        for count, (length, new) in enumerate(requests):
+            need = self.pages_needed(length, new)
+            if count == rows or need > pages:
+                return count
+            pages -= need
+        return len(requests)
 
     def pages_needed(self, length: int, max_new_tokens: int) -> int:
         """Pages an insert of ``length`` positions and ``max_new_tokens`` reserves (no prefix)."""

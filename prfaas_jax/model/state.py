@@ -16,7 +16,9 @@ Lightning      ``recurrent[B,H,K,V]``                  ``H·K·V·state_dtype``
 ``S`` is the capacity (``max_len``) of the growing caches. Position ``p`` of an SWA layer lives
 in ring slot ``p mod W'``. The canonical representation (what the codec transfers and what
 ``state_nbytes`` counts) keeps only the first ``L`` positions of growing caches and the last
-``min(L, W)`` positions of a window.
+``min(L, W)`` positions of a window. ``PagedKvState`` stands in for an attention layer's cache
+during one decode step over a block pool (engine/paged_decode.py): pages and a block table,
+never a canonical state.
 """
 
 from __future__ import annotations
@@ -70,7 +72,23 @@ class LightningState:
     recurrent: jax.Array  # [B, H, K, V], state dtype (fp32)
 
 
-LayerState: TypeAlias = MlaState | KvState | WindowKvState | DeltaState | LightningState
+@_pytree
+class PagedKvState:
+    """An attention layer's cache as pages, for one decode step over a block pool
+    (engine/paged_decode.py): pages in the layout of ops/attention/paged.py — MLA
+    ``first = c_kv[P,T,R]``, ``second = k_rope[P,T,Dr]``; GQA, SWA ``first = k[Hkv,P,T,Dk]``,
+    ``second = v[Hkv,P,T,Dv]`` — and ``table[B,N]``, the page of each row's block ``n`` (SWA:
+    of block ``b`` at entry ``b mod N``, a ring). The layer writes its token into its page,
+    then attends through the table."""
+
+    first: jax.Array
+    second: jax.Array
+    table: jax.Array  # [B, N] int32
+
+
+LayerState: TypeAlias = (
+    MlaState | KvState | WindowKvState | DeltaState | LightningState | PagedKvState
+)
 
 
 @dataclasses.dataclass(frozen=True)

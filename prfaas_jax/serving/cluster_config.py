@@ -11,7 +11,9 @@ optional except `[model] preset` (docs/serving.md explains each):
                   instances use prfaas_mesh, else prefill_mesh), layer_groups (> 1: a
                   prefill's last chunk streams by groups of layers), max_prefill_queue
                   (per prefill worker: requests waiting for or on its engine), max_pending_states
-                  (per decode worker: states held outside a slot; 0 = router.max_in_flight)
+                  (per decode worker: states held outside a slot; 0 = router.max_in_flight),
+                  allocator ("slots" | "paged": the decode engine's), block_size, num_pages
+                  (paged; 0: the bytes of max_slots slots)
     [fake]        prefill_s_per_token, decode_step_s, chunk_len  (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
                   PrfaaS instance, sharing its mesh: engine/spmd.py), prfaas_class, pd_class

@@ -2,7 +2,8 @@
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
 `SecuritySection`, `FaultsSection`, `HostsSection` (with its `Endpoint`s) and `NodeClassSection`
-(one `[node_classes.NAME]` table); and `EngineKind`, the `[model] engine` choice.
+(one `[node_classes.NAME]` table); `EngineKind`, the `[model] engine` choice, and `Allocator`,
+the `[engine] allocator` one.
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
@@ -35,6 +36,13 @@ class EngineKind(enum.StrEnum):
     FAKE = "fake"  # engine/fake.py: tokens computable by hand, timed by [fake]
 
 
+class Allocator(enum.StrEnum):
+    """Where a decode engine keeps its requests' states (`[engine] allocator`)."""
+
+    SLOTS = "slots"  # engine/decode.py: max_slots slots of max_len positions each
+    PAGED = "paged"  # engine/paged_decode.py: pages of one block pool, as many as a state needs
+
+
 @dataclass(frozen=True)
 class ModelSection:
     preset: str
@@ -61,6 +69,9 @@ class EngineSection:
     max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
     # per worker: freed state memory kept mapped for the next states (engine/host_memory.py)
     state_pool_mib: float = 4096.0
+    allocator: Allocator = Allocator.SLOTS  # of the JAX decode engine
+    block_size: int = 16  # paged: the requested attention block (engine/page_layout.py)
+    num_pages: int = 0  # paged: pages of the pool (0: as many as max_slots slots' bytes)
 
     def __post_init__(self) -> None:
         _check(self.max_len >= 2, "engine.max_len", "must be ≥ 2")
@@ -74,6 +85,10 @@ class EngineSection:
         _check(self.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
         _check(self.layer_groups >= 1, "engine.layer_groups", "must be ≥ 1")
         _check(self.state_pool_mib >= 0, "engine.state_pool_mib", "must be ≥ 0")
+        _check(self.block_size >= 1, "engine.block_size", "must be ≥ 1")
+        _check(self.num_pages >= 0, "engine.num_pages", "must be ≥ 0")
+        paged_mesh = self.allocator is Allocator.PAGED and bool(self.decode_mesh)
+        _check(not paged_mesh, "engine.decode_mesh", "the paged decode engine runs on one device")
 
     @property
     def prfaas_prefill_mesh(self) -> str:

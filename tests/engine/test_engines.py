@@ -1,9 +1,10 @@
 """Prefill and decode engines: state handoff in and across processes, continuous batching, and
 bounded compiles.
 
-"Greedy generation" is computed here from the model alone: one padded ``prefill`` over all
-prompt lengths of a preset (with the token-by-token reference ops, while the engines use the
-chunked ones), then batched ``decode_step``s — no buckets, chunks, slots or codec. Every preset
+"Greedy generation" is computed from the model alone (conftest's ``greedy_generation``): one
+padded ``prefill`` over all prompt lengths of a preset (with the token-by-token reference ops,
+while the engines use the chunked ones), then batched ``decode_step``s — no buckets, chunks,
+slots or codec. Every preset
 runs every prompt length in process through the codec. Across processes, where each new process
 pays its own compiles, a TCP socket carries two presets (every length) and a ``prfaas prefill`` /
 ``prfaas decode`` file a third: GDN, Lightning, MLA, GQA and SWA states cross a process boundary
@@ -22,10 +23,9 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import PRESETS, jit_decode, jit_prefill, preset
+from conftest import PRESETS, greedy_generation, preset
 
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec.format import StateDecodeError
@@ -59,22 +59,8 @@ def engines(name: str) -> tuple:
 def reference(name: str) -> dict[int, list[int]]:
     """Greedy tokens (first included) of every prompt length, straight from the model."""
     cfg, params = preset(name)
-    tokens = np.zeros((len(LENGTHS), max(LENGTHS)), np.int32)
-    for row, length in enumerate(LENGTHS):
-        tokens[row, :length] = prompt(length)
-    valid = jnp.asarray(LENGTHS, jnp.int32)
-    state = init_state(cfg, len(LENGTHS), MAX_LEN)
-    logits, state = jit_prefill(
-        params, cfg, jnp.asarray(tokens), state, impl="reference", valid_len=valid
-    )
-    token = jnp.argmax(logits[jnp.arange(len(LENGTHS)), valid - 1], axis=-1)
-    out = [token]
-    for _ in range(NEW):
-        logits, state = jit_decode(params, cfg, token, state)
-        token = jnp.argmax(logits, axis=-1)
-        out.append(token)
-    table = np.stack([np.asarray(t) for t in out], axis=1)
-    return {length: table[row].tolist() for row, length in enumerate(LENGTHS)}
+    table = greedy_generation(params, cfg, [prompt(n) for n in LENGTHS], NEW, MAX_LEN)
+    return dict(zip(LENGTHS, table, strict=True))
 
 
 def run_alone(engine: DecodeEngine, state, first: int, sampling=GREEDY, **kw) -> list[int]:

@@ -25,7 +25,7 @@ from prfaas_jax.engine.block_pool import NoFreePageError
 from prfaas_jax.engine.codec.layout import canonical_arrays
 from prfaas_jax.engine.paged_decode import PagedDecodeEngine
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
-from prfaas_jax.errors import EngineError
+from prfaas_jax.errors import EngineError, LengthLimitError
 
 BLOCK = 4
 
@@ -183,7 +183,10 @@ def test_a_full_pool_refuses_before_taking_anything():
     small = PagedDecodeEngine(cfg, params, num_pages=8, block_size=BLOCK, max_slots=2, max_len=64)
     need = small.pages_needed(45, NEW)
     assert need == 6  # ⌈51/20⌉ = 3 MLA pages + 3 KDA pages, all at insert
+    # In order, each with every page it may need: 6 + 6 > 8; two one-token requests, 4 + 4.
+    assert small.fits([(45, NEW), (1, 1)]) == 1 and small.fits([(1, 1), (1, 1)]) == 2
     slot = small.insert(result.state, result.first_token, max_new_tokens=NEW)
+    assert small.fits([(1, 1)]) == 0  # 2 pages left
     with pytest.raises(NoFreePageError):
         small.insert(result.state, result.first_token, max_new_tokens=NEW)
     assert small.free_slots == [1] and small.pool.used_pages == 6
@@ -191,3 +194,73 @@ def test_a_full_pool_refuses_before_taking_anything():
     assert (small.pool.used_pages, small.pool.reserved) == (0, 0)
     with pytest.raises(EngineError, match="holds no request"):
         small.free(slot)
+    # More pages than the whole pool has: past the engine's limit, not a wait for pages.
+    tinier = PagedDecodeEngine(cfg, params, num_pages=5, block_size=BLOCK, max_slots=2, max_len=64)
+    with pytest.raises(LengthLimitError, match="the pool has 5"):
+        tinier.insert(result.state, result.first_token, max_new_tokens=NEW)
+    assert (tinier.pool.used_pages, tinier.pool.reserved) == (0, 0)
+
+
+def _scored_run(engine, result, sampling) -> tuple[list, list]:
+    """``(token, logprobs(slot))`` of a request that asks for 3 alternatives and of one that
+    does not, decoded together; a third request, freed before the first step, leaves the asking
+    one in a slot other than its row of the paged engine's packed batch."""
+    spare = engine.insert(result.state, result.first_token, max_new_tokens=NEW)
+    plain = engine.insert(result.state, result.first_token, sampling, max_new_tokens=NEW)
+    asked = engine.insert(
+        result.state, result.first_token, sampling, max_new_tokens=NEW, logprobs=3
+    )
+    engine.free(spare)
+    made: dict[int, list] = {plain: [], asked: []}
+    while engine.active_slots:
+        for slot, token in engine.step():
+            made[slot].append((token, engine.logprobs(slot)))
+    engine.free(plain)
+    engine.free(asked)
+    return made[plain], made[asked]
+
+
+def test_logprobs_are_the_slot_engines():
+    """The paged engine reports each token's log-probability and top alternatives as the slot
+    engine does (whose numbers tests/engine/test_logprobs.py holds to a prefill's scores)."""
+    _, _, prefill, slots, pages = engines("tiny")
+    result = prefill.prefill(prompt(45))
+    sampled = SamplingParams(temperature=1.0, seed=3)
+    _, want = _scored_run(slots, result, sampled)
+    plain, got = _scored_run(pages, result, sampled)
+    assert all(lp is None for _, lp in plain)
+    assert [t for t, _ in plain] == [t for t, _ in got] == [t for t, _ in want]
+    for (token, a), (_, b) in zip(want, got, strict=True):
+        assert a.token == b.token == token
+        assert abs(a.logprob - b.logprob) < 1e-5
+        assert [t for t, _ in a.top] == [t for t, _ in b.top] and len(b.top) == 3
+        np.testing.assert_allclose([v for _, v in b.top], [v for _, v in a.top], atol=1e-5)
+    assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-swa"])
+def test_attention_through_the_paged_kernels(name):
+    """``paged_attention=True`` under ``impl="pallas"``: attention layers read their pages
+    through the Pallas paged kernels (interpreted) — the greedy tokens of generation, which the
+    jnp gather path gives too (above), for MLA (tiny) and for GQA with an SWA ring that wraps
+    (tiny-swa, window 8), two requests at once."""
+    cfg, params, prefill, _, _ = engines(name)
+    pages = PagedDecodeEngine(
+        cfg,
+        params,
+        num_pages=64,
+        block_size=BLOCK,
+        max_slots=2,
+        max_len=MAX_LEN,
+        buckets=(64,),
+        impl="pallas",
+        paged_attention=True,
+    )
+    results = {length: prefill.prefill(prompt(length)) for length in (17, 50)}
+    slots = {
+        pages.insert(r.state, r.first_token, max_new_tokens=NEW): n for n, r in results.items()
+    }
+    got = drain(pages, list(slots))
+    for slot, length in slots.items():
+        assert [results[length].first_token, *got[slot]] == reference(name)[length], length
+    assert (pages.pool.used_pages, pages.pool.reserved) == (0, 0)

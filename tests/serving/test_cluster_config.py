@@ -58,6 +58,12 @@ def test_defaults_and_policy_keys(tmp_path):
         ("[routers]\n", "routers: unknown key (expected one of: model, engine"),
         ("[router]\nthreshold = 'high'\n", 'router.threshold: expected a number, got "high"'),
         ("[engine]\nmax_slots = 0\n", "engine.max_slots: must be ≥ 1"),
+        ("[engine]\nallocator = 'pages'\n", "engine.allocator"),
+        ("[engine]\nblock_size = 0\n", "engine.block_size: must be ≥ 1"),
+        (
+            "[engine]\nallocator = 'paged'\ndecode_mesh = 'tensor=2'\n",
+            "engine.decode_mesh: the paged decode engine runs on one device",
+        ),
         ("[instances]\npd_decode = 0\n", "instances.pd_decode: must be ≥ 1"),
         ("[link]\nschedule = [[2, 1], [1, 1]]\n", "link.schedule: must be"),
         ("[controller]\nlow_utilization = 0.95\n", "low_utilization"),

@@ -4,8 +4,9 @@
     o = attention(q, cache_k, cache_v)   (· sigmoid(W_gate x) per head when output-gated)
 
 The attention sees the whole growing cache (GQA) or the previous ring contents plus the new tokens
-(SWA), masked by position (ops/attention/reference.py). Sink logits, when configured, are per
-head. ``GqaMixer`` is the layer as a Flax NNX module.
+(SWA), masked by position (ops/attention/reference.py); given a `PagedKvState`, a decode token
+attends over the pages its table maps instead (ops/attention/paged.py). Sink logits, when
+configured, are per head. ``GqaMixer`` is the layer as a Flax NNX module.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ from prfaas_jax.model.mixers.kv_cache import (
     growing_positions,
     ring_positions,
     write_growing,
+    write_pages,
     write_ring,
 )
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
-from prfaas_jax.model.state import KvState, WindowKvState
-from prfaas_jax.ops.dispatch import attention_op
+from prfaas_jax.model.state import KvState, PagedKvState, WindowKvState
+from prfaas_jax.ops.dispatch import attention_op, paged_attention_op
 from prfaas_jax.ops.precision import upcast
 
 
@@ -55,8 +57,8 @@ class GqaMixer(nnx.Module):
             self.sinks = init.uniform(rngs, (att.num_heads,), -1.0, 1.0, dtype)
 
     def __call__(
-        self, x_BTD: jax.Array, state: KvState | WindowKvState, ctx: StepContext
-    ) -> tuple[jax.Array, KvState | WindowKvState]:
+        self, x_BTD: jax.Array, state: KvState | WindowKvState | PagedKvState, ctx: StepContext
+    ) -> tuple[jax.Array, KvState | WindowKvState | PagedKvState]:
         att = attention_section(self.cfg, self.kind)
         heads = "b t (h d) -> b t h d"
         q = rearrange(x_BTD @ self.q_proj[...], heads, d=att.head_dim)
@@ -68,6 +70,23 @@ class GqaMixer(nnx.Module):
         rope = {"kind": att.rope, "rotary_dim": att.rotary_dim, "theta": att.rope_theta}
         q = apply_rope(q, ctx.positions, **rope)
         k = apply_rope(k, ctx.positions, **rope)
+
+        window = att.window if self.kind is LayerKind.SWA else 0
+        sinks = self.sinks[...] if att.use_sinks else None
+        if isinstance(state, PagedKvState):  # one decode token, the cache in pages
+            state = write_pages(state, k[:, 0], v[:, 0], ctx, ring=bool(window))
+            out = paged_attention_op(ctx.impl)(
+                q[:, 0],
+                state.first,
+                state.second,
+                ctx.new_lengths,
+                state.table,
+                scale=att.head_dim**-0.5,
+                window=window,
+                sinks=sinks,
+                ring_pages=state.table.shape[1] if window else 0,
+            )
+            return self._output(x_BTD, out[:, None]), state
 
         if self.kind is LayerKind.GQA:
             state = KvState(k=write_growing(state.k, k, ctx), v=write_growing(state.v, v, ctx))
@@ -90,11 +109,17 @@ class GqaMixer(nnx.Module):
             q_pos=ctx.positions,
             kv_pos=kv_pos,
             scale=att.head_dim**-0.5,
-            window=att.window if self.kind is LayerKind.SWA else 0,
-            sinks=self.sinks[...] if att.use_sinks else None,
+            window=window,
+            sinks=sinks,
         )
+        return self._output(x_BTD, out), state
+
+    def _output(self, x_BTD: jax.Array, out: jax.Array) -> jax.Array:
+        """The heads' outputs ``[B, T, H, V]`` gated (when configured) and projected back."""
+        att = attention_section(self.cfg, self.kind)
         if att.use_output_gate:
-            gate = rearrange(x_BTD @ self.gate_proj[...], heads, d=att.value_dim)
+            gate = x_BTD @ self.gate_proj[...]
+            gate = rearrange(gate, "b t (h d) -> b t h d", d=att.value_dim)
             out = (upcast(out) * jax.nn.sigmoid(upcast(gate))).astype(out.dtype)
         y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype)
-        return y @ self.o_proj[...], state
+        return y @ self.o_proj[...]

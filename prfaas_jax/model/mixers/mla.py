@@ -8,8 +8,9 @@ With ``use_output_gate`` (Bailing) each head's output is scaled by ``sigmoid(w_h
 ``W_o``. The latent norms use ``MlaConfig.latent_norm_eps`` (HF checkpoints: 1e-6).
 
 Prefill expands the latent cache per head (``k = [W_UK c ‖ k_r]``, ``v = W_UV c``) and runs
-ordinary attention; decode uses the absorbed form over the latent cache. Both forms live in
-ops/attention/reference.py and give the same numbers up to rounding — a test holds them to it.
+ordinary attention; decode uses the absorbed form over the latent cache (or over its pages, given
+a `PagedKvState`: ops/attention/paged.py). Both forms live in ops/attention/reference.py and give
+the same numbers up to rounding — a test holds them to it.
 ``MlaMixer`` is the layer as a Flax NNX module.
 """
 
@@ -23,11 +24,11 @@ from flax import nnx
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.model import initializers as init
 from prfaas_jax.model.mixers.context import StepContext
-from prfaas_jax.model.mixers.kv_cache import growing_positions, write_growing
+from prfaas_jax.model.mixers.kv_cache import growing_positions, write_growing, write_pages
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
-from prfaas_jax.model.state import MlaState
-from prfaas_jax.ops.dispatch import attention_op, mla_decode_op
+from prfaas_jax.model.state import MlaState, PagedKvState
+from prfaas_jax.ops.dispatch import attention_op, mla_decode_op, paged_mla_op
 from prfaas_jax.ops.precision import upcast
 
 
@@ -53,8 +54,8 @@ class MlaMixer(nnx.Module):
             self.gate_proj = init.dense(rngs, (dim, mla.num_heads), dtype)
 
     def __call__(
-        self, x_BTD: jax.Array, state: MlaState, ctx: StepContext
-    ) -> tuple[jax.Array, MlaState]:
+        self, x_BTD: jax.Array, state: MlaState | PagedKvState, ctx: StepContext
+    ) -> tuple[jax.Array, MlaState | PagedKvState]:
         mla = self.cfg.mla
         heads, nope, rope_dim = mla.num_heads, mla.qk_nope_head_dim, mla.qk_rope_head_dim
         positions = ctx.positions
@@ -72,15 +73,29 @@ class MlaMixer(nnx.Module):
         kv = x_BTD @ self.kv_a[...]
         c_kv = rms_norm(kv[..., : mla.kv_lora_rank], self.kv_a_norm[...], latent_eps)
         k_rope = apply_rope(kv[..., None, mla.kv_lora_rank :], positions, **rope)[:, :, 0]
+        w_kv = rearrange(self.kv_b[...], "r (h d) -> r h d", h=heads)
+        w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
+        scale = mla.qk_head_dim**-0.5
+        if isinstance(state, PagedKvState):  # one decode token, the latents in pages
+            state = write_pages(state, c_kv[:, 0], k_rope[:, 0], ctx, ring=False)
+            out = paged_mla_op(ctx.impl)(
+                q_nope[:, 0],
+                q_rope[:, 0],
+                state.first,
+                state.second,
+                w_uk,
+                w_uv,
+                ctx.new_lengths,
+                state.table,
+                scale=scale,
+            )[:, None]
+            return self._output(x_BTD, out), state
+
         state = MlaState(
             c_kv=write_growing(state.c_kv, c_kv, ctx),
             k_rope=write_growing(state.k_rope, k_rope, ctx),
         )
         kv_pos = growing_positions(state.c_kv.shape[1], ctx.new_lengths)
-
-        w_kv = rearrange(self.kv_b[...], "r (h d) -> r h d", h=heads)
-        w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
-        scale = mla.qk_head_dim**-0.5
         if ctx.decode:
             out = mla_decode_op(ctx.impl)(
                 q_nope,
@@ -104,8 +119,11 @@ class MlaMixer(nnx.Module):
             out = attention_op(ctx.impl)(
                 queries, keys, values, q_pos=positions, kv_pos=kv_pos, scale=scale
             )
-        if mla.use_output_gate:
+        return self._output(x_BTD, out), state
+
+    def _output(self, x_BTD: jax.Array, out: jax.Array) -> jax.Array:
+        """The heads' outputs ``[B, T, H, V]`` gated (Bailing) and projected back."""
+        if self.cfg.mla.use_output_gate:
             gate = jax.nn.sigmoid(upcast(x_BTD @ self.gate_proj[...]))
             out = (upcast(out) * gate[..., None]).astype(out.dtype)
-        y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]
-        return y, state
+        return rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]

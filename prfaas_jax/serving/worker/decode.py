@@ -24,8 +24,10 @@ Each request's record moves only along the `LEGAL_TRANSITIONS` of its `Phase`
 (serving/worker/decode_request.py): parked or waiting, ready, taken, decoding, then finished,
 failed or cancelled.
 
-One engine thread owns the `DecodeEngine` (continuous batching): it inserts ready requests into
-free slots as they arrive, runs one `step` for all active slots, sends each request its token,
+One engine thread owns the decode engine (continuous batching): it inserts ready requests into
+free slots as they arrive — in order, as many as the engine `fits` (with `[engine] allocator =
+"paged"` a request also waits until the block pool can promise every page it may need) — runs one
+`step` for all active slots, sends each request its token,
 and frees a slot when its request finishes or its client goes away. A request whose `Generate`
 asks for `logprobs` gets each decoded token's beside it (`DecodeResponse.logprobs`; the first
 token's come from its prefill). The first token (sampled by
@@ -397,17 +399,22 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             self._stop = True
             self._cv.notify_all()
 
-    def _take_ready(self, free: int) -> list[DecodeRequest]:
+    def _take_ready(self, engine: DecodeEngineLike) -> list[DecodeRequest]:
+        """The ready requests, in order, that the engine can take now (`fits`: free slots, and
+        with the paged engine every page each may need). One the engine cannot take even with
+        nothing live is taken all the same: its insert says why, and it fails."""
         with self._cv:
             self._reap()
             while not self._ready and not self._slots and not self._stop:
                 self._cv.wait(timeout=1.0)
                 self._reap()
-            taken = []
-            while self._ready and len(taken) < free:
-                req = self._ready.popleft()
+            wanted = [(req.prompt_len, max(1, req.max_new_tokens - 1)) for req in self._ready]
+            count = engine.fits(wanted)
+            if not count and self._ready and not self._slots:
+                count = 1
+            taken = [self._ready.popleft() for _ in range(count)]
+            for req in taken:
                 self._advance(req, Phase.TAKEN)
-                taken.append(req)
             return taken
 
     def _reap(self) -> None:
@@ -450,7 +457,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
 
     def _iterate(self, engine: DecodeEngineLike) -> None:
         """Admit ready requests into free slots, then one step for every active slot."""
-        for req in self._take_ready(engine.max_slots - len(self._slots)):
+        for req in self._take_ready(engine):
             if req.phase is Phase.CANCELLED:
                 continue
             req.out.put(req.first_token)

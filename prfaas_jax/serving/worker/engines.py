@@ -1,12 +1,15 @@
 """Engine construction for a worker process: `EngineFactory` builds and warms the engines.
 
 A worker builds the engine of its role on demand (at start, and again when the router switches
-the node's role) from the cluster config: the real JAX engines (engine/prefill.py,
-engine/decode.py) with the preset's seeded weights, or the hand-computable fakes
+the node's role) from the cluster config: the real JAX engines (engine/prefill.py, and
+engine/decode.py or with `[engine] allocator = "paged"` engine/paged_decode.py) with the preset's
+seeded weights, or the hand-computable fakes
 (engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
 compiles every executable a request can need — one prefill per length bucket at the fixed
 capacity `max_len` (and its segments, with `[engine] layer_groups > 1`), the first-token
-sampler, the decode step and the slot insert — so that no request pays a compile. In a
+sampler, the decode step and the slot insert — so that no request pays a compile (the paged
+engine's step, once per power-of-two batch of live rows; its insert still compiles per shape of
+a received state and count of its blocks, on first use). In a
 multi-process instance every process builds and warms the same engine, and the leader's is
 wrapped to publish each call to the others (engine/spmd.py). The worker processes share JAX's
 persistent compilation cache (engine/compile_cache.py): the first to compile an executable
@@ -24,7 +27,7 @@ from prfaas_jax.config import Impl, ModelConfig
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
-from prfaas_jax.serving.cluster_sections import EngineKind
+from prfaas_jax.serving.cluster_sections import Allocator, EngineKind
 
 log = logging.getLogger(__name__)
 
@@ -151,20 +154,69 @@ class EngineFactory:
         from prfaas_jax.model import init_state
         from prfaas_jax.model.sharding import make_mesh
 
-        engine = DecodeEngine(
-            self.cfg,
-            self._weights(),
-            max_slots=engine_cfg.max_slots,
-            max_len=engine_cfg.max_len,
-            impl=self.config.model.impl,
-            mesh=make_mesh(engine_cfg.decode_mesh) if engine_cfg.decode_mesh else None,
-        )
+        if engine_cfg.allocator is Allocator.PAGED:
+            engine = self._paged_decode()
+        else:
+            engine = DecodeEngine(
+                self.cfg,
+                self._weights(),
+                max_slots=engine_cfg.max_slots,
+                max_len=engine_cfg.max_len,
+                impl=self.config.model.impl,
+                mesh=make_mesh(engine_cfg.decode_mesh) if engine_cfg.decode_mesh else None,
+            )
         # A one-token state of capacity max_len compiles the insert and the step (built on the
-        # host: jnp.zeros would compile a fill per shape).
+        # host: jnp.zeros would compile a fill per shape); the paged engine's step compiles per
+        # power-of-two batch of live rows, so it takes 1, 2, 4, … of them at once.
         shapes = jax.eval_shape(functools.partial(init_state, self.cfg, 1, engine_cfg.max_len))
         state = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
         state = type(state)(lengths=np.ones(1, np.int32), layers=state.layers)
-        slot = engine.insert(state, 0, max_new_tokens=1)
-        engine.step()
-        engine.free(slot)
+        paged = engine_cfg.allocator is Allocator.PAGED
+        batch = 1
+        while batch == 1 or (paged and batch < 2 * engine.max_slots):
+            count = min(batch, engine.max_slots)
+            slots = [engine.insert(state, 0, max_new_tokens=1) for _ in range(count)]
+            engine.step()
+            for slot in slots:
+                engine.free(slot)
+            batch *= 2
         return engine
+
+    def _pages(self) -> tuple[int, int]:
+        """``(pages, rows)`` of the paged decode engine: ``[engine] num_pages`` (0: the bytes of
+        ``max_slots`` slots of ``max_len``), and a row for each request the pool holds at their
+        shortest (two positions each)."""
+        from prfaas_jax.engine.page_layout import page_layout
+        from prfaas_jax.state_bytes import state_nbytes
+
+        engine_cfg = self.config.engine
+        layout = page_layout(self.cfg, engine_cfg.block_size)
+        slots_bytes = engine_cfg.max_slots * state_nbytes(self.cfg, engine_cfg.max_len)
+        num_pages = engine_cfg.num_pages or max(1, slots_bytes // layout.page_bytes)
+        return num_pages, max(1, num_pages // layout.request_pages(2))
+
+    @property
+    def decode_rows(self) -> int:
+        """Requests the decode engine can decode at once: ``[engine] max_slots``, or the paged
+        engine's rows (as many as its pool holds at their shortest)."""
+        if self.fake or self.config.engine.allocator is not Allocator.PAGED:
+            return self.config.engine.max_slots
+        return self._pages()[1]
+
+    def _paged_decode(self) -> DecodeEngineLike:
+        """The paged decode engine of ``[engine]`` (`_pages`), with one capacity, ``max_len``,
+        as the slot engine's."""
+        from prfaas_jax.engine.paged_decode import PagedDecodeEngine
+
+        engine_cfg = self.config.engine
+        num_pages, rows = self._pages()
+        return PagedDecodeEngine(
+            self.cfg,
+            self._weights(),
+            num_pages=num_pages,
+            block_size=engine_cfg.block_size,
+            max_slots=rows,
+            max_len=engine_cfg.max_len,
+            impl=self.config.model.impl,
+            buckets=(engine_cfg.max_len,),
+        )

@@ -161,7 +161,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         or on the engine, decode streams waiting or in a slot, pushes being received), plus room
         for the short calls (stats, prefix lookups): a full queue never starves the calls that
         drain it, such as the pushes that waiting `Generate` streams need."""
-        prefill, decode, slots = self.prefill, self.decode, self.config.engine.max_slots
+        prefill, decode, slots = self.prefill, self.decode, self.factory.decode_rows
         return prefill.max_queue + decode.max_waiting + slots + decode.max_pending_states + 16
 
     @property
