@@ -1,19 +1,21 @@
-"""``DecodeEngine``: fixed slots, continuous batching, one compiled step for the whole batch.
+"""``DecodeEngine``: fixed slots, continuous batching, one compiled step for the busy rows.
 
 Also exposes ``NoFreeSlotError``.
 
 A request lives in a slot from ``insert`` to ``free``. ``insert`` copies a batch-1 state into its
-slot (one compiled function, the slot index a traced argument); each ``step`` runs one compiled
-``decode_step`` over all ``max_slots`` rows, masking empty and finished slots with ``active``
-(their state is untouched), then samples every row with its own settings and key
-(``sampling.draw_tokens``: token ``i`` of a request uses ``fold_in(request_key(seed), i)``). So a
-request yields the same tokens alone or interleaved with others, in any slot, inserted at any
-step. A slot finishes on its EOS token or when its ``max_new_tokens`` are out; it keeps its slot
-until ``free``. A request inserted with ``logprobs`` (its top count) also gets each token's
-log-probability (engine/logprobs.py) from ``logprobs(slot)`` after each step: a step with such
-a slot runs the compiled variant that computes them, so other batches pay nothing. Per-slot
-controls (last token, token index, key, knobs) live on the host and travel with each step;
-only the state stays on the device, donated from step to step.
+slot (one compiled function, the slot index a traced argument; the lowest free slot is taken); each
+``step`` runs one compiled ``decode_step`` over the first ``rows`` slots, the smallest power of two
+(at least ``MIN_STEP_ROWS``) that holds every active slot, masking empty and finished slots with
+``active`` (their state is untouched). A step's cost grows with its rows, so a lightly loaded
+engine does not pay for its idle slots; the rows beyond are neither read nor written. It then
+samples every row with its own settings and key (``sampling.draw_tokens``: token ``i`` of a request
+uses ``fold_in(request_key(seed), i)``). So a request yields the same tokens alone or interleaved
+with others, in any slot, inserted at any step. A slot finishes on its EOS token or when its
+``max_new_tokens`` are out; it keeps its slot until ``free``. A request inserted with ``logprobs``
+(its top count) also gets each token's log-probability (engine/logprobs.py) from ``logprobs(slot)``
+after each step: a step with such a slot runs the compiled variant that computes them, so other
+batches pay nothing. Per-slot controls (last token, token index, key, knobs) live on the host and
+travel with each step; only the state stays on the device, donated from step to step.
 """
 
 from __future__ import annotations
@@ -48,14 +50,19 @@ def _decode_and_sample(
     cfg: ModelConfig,
     impl: Impl,
     top: int = 0,
+    rows: int | None = None,
 ) -> tuple[ModelState, jax.Array] | tuple[ModelState, jax.Array, tuple]:
-    """The next state and token of every slot; with ``top`` > 0 also their log-probabilities
-    (`log_softmax_top`, ``top`` wide)."""
-    logits, state = decode_step(params, cfg, tokens_S, state, impl=impl, active=active_S)
+    """The next state and token of the first ``rows`` slots (all when None; the controls hold
+    ``rows`` entries); with ``top`` > 0 also their log-probabilities (`log_softmax_top`,
+    ``top`` wide). The other slots' state comes back as it went in."""
+    part = state if rows is None else jax.tree.map(lambda x: x[:rows], state)
+    logits, part = decode_step(params, cfg, tokens_S, part, impl=impl, active=active_S)
+    if rows is not None:  # written back in place: the state is donated
+        part = jax.tree.map(lambda x, p: x.at[:rows].set(p), state, part)
     drawn = draw_tokens(logits, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
     if not top:
-        return state, drawn
-    return state, drawn, log_softmax_top(logits, drawn, top)
+        return part, drawn
+    return part, drawn, log_softmax_top(logits, drawn, top)
 
 
 def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelState:
@@ -65,7 +72,21 @@ def _insert_row(slots: ModelState, row: ModelState, slot: jax.Array) -> ModelSta
 
 
 # Module-level jits: engines of the same (cfg, impl) share JAX's compile cache.
-_STEP = jax.jit(_decode_and_sample, static_argnames=("cfg", "impl", "top"), donate_argnums=(1,))
+_STEP = jax.jit(
+    _decode_and_sample, static_argnames=("cfg", "impl", "top", "rows"), donate_argnums=(1,)
+)
+
+# Fewer rows than this never pay for their own compiled step (and small engines keep one).
+MIN_STEP_ROWS = 4
+
+
+def step_rows(active_slots: list[int], max_slots: int) -> int:
+    """The rows a step runs: the smallest power of two ≥ ``MIN_STEP_ROWS`` that holds every
+    active slot, at most ``max_slots``."""
+    rows = max(MIN_STEP_ROWS, 1 << max(active_slots).bit_length())
+    return min(rows, max_slots)
+
+
 _INSERT = jax.jit(_insert_row, donate_argnums=(0,))
 
 
@@ -132,13 +153,16 @@ class DecodeEngine(SlotControls):
         if not active_slots:
             return []
         asked, top = self._top(active_slots)
+        # On a mesh the batch axis may be sharded: every step keeps the whole batch.
+        rows = step_rows(active_slots, self.max_slots) if self.mesh is None else self.max_slots
         self._state, tokens, *scored = _STEP(
             self.params,
             self._state,
-            *self._controls(active_slots),
+            *(c[:rows] for c in self._controls(active_slots)),
             cfg=self.cfg,
             impl=self.impl,
             top=top,
+            rows=None if rows == self.max_slots else rows,
         )
         tokens = np.asarray(tokens)
         self._keep_logprobs(asked, {slot: slot for slot in asked}, tokens, scored)

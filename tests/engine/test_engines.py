@@ -30,7 +30,7 @@ from conftest import PRESETS, greedy_generation, preset
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.codec.format import StateDecodeError
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff, split_handoff
-from prfaas_jax.engine.decode import DecodeEngine, NoFreeSlotError
+from prfaas_jax.engine.decode import DecodeEngine, NoFreeSlotError, step_rows
 from prfaas_jax.engine.prefill import PrefillEngine, default_buckets, split_layers
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
@@ -236,6 +236,43 @@ def test_continuous_batching_matches_requests_run_alone():
         step += 1
     assert got == alone
     assert len(set(map(tuple, got.values()))) == len(got)
+
+
+def test_step_rows_hold_every_active_slot():
+    # (active slots, max_slots) → rows: the smallest power of two ≥ 4 past the highest slot.
+    cases = {((0,), 8): 4, ((3,), 8): 4, ((4,), 8): 8, ((0, 7), 8): 8, ((2,), 2): 2, ((4,), 6): 6}
+    for (active, max_slots), rows in cases.items():
+        assert step_rows(list(active), max_slots) == rows
+
+
+def test_steps_over_fewer_rows_leave_every_request_its_tokens():
+    """Eight slots: a request alone steps over 4 rows, with five more over 8, then over 4 again;
+    its tokens, and each of the others', equal those it makes alone."""
+    cfg, params, prefill_engine, _ = engines("tiny")
+    engine = DecodeEngine(cfg, params, max_slots=8, max_len=MAX_LEN)
+    budgets = {5: 20, 9: 3, 13: 4, 17: 2, 21: 5, 26: 3}  # prompt length → new tokens
+    prefilled = {n: prefill_engine.prefill(prompt(n)) for n in budgets}
+    alone = {
+        n: run_alone(engine, r.state, r.first_token, max_new_tokens=budgets[n])
+        for n, r in prefilled.items()
+    }
+    got = {n: [r.first_token] for n, r in prefilled.items()}
+    owner = {engine.insert(prefilled[5].state, prefilled[5].first_token, max_new_tokens=20): 5}
+    step = 0
+    while owner:
+        if step == 2:  # slots 1-5: the step spans all eight rows until they finish
+            for n in list(budgets)[1:]:
+                r = prefilled[n]
+                owner[engine.insert(r.state, r.first_token, max_new_tokens=budgets[n])] = n
+            assert step_rows(engine.active_slots, 8) == 8
+        for slot, token in engine.step():
+            got[owner[slot]].append(token)
+        for slot in [s for s in owner if engine.is_finished(s)]:
+            engine.free(slot)
+            del owner[slot]
+        step += 1
+    assert step > 8  # the first request outlived the others, back on 4 rows
+    assert got == alone
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=1.0, top_k=40, seed=7)])
