@@ -166,14 +166,14 @@ class EngineFactory:
                 mesh=make_mesh(engine_cfg.decode_mesh) if engine_cfg.decode_mesh else None,
             )
         # A one-token state of capacity max_len compiles the insert and the step (built on the
-        # host: jnp.zeros would compile a fill per shape); the paged engine's step compiles per
-        # power-of-two batch of live rows, so it takes 1, 2, 4, … of them at once.
+        # host: jnp.zeros would compile a fill per shape). Both engines' steps compile per
+        # power-of-two batch of rows (the paged engine's live rows, the slot engine's first rows
+        # up to the highest busy slot), so the warm-up takes 1, 2, 4, … requests at once.
         shapes = jax.eval_shape(functools.partial(init_state, self.cfg, 1, engine_cfg.max_len))
         state = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes)
         state = type(state)(lengths=np.ones(1, np.int32), layers=state.layers)
-        paged = engine_cfg.allocator is Allocator.PAGED
         batch = 1
-        while batch == 1 or (paged and batch < 2 * engine.max_slots):
+        while batch < 2 * engine.max_slots:
             count = min(batch, engine.max_slots)
             slots = [engine.insert(state, 0, max_new_tokens=1) for _ in range(count)]
             engine.step()
