@@ -61,11 +61,22 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster.cgroups import NodeCgroups
 from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_remote
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
-from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
-from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
+from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port, pid_alive
+from prfaas_jax.serving.cluster_config import (
+    check_binds,
+    instance_roles,
+    load_cluster_config,
+    load_security_file,
+    local_devices,
+)
+from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.transport.certs import write_cluster_credentials
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
+from prfaas_jax.toml_config import dumps
 
+NETNS_CREDENTIALS_DAYS = 7  # the certificates a --netns run makes (removed when it stops)
+CREDENTIALS_PREFIX = "prfaas-netns-credentials-"  # + the launcher's pid
 WAN_ROLE = "wan"  # the delay line's child: neither a worker nor the router
 WORKER_ROLES = frozenset(role.value for role in Role)
 
@@ -96,15 +107,24 @@ class ClusterProcesses:
             raise UserError(
                 "--netns runs both clusters on this machine: it does not go with --only"
             )
+        security = self.config.security
         if netns:
             require_netns(wan=self.config.link.in_packets)
-            if self.config.security.tls:
+            if security.tls:
                 raise UserError(
-                    "--netns with [security] certificates is not supported: the generated "
-                    "certificates name 127.0.0.1 only, and the namespaced workers have other "
-                    "addresses"
+                    "--netns makes its own certificates for its namespaces' addresses: leave "
+                    "[security] ca_cert, cert and key out of a --netns cluster's config"
                 )
+        # Under --netns the router and its metrics stay on this namespace's loopback and the
+        # workers bind their namespaces' addresses, known at start (`_secure_netns`).
+        for warning in [] if netns else check_binds(self.config, self.only):
+            print(f"prfaas serve: {warning}", file=sys.stderr, flush=True)
         self.netns = netns
+        # What the workers' ports and every channel between the processes use: the config's
+        # [security], or under --netns certificates made at start for the namespaces'
+        # addresses (`_make_netns_credentials`), in `_credentials_dir`, removed at stop.
+        self.peer_security: SecuritySection = security
+        self._credentials_dir: Path | None = None
         self.topology: NetnsTopology | None = None
         # Node classes ([node_classes]): a cgroup per instance that has one, made at start.
         self.cgroups: NodeCgroups | None = None
@@ -167,7 +187,7 @@ class ClusterProcesses:
     def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> ChildProcess:
         """One instance: a worker process, or for a multi-process PrfaaS instance its leader
         (process 0, which serves) with the followers attached to it (engine/spmd.py)."""
-        extra = ["--name", name, "--role", role.value]
+        extra = ["--name", name, "--role", role.value, *self._security_flags()]
         if self.compile_cache:
             extra += ["--compile-cache", self.compile_cache]
         devices = local_devices(self.config, role)
@@ -229,7 +249,8 @@ class ClusterProcesses:
                 if not child.info and child.address_file.exists():
                     child.info = json.loads(child.address_file.read_text())
                 # With certificates, the probe presents the node's: workers require mTLS.
-                security = self.config.security
+                router = child.role == "router"
+                security = self.config.security if router else self.peer_security
                 if (
                     child.info
                     and health_status(child.info["address"], security_section=security) == "SERVING"
@@ -257,6 +278,7 @@ class ClusterProcesses:
                 )
                 if self.topology.wan:
                     self._start_wan(deadline)
+                self._secure_netns()
             pending = list(roles.items())
             if self.compile_cache:
                 # One worker per engine kind first: the others then hit the compile cache.
@@ -271,7 +293,7 @@ class ClusterProcesses:
             workers = self._write_workers()
             if "router" in self.only:
                 wait_remote(self.config, self.remote, deadline, self._stop, self.ready_timeout_s)
-                extra = ["--workers", str(self._workers_file)]
+                extra = ["--workers", str(self._workers_file), *self._security_flags()]
                 endpoint = self.config.hosts.router
                 if self.topology is None:  # under --netns the router stays on loopback
                     extra += ["--host", endpoint.host, "--port", str(endpoint.port)]
@@ -318,9 +340,44 @@ class ClusterProcesses:
             self.ready["node_classes"] = dict(self.cgroups.classes)
         if self.topology is not None:
             self.ready["netns"] = self.topology.describe()
+            # Whether the namespaces' ports want the certificates made for this run.
+            self.ready["netns"]["mutual_tls"] = self.peer_security.tls
             if self._schedule_start is not None:
                 self.ready["netns"]["schedule_start_unix_s"] = self._schedule_start[1]
         return self.ready
+
+    def _secure_netns(self) -> None:
+        """The rule beyond loopback for the namespaces' workers: certificates made now, for
+        this run only, unless the config allows plaintext (then one warning per cluster)."""
+        topology = self.topology
+        assert topology is not None
+        hosts = {"PrfaaS": topology.prfaas_host, "PD": topology.pd_host}
+        if self.config.security.allow_plaintext:
+            for what, host in hosts.items():
+                warning = self.config.security.check_bind(host, f"the {what} workers")
+                print(f"prfaas serve: {warning}", file=sys.stderr, flush=True)
+            return
+        # A killed launcher's certificates go at the next start, as its namespaces do.
+        for stale in Path(tempfile.gettempdir()).glob(f"{CREDENTIALS_PREFIX}*"):
+            pid = stale.name.removeprefix(CREDENTIALS_PREFIX).split("-", 1)[0]
+            if pid.isdigit() and not pid_alive(int(pid)):
+                shutil.rmtree(stale, ignore_errors=True)
+        prefix = f"{CREDENTIALS_PREFIX}{os.getpid()}-"
+        self._credentials_dir = Path(tempfile.mkdtemp(prefix=prefix))
+        paths = write_cluster_credentials(
+            self._credentials_dir, days=NETNS_CREDENTIALS_DAYS, hosts=list(hosts.values())
+        )
+        security_file = self._credentials_dir / "security.toml"
+        security_file.write_text(
+            dumps({"security": {k: str(v) for k, v in paths.items() if k != "token_file"}})
+        )
+        self.peer_security = load_security_file(security_file)
+
+    def _security_flags(self) -> list[str]:
+        """A child's flag for the certificates `_secure_netns` made (none without them)."""
+        if self._credentials_dir is None:
+            return []
+        return ["--cluster-security", str(self._credentials_dir / "security.toml")]
 
     def _start_wan(self, deadline: float) -> None:
         """The delay line of the WAN namespace (serving/cluster/wan.py), served once its address
@@ -459,3 +516,6 @@ class ClusterProcesses:
         if self.topology is not None:
             self.topology.close()
             self.topology = None
+        if self._credentials_dir is not None:
+            shutil.rmtree(self._credentials_dir, ignore_errors=True)
+            self._credentials_dir = None

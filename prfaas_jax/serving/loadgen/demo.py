@@ -286,6 +286,8 @@ def run_demo(
     with ClusterProcesses(cluster_config.path, log_dir=log_dir, netns=netns) as cluster:
         ready = cluster.start()
         log(f"cluster ready: router {ready['router']}, {len(ready['workers'])} workers")
+        if netns and ready["netns"]["mutual_tls"]:
+            log("every port across the namespaces: mutual TLS, with certificates made for this run")
         topology = cluster.topology
         link_before = topology.link_tx_bytes() if topology is not None else 0
         # The reference compiles while the workers start; let it finish before the workload,

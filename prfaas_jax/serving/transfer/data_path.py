@@ -53,6 +53,7 @@ from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transfer.api import TransferCutError
 from prfaas_jax.serving.transfer.state_chunks import FrameChunk
+from prfaas_jax.serving.transport.security import check_listen
 
 MAGIC = b"PRFT"
 VERSION = 1
@@ -183,6 +184,7 @@ class DataListener:
         hello_timeout_s: float = 10.0,
     ) -> None:
         self._tls = _tls_context(security, server=True)
+        check_listen(security, host, "a decode worker's data port", tls=self._tls is not None)
         self.claim_timeout_s, self.hello_timeout_s = claim_timeout_s, hello_timeout_s
         self._server = socket.create_server((host, port), family=_family(host), backlog=128)
         self.host, self.port = host, self._server.getsockname()[1]
