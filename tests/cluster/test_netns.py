@@ -7,14 +7,12 @@ process outlives the cluster."""
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import datetime
 import itertools
 import json
 import os
 import pathlib
 import shutil
-import ssl
 import subprocess
 import sys
 import threading
@@ -23,7 +21,7 @@ import time
 import grpc
 import pytest
 from cryptography import x509
-from serving_support import fake_config, generate
+from serving_support import assert_data_port_refuses, fake_config, generate
 
 from prfaas_jax.cli import main as prfaas
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
@@ -186,15 +184,7 @@ def test_every_cross_namespace_port_wants_the_runs_certificates(netns_cluster):
             port = stub.DataPath(pb.DataPathRequest(), timeout=10).port
         host = address.rsplit(":", 1)[0]
         for client in (None, no_certificate):
-            try:
-                conn = DataSender.connect(host, port, client, timeout_s=5)
-            except OSError:  # refused in the handshake
-                continue
-            conn._conn.settimeout(5)
-            # The worker closed it: an end of stream, a reset, or a TLS alert.
-            with contextlib.suppress(ConnectionResetError, ssl.SSLError):
-                assert conn._conn.recv(1) == b""
-            conn.close()
+            assert_data_port_refuses(host, port, client)
         DataSender.connect(host, port, peer, timeout_s=5).close()
     assert health_status(ready["router"]) == "SERVING"
 
