@@ -6,7 +6,9 @@ the tokenizer of ``--tokenizer DIR`` or of the served model's directory (a check
 ``/v1/completions`` and ``/v1/chat/completions`` on ``--host:--port`` (serving/frontdoor) until
 SIGTERM or Ctrl-C, exiting 0. With ``--token-file`` (the cluster's
 ``[security]`` token) the router calls carry the token and HTTP clients must present it as
-``Authorization: Bearer …``, as the router's own clients do.
+``Authorization: Bearer …``, as the router's own clients do. With ``--cert`` and ``--key`` it
+serves HTTPS with that certificate; beyond loopback (``--host``) it needs them and the token,
+or ``--allow-plaintext`` (docs/serving.md, Security, "Beyond loopback").
 """
 
 from __future__ import annotations

@@ -2,7 +2,9 @@
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
 `SecuritySection`, `FaultsSection`, `HostsSection` (with its `Endpoint`s) and `NodeClassSection`
-(one `[node_classes.NAME]` table); and `EngineKind`, the `[model] engine` choice.
+(one `[node_classes.NAME]` table); `EngineKind`, the `[model] engine` choice; and the rule
+beyond loopback every server keeps (`is_loopback`, `bind_refusal`, `PLAINTEXT_FIX`; applied by
+`SecuritySection.check_bind`).
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
