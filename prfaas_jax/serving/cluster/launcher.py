@@ -81,6 +81,27 @@ WAN_ROLE = "wan"  # the delay line's child: neither a worker nor the router
 WORKER_ROLES = frozenset(role.value for role in Role)
 
 
+def _owner(folder: Path) -> int:
+    """The pid of the launcher that made a folder of `credentials_folders` (-1: not one)."""
+    owner = folder.name.removeprefix(CREDENTIALS_PREFIX).split("-", 1)[0]
+    return int(owner) if owner.isdigit() else -1
+
+
+def credentials_folders(pid: int | None = None) -> list[Path]:
+    """The folders of certificates `--netns` launchers made (launcher ``pid``'s only, if
+    given), in the temporary directory."""
+    found = Path(tempfile.gettempdir()).glob(f"{CREDENTIALS_PREFIX}*")
+    return [f for f in found if _owner(f) >= 0 and pid in (None, _owner(f))]
+
+
+def remove_stale_credentials() -> list[Path]:
+    """Delete the certificates of `--netns` launchers that are gone; returns their folders."""
+    stale = [f for f in credentials_folders() if not pid_alive(_owner(f))]
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
+
+
 class ClusterProcesses:
     def __init__(
         self,
@@ -357,11 +378,7 @@ class ClusterProcesses:
                 warning = self.config.security.check_bind(host, f"the {what} workers")
                 print(f"prfaas serve: {warning}", file=sys.stderr, flush=True)
             return
-        # A killed launcher's certificates go at the next start, as its namespaces do.
-        for stale in Path(tempfile.gettempdir()).glob(f"{CREDENTIALS_PREFIX}*"):
-            pid = stale.name.removeprefix(CREDENTIALS_PREFIX).split("-", 1)[0]
-            if pid.isdigit() and not pid_alive(int(pid)):
-                shutil.rmtree(stale, ignore_errors=True)
+        remove_stale_credentials()  # a killed launcher's, as its namespaces go
         prefix = f"{CREDENTIALS_PREFIX}{os.getpid()}-"
         self._credentials_dir = Path(tempfile.mkdtemp(prefix=prefix))
         paths = write_cluster_credentials(
