@@ -233,8 +233,10 @@ class ClusterProcesses:
         processes = self.config.instances.prfaas_processes if prfaas else 1
         if processes == 1:
             return self._spawn(name, role.value, module, extra, log_name, prefix)
-        port = free_port() if self.topology is not None else free_port(host)
-        extra += ["--coordinator", f"{host}:{port}", "--num-processes", str(processes)]
+        # The coordination service carries every prefill's call in the clear: on this
+        # machine's (or namespace's) loopback only, where all the instance's processes run.
+        coordinator = f"127.0.0.1:{free_port()}"
+        extra += ["--coordinator", coordinator, "--num-processes", str(processes)]
         log_name = log_name or name
         followers = [
             self._child(
