@@ -354,16 +354,14 @@ def run_demo(
 # What the wire adds to the frames: Ethernet + IPv4 + TCP (with timestamps) headers are 66 bytes
 # per segment of at most 1,448 payload bytes (4.6 %), and gRPC adds its HTTP/2 frame headers.
 LINK_TOLERANCE = 0.08
-# And over mutual TLS, per transfer: its data connection's handshake (the sender's hello,
-# certificate and finish, ~2 KB, and the segments acknowledging the receiver's), the records'
-# framing, and for the first transfers the handshakes of the gRPC channels.
+# Per transfer over mutual TLS: its data connection's handshake (~2 KB from the sender, and the
+# segments acknowledging the receiver's), record framing, the gRPC channels' first handshakes.
 TLS_BYTES_PER_TRANSFER = 8192
 
 
 def link_matches(kernel_bytes: int, shipped_bytes: int, tls_transfers: int = 0) -> bool:
     """The veth carried the shipped states: every shipped byte crossed it, and little else did
-    (at most `LINK_TOLERANCE` more, the headers, and `TLS_BYTES_PER_TRANSFER` for each of
-    ``tls_transfers``)."""
+    (`LINK_TOLERANCE` more, the headers, and `TLS_BYTES_PER_TRANSFER` per TLS transfer)."""
     most = (1 + LINK_TOLERANCE) * shipped_bytes + TLS_BYTES_PER_TRANSFER * tls_transfers
     return 0 < shipped_bytes <= kernel_bytes <= most
 
