@@ -5,8 +5,12 @@ machines.py).
 On loopback by default, or where `[hosts]` puts each server; with `netns` the PrfaaS and PD
 clusters each run in a network namespace of their own, joined by a kernel-shaped veth
 (serving/cluster/netns.py), and the ready info gains `"netns"`: the namespaces, host addresses,
-link device and rate. An instance whose cluster has a node class (`[instances] prfaas_class`,
-`pd_class`) runs in cgroups of its own with that class's CPU quota and cores
+link device and rate. The workers there bind addresses beyond loopback, so the launcher makes a
+CA and a node certificate for them at start (`_secure_netns`) and every worker port and channel
+between the processes uses mutual TLS; elsewhere `check_binds` refuses, before anything
+starts, a config whose servers would listen beyond loopback in plaintext. An instance whose
+cluster has a node class (`[instances] prfaas_class`, `pd_class`) runs in cgroups of its own
+with that class's CPU quota and cores
 (serving/cluster/cgroups.py; the router and the delay line then get cgroups with the nodes'
 weight and no quota), and the ready info gains `"node_classes"`. With `only` a launcher
 runs part of the cluster (the router, the PrfaaS or the PD instances) and another machine's
@@ -143,7 +147,7 @@ class ClusterProcesses:
         self.netns = netns
         # What the workers' ports and every channel between the processes use: the config's
         # [security], or under --netns certificates made at start for the namespaces'
-        # addresses (`_make_netns_credentials`), in `_credentials_dir`, removed at stop.
+        # addresses (`_secure_netns`), in `_credentials_dir`, removed at stop.
         self.peer_security: SecuritySection = security
         self._credentials_dir: Path | None = None
         self.topology: NetnsTopology | None = None
@@ -386,10 +390,9 @@ class ClusterProcesses:
         paths = write_cluster_credentials(
             self._credentials_dir, days=NETNS_CREDENTIALS_DAYS, hosts=list(hosts.values())
         )
+        paths.pop("token_file").unlink()  # the router's port stays as the config has it
         security_file = self._credentials_dir / "security.toml"
-        security_file.write_text(
-            dumps({"security": {k: str(v) for k, v in paths.items() if k != "token_file"}})
-        )
+        security_file.write_text(dumps({"security": {k: str(v) for k, v in paths.items()}}))
         self.peer_security = load_security_file(security_file)
 
     def _security_flags(self) -> list[str]:
