@@ -24,7 +24,12 @@ tensor; the codec does not look at values) and times, best of ``--repeat`` (the 
   serving/transfer/data_path.py), timed to its reply; with the CPU seconds each side spent
   per push;
 - ``push on the stream``: the same with the frames as messages of the gRPC stream
-  (``[link] data_path = false``).
+  (``[link] data_path = false``);
+- ``push with TLS``, ``push on the stream with TLS`` (``--tls``): both pushes again, to a
+  second receiver whose gRPC port and data port want mutual TLS, as every port beyond loopback
+  does (certificates as ``prfaas certs`` makes them): what encryption costs the state
+  transfer, against the plaintext push (the data path: Python's ``ssl``; the stream: gRPC's
+  own TLS).
 
 Rates are state payload bytes per second (the wire bytes are 0.01 % more); each row shows the
 ratios the codec is held to: encode and decode against the warm copy (the JSON also has them
@@ -33,7 +38,7 @@ same as JSON.
 
     python bench/codec.py [--presets kimi-linear-48b,qwen3-next-80b]
                           [--lengths 1024,8192,32768,131072] [--frame-bytes 4194304]
-                          [--repeat 3] [--streams 1] [--json]
+                          [--repeat 3] [--streams 1] [--tls] [--json]
 
 Memory: the state, its frames and the decoded copy are held at once (3× the state; 3.4 GiB
 for ``kimi-linear-48b`` at 128K tokens).
@@ -48,6 +53,7 @@ import os
 import platform
 import socket
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -66,11 +72,14 @@ from prfaas_jax.engine.codec.layout import canonical_arrays, canonical_tensors, 
 from prfaas_jax.engine.host_memory import STATE_BLOCKS, reuse_freed_memory
 from prfaas_jax.engine.sampling_params import GREEDY
 from prfaas_jax.model.state import ModelState
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transfer.channels import DecodeChannels
 from prfaas_jax.serving.transfer.data_path import DataListener, push_messages
 from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transfer.stripes import MAX_STRIPES
+from prfaas_jax.serving.transport.certs import write_cluster_credentials
+from prfaas_jax.serving.transport.security import server_credentials
 from prfaas_jax.serving.transport.server import CHANNEL_OPTIONS, ServingServer
 from prfaas_jax.serving.worker.decode import DecodeService
 
@@ -148,9 +157,14 @@ def _add_sink(_: object, server: grpc.Server) -> None:
     )
 
 
-def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
-    """Another process: a TCP sink and the decode worker's servicer, until terminated or its
-    parent is gone."""
+def _receiver(
+    preset: str,
+    max_len: int,
+    ports: multiprocessing.Queue,
+    security: SecuritySection | None = None,
+) -> None:
+    """Another process: a TCP sink and the decode worker's servicer (mutual TLS on its ports
+    with ``security``), until terminated or its parent is gone."""
     parent = os.getppid()
     threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     reuse_freed_memory()  # as a decode worker does
@@ -160,13 +174,14 @@ def _receiver(preset: str, max_len: int, ports: multiprocessing.Queue) -> None:
         cfg=cfg,
         max_len=max_len,
         admit=lambda context: None,
-        data_path=DataListener(),
+        data_path=DataListener(security=security),
     )
     server = ServingServer(
         [
             (add_decode_worker_servicer, service, "prfaas.v1.DecodeWorker"),
             (_add_sink, None, SINK_SERVICE),
-        ]
+        ],
+        credentials=server_credentials(security, require_client_auth=True) if security else None,
     )
     listener = socket.create_server(("127.0.0.1", 0))
     ports.put((server.port, listener.getsockname()[1]))
@@ -243,6 +258,86 @@ def _push(
     return reply
 
 
+def _time_pushes(
+    channels: DecodeChannels,
+    address: str,
+    state: ModelState,
+    cfg: ModelConfig,
+    args: argparse.Namespace,
+    peer: int,
+    pushes: Iterator[int],
+) -> tuple[float, float, float]:
+    """The best time of a push to the receiver at ``address`` (process ``peer``) after the
+    untimed ones, and the CPU seconds per push of the receiver and of this process."""
+    nbytes = sum(spec.nbytes for spec in canonical_tensors(cfg, int(np.asarray(state.lengths)[0])))
+
+    def push() -> pb.PushStateReply:
+        rid = f"r{next(pushes)}"
+        return _push(channels, address, state, cfg, args.frame_bytes, rid, args.streams)
+
+    for _ in range(WARMUP):
+        reply = push()
+    if reply.state_bytes != nbytes:
+        raise AssertionError(f"the decode worker took {reply.state_bytes} B of {nbytes}")
+    cpu = (_cpu_seconds(peer), time.process_time())
+    seconds = best_of(args.repeat, push)
+    receiver = (_cpu_seconds(peer) - cpu[0]) / args.repeat
+    return seconds, receiver, (time.process_time() - cpu[1]) / args.repeat
+
+
+def _start_receiver(
+    preset: str, length: int, security: SecuritySection | None = None
+) -> tuple[multiprocessing.Process, int, int]:
+    """The receiver process, with its gRPC and socket ports."""
+    context = multiprocessing.get_context("spawn")
+    ports = context.Queue()
+    peer = context.Process(target=_receiver, args=(preset, length, ports, security), daemon=True)
+    peer.start()
+    grpc_port, socket_port = ports.get(timeout=120)
+    return peer, grpc_port, socket_port
+
+
+def _pushes_with_tls(
+    state: ModelState, cfg: ModelConfig, preset: str, args: argparse.Namespace, row: dict
+) -> dict[str, float]:
+    """The pushes to a receiver whose ports want mutual TLS, on the data path and on the
+    stream: their best times (and their CPU seconds per push into ``row``)."""
+    with tempfile.TemporaryDirectory() as folder:
+        paths = write_cluster_credentials(folder, days=1)
+        security = SecuritySection(**{k: str(v) for k, v in paths.items() if k != "token_file"})
+        peer, grpc_port, _ = _start_receiver(preset, int(np.asarray(state.lengths)[0]), security)
+        try:
+            address = f"127.0.0.1:{grpc_port}"
+            return _pushes(peer.pid, address, security, "_tls", state, cfg, args, row)
+        finally:
+            peer.terminate()
+            peer.join()
+
+
+def _pushes(
+    peer: int,
+    address: str,
+    security: SecuritySection | None,
+    suffix: str,
+    state: ModelState,
+    cfg: ModelConfig,
+    args: argparse.Namespace,
+    row: dict,
+) -> dict[str, float]:
+    """Both pushes to the receiver at ``address`` (process ``peer``): the frames on the data
+    path ("push" + ``suffix``) and on the stream ("push_stream" + ``suffix``); their best
+    times, and their CPU seconds per push on each side into ``row``."""
+    times, pushes = {}, iter(range(10**6))
+    for name, data_path in ((f"push{suffix}", True), (f"push_stream{suffix}", False)):
+        channels = DecodeChannels(security, data_path=data_path)
+        times[name], receiver, sender = _time_pushes(
+            channels, address, state, cfg, args, peer, pushes
+        )
+        # Where the round trip's time goes: CPU seconds per push on each side.
+        row[f"{name}_receiver_cpu_s"], row[f"{name}_sender_cpu_s"] = receiver, sender
+    return times
+
+
 def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
     cfg = load_model_config(preset)
     state = random_state(cfg, length)
@@ -265,12 +360,8 @@ def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
     row["decode_blocks"] = STATE_BLOCKS.taken - taken
     row["decode_blocks_reused"] = STATE_BLOCKS.reused - reused
 
-    context = multiprocessing.get_context("spawn")
-    ports = context.Queue()
-    peer = context.Process(target=_receiver, args=(preset, length, ports), daemon=True)
-    peer.start()
+    peer, grpc_port, socket_port = _start_receiver(preset, length)
     try:
-        grpc_port, socket_port = ports.get(timeout=120)
         with socket.create_connection(("127.0.0.1", socket_port)) as conn:
             for _ in range(WARMUP):
                 _socket_round(conn, frames)
@@ -282,26 +373,12 @@ def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
             sink()
         times["grpc_bare"] = best_of(args.repeat, sink)
         channel.close()
-        address, pushes = f"127.0.0.1:{grpc_port}", iter(range(10**6))
-        for name, data_path in (("push", True), ("push_stream", False)):
-            channels = DecodeChannels(data_path=data_path)
-
-            def push(channels: DecodeChannels = channels) -> pb.PushStateReply:
-                rid = f"r{next(pushes)}"
-                return _push(channels, address, state, cfg, args.frame_bytes, rid, args.streams)
-
-            for _ in range(WARMUP):
-                reply = push()
-            if reply.state_bytes != nbytes:
-                raise AssertionError(f"the decode worker took {reply.state_bytes} B of {nbytes}")
-            cpu = (_cpu_seconds(peer.pid), time.process_time())
-            times[name] = best_of(args.repeat, push)
-            # Where the round trip's time goes: CPU seconds per push on each side.
-            row[f"{name}_receiver_cpu_s"] = (_cpu_seconds(peer.pid) - cpu[0]) / args.repeat
-            row[f"{name}_sender_cpu_s"] = (time.process_time() - cpu[1]) / args.repeat
+        times |= _pushes(peer.pid, f"127.0.0.1:{grpc_port}", None, "", state, cfg, args, row)
     finally:
         peer.terminate()
         peer.join()
+    if args.tls:
+        times |= _pushes_with_tls(state, cfg, preset, args, row)
     row |= {f"{name}_s": seconds for name, seconds in times.items()}
     rates = {name: nbytes / seconds for name, seconds in times.items()}
     row |= {f"{name}_gb_s": rate / GB for name, rate in rates.items()}
@@ -312,6 +389,9 @@ def measure(preset: str, length: int, args: argparse.Namespace) -> dict:
     row["push_vs_socket"] = rates["push"] / rates["socket"]
     row["push_stream_vs_socket"] = rates["push_stream"] / rates["socket"]
     row["grpc_bare_vs_socket"] = rates["grpc_bare"] / rates["socket"]
+    if args.tls:
+        row["push_tls_vs_push"] = rates["push_tls"] / rates["push"]
+        row["push_stream_tls_vs_push"] = rates["push_stream_tls"] / rates["push"]
     return row
 
 
@@ -344,17 +424,28 @@ COLUMNS = (
     ("CPU-s per push: receiver / sender", None, None),
     ("CRC32 GB/s: zlib-ng / zlib", None, None),
 )
+TLS_COLUMNS = (
+    ("push with TLS GB/s (÷ push)", "push_tls", None),
+    ("push on the stream with TLS GB/s (÷ push)", "push_stream_tls", None),
+)
+
+
+def columns(rows: list[dict]) -> tuple[tuple[str, str | None, str | None], ...]:
+    """The table's columns: with ``--tls`` the TLS pushes too."""
+    return (*COLUMNS, *TLS_COLUMNS) if rows and "push_tls_gb_s" in rows[0] else COLUMNS
 
 
 def cells(row: dict) -> list[str]:
     out = []
-    for title, key, fmt in COLUMNS:
+    for title, key, fmt in columns([row]):
         if title == "MiB":
             out.append(f"{row['state_bytes'] / 2**20:,.0f}")
         elif title.startswith("memcpy"):
             out.append(f"{row['memcpy_fresh_gb_s']:.1f} / {row['memcpy_warm_gb_s']:.1f}")
         elif title.startswith("gRPC bytes"):
             out.append(f"{row['grpc_bare_gb_s']:.2f} ({row['grpc_bare_vs_socket']:.0%})")
+        elif title.endswith("with TLS GB/s (÷ push)"):
+            out.append(f"{row[f'{key}_gb_s']:.2f} ({row[f'{key}_vs_push']:.0%})")
         elif title.startswith("push on the stream"):
             out.append(f"{row['push_stream_gb_s']:.2f} ({row['push_stream_vs_socket']:.0%})")
         elif title.startswith("push GB/s"):
@@ -383,6 +474,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--streams", type=int, default=1, help="pushes a state is striped over ([link] streams)"
     )
+    parser.add_argument(
+        "--tls", action="store_true", help="also push to a receiver whose ports want mutual TLS"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
     reuse_freed_memory()  # as a prefill worker does
@@ -408,11 +502,13 @@ def main(argv: list[str] | None = None) -> int:
         "frame_bytes": args.frame_bytes,
         "repeat": args.repeat,
         "streams": args.streams,
+        "tls": args.tls,
         "rows": rows,
     }
     if not args.json:
-        print("| " + " | ".join(title for title, _, _ in COLUMNS) + " |")
-        print("|" + "---|" * len(COLUMNS))
+        shown = columns(rows)
+        print("| " + " | ".join(title for title, _, _ in shown) + " |")
+        print("|" + "---|" * len(shown))
         for row in rows:
             print("| " + " | ".join(cells(row)) + " |")
     print(json.dumps(result, indent=2))

@@ -18,6 +18,7 @@ import math
 import os
 import pathlib
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -31,11 +32,12 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.core import RouterCore, RouterService
-from prfaas_jax.serving.transfer.data_path import DataListener
+from prfaas_jax.serving.transfer.data_path import DataListener, DataSender
 from prfaas_jax.serving.transfer.faults import FaultInjector
 from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transport.link import LinkShaper
@@ -325,6 +327,20 @@ MALFORMED_REQUESTS = [
     ({"prompt_token_ids": [1], "max_new_tokens": 2, "top_p": 1.5}, "top_p"),
     ({"prompt_token_ids": [1], "max_new_tokens": 2, "request_id": "a\nb"}, "request_id"),
 ]
+
+
+def assert_data_port_refuses(host: str, port: int, client: SecuritySection | None) -> None:
+    """A data port wanting mutual TLS drops ``client``'s connection (no certificate from its
+    CA) before any push can claim it: refused in the handshake, or closed by the worker."""
+    try:
+        conn = DataSender.connect(host, port, client, timeout_s=5)
+    except OSError:  # refused in the handshake
+        return
+    conn._conn.settimeout(5)
+    # The worker closed it: an end of stream, a reset, or a TLS alert.
+    with contextlib.suppress(ConnectionResetError, ssl.SSLError):
+        assert conn._conn.recv(1) == b""
+    conn.close()
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:

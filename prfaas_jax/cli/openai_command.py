@@ -7,12 +7,15 @@ the tokenizer of ``--tokenizer DIR`` or of the served model's directory (a check
 the router's exposition: ``--router-metrics`` or the ready file's) on ``--host:--port``
 (serving/frontdoor) until SIGTERM or Ctrl-C, exiting 0. With ``--token-file`` (the cluster's
 ``[security]`` token) the router calls carry the token and HTTP clients must present it as
-``Authorization: Bearer …``, as the router's own clients do.
+``Authorization: Bearer …``, as the router's own clients do. With ``--cert`` and ``--key`` it
+serves HTTPS with that certificate; beyond loopback (``--host``) it needs them and the token,
+or ``--allow-plaintext`` (docs/serving.md, Security, "Beyond loopback").
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from prfaas_jax.cli.serving_commands import (
@@ -39,7 +42,17 @@ def add_openai(sub: argparse._SubParsersAction) -> None:
         "ready.json --port 8000, then point a client at http://127.0.0.1:8000/v1",
     )
     add_router_flags(p)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; beyond loopback it needs TLS (--ca-cert, --cert, --key: "
+        "it then serves HTTPS with that certificate) and --token-file, or --allow-plaintext",
+    )
+    p.add_argument(
+        "--allow-plaintext",
+        action="store_true",
+        help="listen beyond loopback without TLS and client authentication (a warning)",
+    )
     p.add_argument(
         "--port", type=int, default=8000, help="HTTP port (0: any free one; default: 8000)"
     )
@@ -67,6 +80,7 @@ def _run_openai(args: argparse.Namespace) -> int:
     import grpc
 
     from prfaas_jax.engine.tokenizer import load_tokenizer
+    from prfaas_jax.serving.cluster_sections import SecuritySection
     from prfaas_jax.serving.frontdoor.app import FrontDoor, FrontDoorServer
     from prfaas_jax.serving.proto import prfaas_pb2 as pb
     from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -102,7 +116,10 @@ def _run_openai(args: argparse.Namespace) -> int:
         router_metrics=args.router_metrics or ready.get("metrics"),
     )
     stop = install_stop_handlers()
-    with FrontDoorServer(door, args.host, args.port) as server:
+    served = dataclasses.replace(
+        security or SecuritySection(), allow_plaintext=args.allow_plaintext
+    )
+    with FrontDoorServer(door, args.host, args.port, served) as server:
         base_url = server.base_url
         if args.address_file:
             write_json(args.address_file, {"address": server.address, "base_url": base_url})

@@ -380,29 +380,60 @@ def _run_bench(args: argparse.Namespace) -> int:
 def add_certs(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "certs",
-        help="make a CA, a node certificate and a router token for a cluster's [security]",
+        help="make a CA, node certificates and a router token for a cluster's [security]",
         description="Write ca.pem (a new CA), node.pem and node-key.pem (a certificate it "
         "signed for 127.0.0.1 and localhost, for servers and clients alike; every process of "
         "a toy cluster shares it) and router.token (a random bearer token); the key and the "
-        "token are readable by their owner only. The CA's key is not kept. Point the cluster "
-        "config's [security] section at them (docs/serving.md, Security).",
-        epilog="example: prfaas certs --out certs/ --days 30",
+        "token are readable by their owner only. The CA's key is not kept. With --config, "
+        "everything a cluster over several machines needs: one folder per host of its [hosts] "
+        "(OUT/HOST/: the CA, that host's own certificate and key, the token), to copy to each "
+        "machine as the same folder. Point the cluster config's [security] section at them "
+        "(docs/serving.md, Security).",
+        epilog="examples: prfaas certs --out certs/ --days 30; prfaas certs --config "
+        "two-machines.toml --out certs/",
     )
     p.add_argument("--out", required=True, help="directory to write into (created if missing)")
     p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    p.add_argument(
+        "--config",
+        help="a cluster config whose [hosts] name the machines: one certificate per host",
+    )
     p.set_defaults(run=_run_certs)
 
 
 def _run_certs(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.transport.certs import write_cluster_credentials
+    from prfaas_jax.serving.cluster_config import load_cluster_config, served_hosts
+    from prfaas_jax.serving.transport.certs import (
+        write_cluster_credentials,
+        write_host_credentials,
+    )
 
     if args.days < 1:
         raise UserError("--days must be ≥ 1")
-    paths = write_cluster_credentials(args.out, days=args.days)
-    names = ", ".join(path.name for path in paths.values())
-    print(f"wrote {names} to {args.out}; for the cluster config:\n\n[security]")
-    for key, path in paths.items():
-        print(f'{key} = "{path.resolve()}"')
+    if args.config is None:
+        paths = write_cluster_credentials(args.out, days=args.days)
+        names = ", ".join(path.name for path in paths.values())
+        print(f"wrote {names} to {args.out}; for the cluster config:\n\n[security]")
+        for key, path in paths.items():
+            print(f'{key} = "{path.resolve()}"')
+        return 0
+    config = load_cluster_config(args.config, security_files=False)
+    hosts = served_hosts(config)
+    written = write_host_credentials(args.out, hosts, days=args.days)
+    out = Path(args.out)
+    print(
+        f"wrote one folder per host to {out}, each with ca.pem, node.pem, node-key.pem, "
+        "router.token:"
+    )
+    for host in written:
+        print(f"  {out / host}/  for {host}")
+    folder = "certs"
+    print(
+        f"\ncopy each to its machine as {folder}/ beside the config; on every machine:\n\n"
+        "[security]"
+    )
+    for key, path in next(iter(written.values())).items():
+        print(f'{key} = "{folder}/{path.name}"')
     return 0
 
 

@@ -77,6 +77,8 @@ def join(group: ProcessGroup, *, timeout_s: int = 60) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         group.coordinator,
+        # Where it listens is where it is dialled, not JAX's default of every interface.
+        coordinator_bind_address=group.coordinator,
         num_processes=group.num_processes,
         process_id=group.process_id,
         initialization_timeout=timeout_s,

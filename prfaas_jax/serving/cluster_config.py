@@ -1,8 +1,10 @@
 """Toy-cluster configs (`configs/clusters/*.toml`): `load_cluster_config(path) -> ClusterConfig`.
 
 Also exposes `serving_model_config` (the model every process of the cluster serves, holding
-`[engine] max_len` tokens) and `instance_roles` (the instance names and their starting roles);
-the section dataclasses it reads into are serving/cluster_sections.py. Sections and keys, all
+`[engine] max_len` tokens), `instance_roles` (the instance names and their starting roles),
+`instance_part`, `served_hosts`, `check_binds` (the security rule over every server a config
+binds) and `load_security_file` (a `[security]` table on its own); the section dataclasses it
+reads into are serving/cluster_sections.py. Sections and keys, all
 optional except `[model] preset` (docs/serving.md explains each):
 
     [model]       preset, seed, impl ("chunk" | "reference" | "pallas"), engine ("jax" | "fake")
@@ -39,9 +41,10 @@ optional except `[model] preset` (docs/serving.md explains each):
     [prefix_cache] enabled, capacity_mib, block_size, checkpoint_every: each prefill worker's
                   hybrid prefix cache pool (engine/prefix_cache.py)
     [security]    ca_cert, cert, key (PEM paths, all three or none: mutual TLS between all
-                  processes; the router's port then uses TLS too), token_file (the router's
-                  bearer token); relative paths are resolved against the config's directory
-                  (serving/transport/security.py)
+                  processes; the router's port and metrics endpoint then use TLS too),
+                  token_file (the router's bearer token); relative paths are resolved against
+                  the config's directory (serving/transport/security.py). allow_plaintext: let
+                  servers listen beyond loopback without them (otherwise refused: `check_binds`)
     [faults]      corrupt_frame_prob, drop_transfer_prob (per state transfer, in [0, 1]), seed:
                   fault injection in state transfers (serving/transfer/faults.py); all zero = none
     [hosts]       router, prfaas, pd, or an instance's name ("pd-1"): "HOST" or "HOST:PORT",
@@ -64,6 +67,7 @@ every process refuse it at start.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -152,6 +156,45 @@ def instance_roles(config: ClusterConfig) -> dict[str, Role]:
     return roles
 
 
+def instance_part(name: str) -> str:
+    """The part of the cluster (`prfaas serve --only`: "prfaas" or "pd") instance ``name``
+    belongs to."""
+    return "prfaas" if name.startswith("prfaas-") else "pd"
+
+
+def served_hosts(config: ClusterConfig) -> list[str]:
+    """Every host the config's servers listen on (`[hosts]`: the router's, each instance's),
+    once each, in the order of the cluster's start: the machines `prfaas certs --config`
+    makes a certificate for."""
+    names = ["router", *instance_roles(config)]
+    return list(dict.fromkeys(config.hosts.endpoint(name).host for name in names))
+
+
+def check_binds(
+    config: ClusterConfig, parts: Collection[str] = ("router", "prfaas", "pd")
+) -> list[str]:
+    """The security rule (`SecuritySection.check_bind`) over every server of ``parts`` at its
+    `[hosts]` address: the router's client port and metrics endpoint, each instance's worker
+    port (a decode worker's data port shares its host). A `ConfigError` naming the file for the
+    first server refused; else the warnings `allow_plaintext` asks for, one per server."""
+    servers = []
+    if "router" in parts:
+        host = config.hosts.router.host
+        servers += [(host, "the router's client port"), (host, "the router's metrics endpoint")]
+    for name in instance_roles(config):
+        if instance_part(name) in parts:
+            servers.append((config.hosts.endpoint(name).host, f"worker {name}"))
+    warnings = []
+    for host, what in servers:
+        try:
+            warning = config.security.check_bind(host, what)
+        except ConfigError as err:
+            raise ConfigError(f"{config.path}: {err}") from None
+        if warning is not None:
+            warnings.append(warning)
+    return warnings
+
+
 def _controller(table: object, where: Where, max_len: int) -> ControllerSection:
     own, policy = split(
         table, where, keys_of(ControllerSection, "config"), keys_of(ControllerConfig, "candidates")
@@ -170,11 +213,14 @@ def _rebalancer(table: object, where: Where) -> RebalancerSection:
     return build(RebalancerSection, own, where, config=build(RebalancerConfig, policy, where))
 
 
-def _security(table: object, where: Where, directory: Path) -> SecuritySection:
-    """`[security]` with its paths resolved against the config file's directory, and checked."""
+def _security(
+    table: object, where: Where, directory: Path, *, check_files: bool = True
+) -> SecuritySection:
+    """`[security]` with its paths resolved against the config file's directory, and checked
+    (that the files exist, too, with `check_files`)."""
     section = build(SecuritySection, table, where)
-    paths = dataclasses.asdict(section)
-    section = SecuritySection(**{k: str(directory / v) if v else "" for k, v in paths.items()})
+    resolved = {k: str(directory / v) if v else "" for k, v in section.paths.items()}
+    section = dataclasses.replace(section, **resolved)
     tls = {"ca_cert": section.ca_cert, "cert": section.cert, "key": section.key}
     missing = [k for k, v in tls.items() if not v]
     if missing and len(missing) < len(tls):
@@ -182,12 +228,12 @@ def _security(table: object, where: Where, directory: Path) -> SecuritySection:
             "missing: ca_cert, cert and key go together (all three for mutual TLS, or none)"
         )
     for key, path in {**tls, "token_file": section.token_file}.items():
-        if path and not Path(path).is_file():
+        if check_files and path and not Path(path).is_file():
             raise where.at(key).error(f"no such file {path}")
     return section
 
 
-def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
+def _parse(path: Path, doc: dict[str, object], *, security_files: bool = True) -> ClusterConfig:
     where = Where(str(path))
     for former, current in RENAMED_SECTIONS.items():
         if former in doc:
@@ -210,7 +256,9 @@ def _parse(path: Path, doc: dict[str, object]) -> ClusterConfig:
         rebalancer=_rebalancer(doc.get("rebalancer", {}), where.at("rebalancer")),
         profile=section("profile", ProfileSection),
         prefix_cache=section("prefix_cache", PrefixCacheSection),
-        security=_security(doc.get("security", {}), where.at("security"), path.parent),
+        security=_security(
+            doc.get("security", {}), where.at("security"), path.parent, check_files=security_files
+        ),
         faults=section("faults", FaultsSection),
         node_classes=_node_classes(doc.get("node_classes", {}), where.at("node_classes")),
     )
@@ -320,6 +368,18 @@ def resolve_cluster_path(name_or_path: str | Path) -> Path:
     return resolve("clusters", name_or_path)
 
 
-def load_cluster_config(name_or_path: str | Path) -> ClusterConfig:
+def load_cluster_config(name_or_path: str | Path, *, security_files: bool = True) -> ClusterConfig:
+    """The config; ``security_files=False`` leaves out the check that `[security]`'s files
+    exist (`prfaas certs --config` reads a config whose certificates it is about to make)."""
     path = resolve_cluster_path(name_or_path)
-    return _parse(path, read(path, "cluster config"))
+    return _parse(path, read(path, "cluster config"), security_files=security_files)
+
+
+def load_security_file(path: str | Path) -> SecuritySection:
+    """A file holding one `[security]` table (nothing else), read and checked as the cluster
+    config's: what a `--netns` launcher gives its processes for the certificates it made."""
+    path = Path(path)
+    where = Where(str(path))
+    doc = read(path, "security file")
+    split(doc, where, ("security",))
+    return _security(doc.get("security", {}), where.at("security"), path.parent)

@@ -3,7 +3,8 @@
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
 `SecuritySection`, `FaultsSection`, `HostsSection` (with its `Endpoint`s) and `NodeClassSection`
 (one `[node_classes.NAME]` table); `EngineKind`, the `[model] engine` choice, and `Allocator`,
-the `[engine] allocator` one.
+the `[engine] allocator` one; and the rule beyond loopback every server keeps (`is_loopback`,
+`bind_refusal`, `PLAINTEXT_FIX`; applied by `SecuritySection.check_bind`).
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -328,10 +330,58 @@ class SecuritySection:
     cert: str = ""  # PEM: this node's certificate, presented as server and as client
     key: str = ""  # PEM: its private key
     token_file: str = ""  # a file holding the router's bearer token ("": no token auth)
+    # Let servers listen beyond loopback without TLS and client authentication (a warning at
+    # every start); off, such a server refuses to start (`bind_refusal`).
+    allow_plaintext: bool = False
 
     @property
     def tls(self) -> bool:
         return bool(self.cert)
+
+    @property
+    def paths(self) -> dict[str, str]:
+        """The four path keys and their values."""
+        return {k: getattr(self, k) for k in ("ca_cert", "cert", "key", "token_file")}
+
+    def check_bind(self, host: str, what: str, *, tls: bool | None = None) -> str | None:
+        """Whether a server `what` of a cluster with this section may listen on `host` (with
+        TLS: `tls`, by default whether the section has certificates): a `ConfigError` (one line
+        naming the fix) when `bind_refusal` refuses it, the warning to log at its start when
+        `allow_plaintext` lets it, else None."""
+        refusal = bind_refusal(host, what, tls=self.tls if tls is None else tls)
+        if refusal is None:
+            return None
+        if not self.allow_plaintext:
+            raise ConfigError(f"{refusal}: {PLAINTEXT_FIX}")
+        return f"warning: {refusal} ([security] allow_plaintext = true)"
+
+
+# What a refused plaintext server's error tells the user to do.
+PLAINTEXT_FIX = (
+    "make credentials with `prfaas certs --config CONFIG --out DIR` and set [security] "
+    "ca_cert, cert, key and token_file (or allow_plaintext = true to accept it)"
+)
+
+
+def is_loopback(host: str) -> bool:
+    """`host` is this machine's loopback: an address in 127.0.0.0/8 or ::1, or `localhost`.
+    Any other name counts as reachable from the network (it may resolve anywhere)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_refusal(host: str, what: str, *, tls: bool) -> str | None:
+    """The rule for every server of the cluster: beyond loopback it speaks TLS and knows its
+    callers (worker ports: mutual TLS; the router's client port, its metrics endpoint and
+    the OpenAI front door: TLS and a bearer token or a CA-signed client certificate, which
+    `tls` implies). None when `what` on `host` keeps it; else what is wrong, in one line."""
+    if tls or is_loopback(host):
+        return None
+    return f"{what} would listen on {host} in plaintext, with no client authentication"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -34,6 +34,7 @@ from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.loadgen.demo import (
     DEMO_NEW_TOKENS,
     RECALL_LENGTHS,
+    TLS_BYTES_PER_TRANSFER,
     demo_workload,
     recall_task,
 )
@@ -136,7 +137,9 @@ def test_demo_on_the_real_model(tmp_path, child_cache_home, netns):
     assert not processes_mentioning(str(log_dir)), "processes left behind"
     if netns:  # the states crossed the kernel-shaped veth: its count is theirs plus headers
         assert summary["egress_bytes"] <= summary["link_kernel_bytes"]
-        assert summary["link_kernel_bytes"] <= 1.08 * summary["egress_bytes"]
+        handshakes = TLS_BYTES_PER_TRANSFER * summary["link_tls_transfers"]  # mutual TLS
+        assert summary["link_tls_transfers"] >= 1
+        assert summary["link_kernel_bytes"] <= 1.08 * summary["egress_bytes"] + handshakes
         assert owned_namespaces(demo.pid) == [], "namespaces left behind"
     else:
         assert summary["link_kernel_bytes"] is None

@@ -1,7 +1,8 @@
 """A PrfaaS instance made of 2 JAX processes (`[instances] prfaas_processes = 2`, 2 CPU devices
 each, one `tensor=4` mesh over gloo), the local PD cluster single-process on one device each:
 the states the 4-device instance ships decode there to exactly the tokens of single-process
-greedy generation (the model's `prefill` + `decode_step`, computed here). Then one of the
+greedy generation (the model's `prefill` + `decode_step`, computed here), and the instance's
+coordination service listens on loopback only. Then one of the
 instance's processes is SIGKILLed while a state is on the link: the launcher takes the whole
 instance down, every request completes with the same tokens (retried elsewhere), the instance
 comes back as two new processes and serves again, and after the cluster stops no process of
@@ -10,7 +11,9 @@ either incarnation is alive."""
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 import os
+import pathlib
 import signal
 import time
 
@@ -75,6 +78,29 @@ def test_a_two_process_instance_ships_states_that_decode_to_greedy_tokens(setup)
     ] * 2
     assert [r.report.decode_instance for r in long] == ["pd-1"] * 2
     assert all(r.report.attempts == 1 for r in [*long, *short])
+    # The coordination service, which carries every prefill's call in the clear, listens on
+    # loopback only (JAX's default is every interface).
+    argv = pathlib.Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
+    port = int(argv[argv.index(b"--coordinator") + 1].rsplit(b":", 1)[1])
+    assert listening_addresses(port) == {"127.0.0.1"}
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of this machine's TCP sockets listening on ``port`` (/proc/net)."""
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for line in pathlib.Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                if table == "tcp":
+                    found.add(str(ipaddress.IPv4Address(raw[::-1])))
+                else:  # four 32-bit words, each in host (little-endian) order
+                    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+                    ip = ipaddress.IPv6Address(words)
+                    found.add(str(ip.ipv4_mapped or ip))  # ::ffff:127.0.0.1 is 127.0.0.1
+    return found
 
 
 @pytest.mark.slow

@@ -1,11 +1,13 @@
 """Clusters in network namespaces (`--netns`, fake engines, real processes): the states cross a
 veth the kernel shapes, its byte counter matches the router's egress, the link runs at the rate
-it is shaped to and can be reshaped while serving without losing a request, and no namespace,
-veth or process outlives the cluster."""
+it is shaped to and can be reshaped while serving without losing a request, every port a
+namespace exposes wants the certificates the run made, and no namespace, veth, certificate or
+process outlives the cluster."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import datetime
 import itertools
 import json
 import os
@@ -18,7 +20,8 @@ import time
 
 import grpc
 import pytest
-from serving_support import fake_config, generate
+from cryptography import x509
+from serving_support import assert_data_port_refuses, fake_config, generate
 
 from prfaas_jax.cli import main as prfaas
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
@@ -28,9 +31,14 @@ from prfaas_jax.serving.cluster.netns import (
     remove_stale,
     root_devices,
 )
+from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.loadgen.demo import TLS_BYTES_PER_TRANSFER
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transfer.data_path import DataSender
+from prfaas_jax.serving.transport import security
 from prfaas_jax.serving.transport.kernel_link import run_ip, tbf_rate_bytes_per_s
+from prfaas_jax.serving.transport.server import health_status
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,
@@ -62,10 +70,13 @@ def netns_cluster(tmp_path_factory):
     with cluster:
         ready = cluster.start()
         index, pids = cluster.topology.index, [w["pid"] for w in ready["workers"].values()]
+        credentials = pathlib.Path(cluster.peer_security.cert).parent
         yield cluster, ready
-    # Nothing outlives the cluster: its namespaces, the root ends of its veths, its processes.
+    # Nothing outlives the cluster: its namespaces, the root ends of its veths, its processes,
+    # the certificates it made.
     assert owned_namespaces(os.getpid()) == []
     assert _devices_left(index) == []
+    assert not credentials.exists()
     for pid in [*pids, ready["router_pid"]]:
         assert not pathlib.Path(f"/proc/{pid}").exists() or _is_zombie(pid), pid
 
@@ -138,8 +149,44 @@ def test_states_cross_the_shaped_veth(netns_cluster):
     sent = cluster.topology.link_tx_bytes() - before_kernel
     states = sum(r.report.state_bytes for r in replies if r.report.route == "prfaas")
     assert states <= shipped <= 1.02 * states  # the codec's frames: the state and its headers
-    # Every shipped byte crossed the veth, plus headers (66 B per ≤ 1,448-B segment) and framing.
-    assert shipped <= sent <= 1.08 * shipped, (sent, shipped)
+    # Every shipped byte crossed the veth, plus headers (66 B per ≤ 1,448-B segment), framing
+    # and each transfer's TLS handshakes (the demo's allowance).
+    transfers = sum(r.report.route == "prfaas" for r in replies)
+    assert shipped <= sent <= 1.08 * shipped + TLS_BYTES_PER_TRANSFER * transfers, (sent, shipped)
+
+
+def test_every_cross_namespace_port_wants_the_runs_certificates(netns_cluster):
+    """The workers bind their namespaces' addresses, not loopback: with no [security] in the
+    config the run makes a CA and a node certificate for them, and each worker port and data
+    port refuses a caller without one (plaintext, or TLS with no client certificate: the
+    handshake fails) and serves one with it. The router stays on loopback, as configured."""
+    cluster, ready = netns_cluster
+    peer = cluster.peer_security
+    assert peer.tls and cluster.config.security == SecuritySection()
+    assert ready["netns"]["mutual_tls"] is True
+    cert = x509.load_pem_x509_certificate(pathlib.Path(peer.cert).read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    hosts = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+    assert {ready["netns"]["prfaas_host"], ready["netns"]["pd_host"]} <= hosts
+    lifetime = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert lifetime < datetime.timedelta(days=8)
+    no_certificate = SecuritySection(ca_cert=peer.ca_cert)
+    for name, worker in ready["workers"].items():
+        address = worker["address"]
+        assert health_status(address) == "UNAVAILABLE", name  # plaintext
+        assert health_status(address, security_section=no_certificate) == "UNAVAILABLE", name
+        with security.channel(address, peer) as channel:
+            stats = pb_grpc.WorkerControlStub(channel).GetStats(pb.GetStatsRequest(), timeout=10)
+            assert stats.name == name
+            if worker["role"] != "pd_decode":
+                continue
+            stub = pb_grpc.DecodeWorkerStub(channel)
+            port = stub.DataPath(pb.DataPathRequest(), timeout=10).port
+        host = address.rsplit(":", 1)[0]
+        for client in (None, no_certificate):
+            assert_data_port_refuses(host, port, client)
+        DataSender.connect(host, port, peer, timeout_s=5).close()
+    assert health_status(ready["router"]) == "SERVING"
 
 
 def test_bench_reports_the_veths_bytes_next_to_the_routers(netns_cluster, tmp_path, capsys):
@@ -159,7 +206,7 @@ def test_bench_reports_the_veths_bytes_next_to_the_routers(netns_cluster, tmp_pa
     assert summary["completed"] == 12 and summary["offload_fraction"] == 1.0
     egress, kernel = summary["egress_bytes"], summary["link_kernel_bytes"]
     assert egress > 12 * 50_000  # twelve 300-token states
-    assert egress <= kernel <= 1.08 * egress, (kernel, egress)
+    assert egress <= kernel <= 1.08 * egress + TLS_BYTES_PER_TRANSFER * 12, (kernel, egress)
     assert kernel <= sent  # the bench's window lies inside this test's
     argv[argv.index("--json")] = "--seed"
     argv.append("1")
@@ -175,8 +222,9 @@ def test_the_link_runs_at_its_shaped_rate_and_reshapes_without_loss(netns_cluste
     try:
         with grpc.insecure_channel(ready["router"]) as channel:
             stub = pb_grpc.RouterStub(channel)
+            # The workers take only callers with the run's certificates (mutual TLS).
             control = pb_grpc.WorkerControlStub(
-                grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"])
+                security.channel(ready["workers"]["prfaas-0"]["address"], cluster.peer_security)
             )
             start = time.monotonic()
             # ~6 MB queued at once, 3 s of the link: it stays busy long enough to time even
@@ -219,6 +267,20 @@ def test_a_killed_launchers_namespaces_go_at_the_next_start():
         assert owned_namespaces(dead.pid) == [] and _devices_left(255) == []
     finally:
         topology.close()
+
+
+def test_netns_refuses_certificates_of_the_configs_own(tmp_path):
+    from prfaas_jax.errors import UserError
+
+    assert prfaas(["certs", "--out", str(tmp_path / "creds"), "--days", "1"]) == 0
+    paths = {"ca_cert": "ca.pem", "cert": "node.pem", "key": "node-key.pem"}
+    config = fake_config(
+        tmp_path / "cluster.toml", security={k: f"creds/{v}" for k, v in paths.items()}
+    )
+    before = owned_namespaces(os.getpid())
+    with pytest.raises(UserError, match="--netns makes its own certificates"):
+        ClusterProcesses(config, netns=True)
+    assert owned_namespaces(os.getpid()) == before  # refused before any was made
 
 
 def test_netns_is_refused_in_one_line_without_root(tmp_path, monkeypatch):

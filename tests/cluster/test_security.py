@@ -12,15 +12,13 @@ second cluster, without a token, wants a client certificate at the router instea
 
 from __future__ import annotations
 
-import contextlib
 import json
-import ssl
 import stat
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from serving_support import fake_config, generate
+from serving_support import assert_data_port_refuses, fake_config, generate
 
 from prfaas_jax.cli import main as prfaas
 from prfaas_jax.config import load_model_config
@@ -29,7 +27,6 @@ from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
-from prfaas_jax.serving.transfer.data_path import DataSender
 from prfaas_jax.serving.transport import security
 from prfaas_jax.serving.transport.certs import make_ca, make_node_cert
 from prfaas_jax.serving.transport.server import health_status
@@ -180,15 +177,7 @@ def test_workers_require_a_certificate_from_the_cluster_ca(cluster, creds):
         port = pb_grpc.DecodeWorkerStub(channel).DataPath(pb.DataPathRequest(), timeout=10).port
     host = address.rsplit(":", 1)[0]
     for client in (None, section(creds), section(creds, client="other")):
-        try:
-            conn = DataSender.connect(host, port, client, timeout_s=5)
-        except OSError:  # refused in the handshake
-            continue
-        conn._conn.settimeout(5)
-        # The worker closed it: an end of stream, a reset, or a TLS alert.
-        with contextlib.suppress(ConnectionResetError, ssl.SSLError):
-            assert conn._conn.recv(1) == b""
-        conn.close()
+        assert_data_port_refuses(host, port, client)
 
 
 def test_no_secret_in_logs_or_ready_info(cluster, creds):

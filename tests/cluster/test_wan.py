@@ -24,7 +24,11 @@ from serving_support import fake_config, generate
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
-from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.launcher import (
+    ClusterProcesses,
+    credentials_folders,
+    remove_stale_credentials,
+)
 from prfaas_jax.serving.cluster.netns import NetnsTopology, owned_namespaces, remove_stale
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -196,7 +200,7 @@ def test_the_schedule_reshapes_the_kernel_link(tmp_path):
 
 def test_a_killed_launchers_delay_line_and_namespaces_go(tmp_path):
     """`prfaas serve --netns` killed with SIGKILL: its children die with it (the delay line
-    too), and the next start removes the namespaces it left."""
+    too), and the next start removes the namespaces and the certificates it left."""
     config = _config(tmp_path, rtt_ms=10.0)
     ready_file = tmp_path / "ready.json"
     serve = subprocess.Popen(
@@ -212,6 +216,7 @@ def test_a_killed_launchers_delay_line_and_namespaces_go(tmp_path):
             time.sleep(0.2)
         left = owned_namespaces(serve.pid)
         assert len(left) == 3 and any(name.endswith("-wan") for name in left)
+        assert len(credentials_folders(serve.pid)) == 1  # the certificates it made
     finally:
         serve.send_signal(signal.SIGKILL)
         serve.wait()
@@ -231,7 +236,9 @@ def test_a_killed_launchers_delay_line_and_namespaces_go(tmp_path):
     assert wan_processes.stdout.strip() == ""
     # The next start's clean-up (another test's cluster may have started first and done it).
     remove_stale()
+    remove_stale_credentials()
     assert owned_namespaces(serve.pid) == []
+    assert credentials_folders(serve.pid) == []
 
 
 def test_the_wan_topology_builds_and_closes_whole():

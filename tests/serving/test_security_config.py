@@ -66,3 +66,42 @@ def test_client_flags(tmp_path):
         security.client_section(ca_cert=str(tmp_path / "ca.pem"), cert=str(tmp_path / "ca.pem"))
     with pytest.raises(ConfigError, match="--token-file: no such file"):
         security.client_section(token_file=str(tmp_path / "none"))
+
+
+def test_certs_for_a_config_make_one_folder_per_host(tmp_path, capsys):
+    """`prfaas certs --config`: one CA and token, and for each host of `[hosts]` a folder with a
+    certificate naming that host (and loopback) only, signed by the CA; the `[security]` the
+    command prints, relative to the config, then loads on each machine and passes the rule."""
+    from cryptography import x509
+
+    from prfaas_jax.cli import main as prfaas
+    from prfaas_jax.serving.cluster_config import check_binds
+
+    hosts = '[hosts]\nrouter = "10.0.0.2:50050"\nprfaas = "10.0.0.1:50100"\npd = "10.0.0.2:50200"\n'
+    config = tmp_path / "two-machines.toml"
+    config.write_text('[model]\npreset = "tiny"\n' + hosts)
+    assert prfaas(["certs", "--config", str(config), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr().out
+    section = printed[printed.index("[security]") :]
+    ca = (tmp_path / "out" / "10.0.0.1" / "ca.pem").read_bytes()
+    token = (tmp_path / "out" / "10.0.0.1" / "router.token").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["10.0.0.1", "10.0.0.2"]
+    for host, other in (("10.0.0.1", "10.0.0.2"), ("10.0.0.2", "10.0.0.1")):
+        folder = tmp_path / "out" / host
+        assert (folder / "ca.pem").read_bytes() == ca
+        assert (folder / "router.token").read_bytes() == token
+        for secret in ("node-key.pem", "router.token"):
+            assert (folder / secret).stat().st_mode & 0o777 == 0o600
+        cert = x509.load_pem_x509_certificate((folder / "node.pem").read_bytes())
+        cert.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        ips = {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+        assert ips == {host, "127.0.0.1"} and other not in ips
+        # That machine: the config beside its folder, as certs/.
+        machine = tmp_path / f"machine-{host}"
+        (machine).mkdir()
+        (folder).rename(machine / "certs")
+        (machine / "two-machines.toml").write_text(config.read_text() + section)
+        loaded = load_cluster_config(machine / "two-machines.toml")
+        assert loaded.security.cert == str(machine / "certs" / "node.pem")
+        assert check_binds(loaded) == []

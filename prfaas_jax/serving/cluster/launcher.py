@@ -5,8 +5,12 @@ machines.py).
 On loopback by default, or where `[hosts]` puts each server; with `netns` the PrfaaS and PD
 clusters each run in a network namespace of their own, joined by a kernel-shaped veth
 (serving/cluster/netns.py), and the ready info gains `"netns"`: the namespaces, host addresses,
-link device and rate. An instance whose cluster has a node class (`[instances] prfaas_class`,
-`pd_class`) runs in cgroups of its own with that class's CPU quota and cores
+link device and rate. The workers there bind addresses beyond loopback, so the launcher makes a
+CA and a node certificate for them at start (`_secure_netns`) and every worker port and channel
+between the processes uses mutual TLS; elsewhere `check_binds` refuses, before anything
+starts, a config whose servers would listen beyond loopback in plaintext. An instance whose
+cluster has a node class (`[instances] prfaas_class`, `pd_class`) runs in cgroups of its own
+with that class's CPU quota and cores
 (serving/cluster/cgroups.py; the router and the delay line then get cgroups with the nodes'
 weight and no quota), and the ready info gains `"node_classes"`. With `only` a launcher
 runs part of the cluster (the router, the PrfaaS or the PD instances) and another machine's
@@ -61,13 +65,45 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster.cgroups import NodeCgroups
 from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_remote
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
-from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
-from prfaas_jax.serving.cluster_config import instance_roles, load_cluster_config, local_devices
+from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port, pid_alive
+from prfaas_jax.serving.cluster_config import (
+    check_binds,
+    instance_roles,
+    load_cluster_config,
+    load_security_file,
+    local_devices,
+)
+from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.transport.certs import write_cluster_credentials
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
+from prfaas_jax.toml_config import dumps
 
+NETNS_CREDENTIALS_DAYS = 7  # the certificates a --netns run makes (removed when it stops)
+CREDENTIALS_PREFIX = "prfaas-netns-credentials-"  # + the launcher's pid
 WAN_ROLE = "wan"  # the delay line's child: neither a worker nor the router
 WORKER_ROLES = frozenset(role.value for role in Role)
+
+
+def _owner(folder: Path) -> int:
+    """The pid of the launcher that made a folder of `credentials_folders` (-1: not one)."""
+    owner = folder.name.removeprefix(CREDENTIALS_PREFIX).split("-", 1)[0]
+    return int(owner) if owner.isdigit() else -1
+
+
+def credentials_folders(pid: int | None = None) -> list[Path]:
+    """The folders of certificates `--netns` launchers made (launcher ``pid``'s only, if
+    given), in the temporary directory."""
+    found = Path(tempfile.gettempdir()).glob(f"{CREDENTIALS_PREFIX}*")
+    return [f for f in found if _owner(f) >= 0 and pid in (None, _owner(f))]
+
+
+def remove_stale_credentials() -> list[Path]:
+    """Delete the certificates of `--netns` launchers that are gone; returns their folders."""
+    stale = [f for f in credentials_folders() if not pid_alive(_owner(f))]
+    for folder in stale:
+        shutil.rmtree(folder, ignore_errors=True)
+    return stale
 
 
 class ClusterProcesses:
@@ -96,15 +132,24 @@ class ClusterProcesses:
             raise UserError(
                 "--netns runs both clusters on this machine: it does not go with --only"
             )
+        security = self.config.security
         if netns:
             require_netns(wan=self.config.link.in_packets)
-            if self.config.security.tls:
+            if security.tls:
                 raise UserError(
-                    "--netns with [security] certificates is not supported: the generated "
-                    "certificates name 127.0.0.1 only, and the namespaced workers have other "
-                    "addresses"
+                    "--netns makes its own certificates for its namespaces' addresses: leave "
+                    "[security] ca_cert, cert and key out of a --netns cluster's config"
                 )
+        # Under --netns the router and its metrics stay on this namespace's loopback and the
+        # workers bind their namespaces' addresses, known at start (`_secure_netns`).
+        for warning in [] if netns else check_binds(self.config, self.only):
+            print(f"prfaas serve: {warning}", file=sys.stderr, flush=True)
         self.netns = netns
+        # What the workers' ports and every channel between the processes use: the config's
+        # [security], or under --netns certificates made at start for the namespaces'
+        # addresses (`_secure_netns`), in `_credentials_dir`, removed at stop.
+        self.peer_security: SecuritySection = security
+        self._credentials_dir: Path | None = None
         self.topology: NetnsTopology | None = None
         # Node classes ([node_classes]): a cgroup per instance that has one, made at start.
         self.cgroups: NodeCgroups | None = None
@@ -167,7 +212,7 @@ class ClusterProcesses:
     def _spawn_worker(self, name: str, role: Role, log_name: str = "") -> ChildProcess:
         """One instance: a worker process, or for a multi-process PrfaaS instance its leader
         (process 0, which serves) with the followers attached to it (engine/spmd.py)."""
-        extra = ["--name", name, "--role", role.value]
+        extra = ["--name", name, "--role", role.value, *self._security_flags()]
         if self.compile_cache:
             extra += ["--compile-cache", self.compile_cache]
         devices = local_devices(self.config, role)
@@ -192,8 +237,10 @@ class ClusterProcesses:
         processes = self.config.instances.prfaas_processes if prfaas else 1
         if processes == 1:
             return self._spawn(name, role.value, module, extra, log_name, prefix)
-        port = free_port() if self.topology is not None else free_port(host)
-        extra += ["--coordinator", f"{host}:{port}", "--num-processes", str(processes)]
+        # The coordination service carries every prefill's call in the clear: on this
+        # machine's (or namespace's) loopback only, where all the instance's processes run.
+        coordinator = f"127.0.0.1:{free_port()}"
+        extra += ["--coordinator", coordinator, "--num-processes", str(processes)]
         log_name = log_name or name
         followers = [
             self._child(
@@ -229,7 +276,8 @@ class ClusterProcesses:
                 if not child.info and child.address_file.exists():
                     child.info = json.loads(child.address_file.read_text())
                 # With certificates, the probe presents the node's: workers require mTLS.
-                security = self.config.security
+                router = child.role == "router"
+                security = self.config.security if router else self.peer_security
                 if (
                     child.info
                     and health_status(child.info["address"], security_section=security) == "SERVING"
@@ -257,6 +305,7 @@ class ClusterProcesses:
                 )
                 if self.topology.wan:
                     self._start_wan(deadline)
+                self._secure_netns()
             pending = list(roles.items())
             if self.compile_cache:
                 # One worker per engine kind first: the others then hit the compile cache.
@@ -271,7 +320,7 @@ class ClusterProcesses:
             workers = self._write_workers()
             if "router" in self.only:
                 wait_remote(self.config, self.remote, deadline, self._stop, self.ready_timeout_s)
-                extra = ["--workers", str(self._workers_file)]
+                extra = ["--workers", str(self._workers_file), *self._security_flags()]
                 endpoint = self.config.hosts.router
                 if self.topology is None:  # under --netns the router stays on loopback
                     extra += ["--host", endpoint.host, "--port", str(endpoint.port)]
@@ -318,9 +367,39 @@ class ClusterProcesses:
             self.ready["node_classes"] = dict(self.cgroups.classes)
         if self.topology is not None:
             self.ready["netns"] = self.topology.describe()
+            # Whether the namespaces' ports want the certificates made for this run.
+            self.ready["netns"]["mutual_tls"] = self.peer_security.tls
             if self._schedule_start is not None:
                 self.ready["netns"]["schedule_start_unix_s"] = self._schedule_start[1]
         return self.ready
+
+    def _secure_netns(self) -> None:
+        """The rule beyond loopback for the namespaces' workers: certificates made now, for
+        this run only, unless the config allows plaintext (then one warning per cluster)."""
+        topology = self.topology
+        assert topology is not None
+        hosts = {"PrfaaS": topology.prfaas_host, "PD": topology.pd_host}
+        if self.config.security.allow_plaintext:
+            for what, host in hosts.items():
+                warning = self.config.security.check_bind(host, f"the {what} workers")
+                print(f"prfaas serve: {warning}", file=sys.stderr, flush=True)
+            return
+        remove_stale_credentials()  # a killed launcher's, as its namespaces go
+        prefix = f"{CREDENTIALS_PREFIX}{os.getpid()}-"
+        self._credentials_dir = Path(tempfile.mkdtemp(prefix=prefix))
+        paths = write_cluster_credentials(
+            self._credentials_dir, days=NETNS_CREDENTIALS_DAYS, hosts=list(hosts.values())
+        )
+        paths.pop("token_file").unlink()  # the router's port stays as the config has it
+        security_file = self._credentials_dir / "security.toml"
+        security_file.write_text(dumps({"security": {k: str(v) for k, v in paths.items()}}))
+        self.peer_security = load_security_file(security_file)
+
+    def _security_flags(self) -> list[str]:
+        """A child's flag for the certificates `_secure_netns` made (none without them)."""
+        if self._credentials_dir is None:
+            return []
+        return ["--cluster-security", str(self._credentials_dir / "security.toml")]
 
     def _start_wan(self, deadline: float) -> None:
         """The delay line of the WAN namespace (serving/cluster/wan.py), served once its address
@@ -459,3 +538,6 @@ class ClusterProcesses:
         if self.topology is not None:
             self.topology.close()
             self.topology = None
+        if self._credentials_dir is not None:
+            shutil.rmtree(self._credentials_dir, ignore_errors=True)
+            self._credentials_dir = None

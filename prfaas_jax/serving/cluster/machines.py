@@ -17,15 +17,10 @@ from collections.abc import Collection
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster.processes import ClusterError
-from prfaas_jax.serving.cluster_config import ClusterConfig, instance_roles
+from prfaas_jax.serving.cluster_config import ClusterConfig, instance_part, instance_roles
 from prfaas_jax.serving.transport.server import health_status
 
 PARTS = ("router", "prfaas", "pd")
-
-
-def _part(name: str) -> str:
-    """The part of the cluster instance ``name`` belongs to."""
-    return "prfaas" if name.startswith("prfaas-") else "pd"
 
 
 def remote_instances(config: ClusterConfig, only: Collection[str]) -> dict[str, Role]:
@@ -37,13 +32,13 @@ def remote_instances(config: ClusterConfig, only: Collection[str]) -> dict[str, 
         raise UserError(
             f"--only takes some of {', '.join(PARTS)}, got {', '.join(unknown) or 'nothing'}"
         )
-    remote = {n: r for n, r in instance_roles(config).items() if _part(n) not in only}
+    remote = {n: r for n, r in instance_roles(config).items() if instance_part(n) not in only}
     if "router" in only:
         for name in remote:  # the router must find them without an address file
             if not config.hosts.endpoint(name).port:
                 raise UserError(
                     f"{name} runs on another machine (--only {','.join(sorted(only))}): "
-                    f'[hosts] must give its port ({_part(name)} = "HOST:PORT" or '
+                    f'[hosts] must give its port ({instance_part(name)} = "HOST:PORT" or '
                     f'"{name}" = "HOST:PORT") so the router can reach it'
                 )
     return remote

@@ -75,8 +75,9 @@ def serve(
             if ready_file:
                 write_json(ready_file, {**ready, **extra})
             local = len(ready["workers"]) - len(cluster.remote)
+            scheme = "https" if cluster.config.security.tls else "http"
             where = (
-                f"router {ready['router']}, metrics http://{ready['metrics']}/metrics"
+                f"router {ready['router']}, metrics {scheme}://{ready['metrics']}/metrics"
                 if ready["router"]
                 else "for the router on another machine"
             )

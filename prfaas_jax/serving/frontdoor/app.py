@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import socket
 import threading
@@ -53,6 +52,7 @@ from starlette.routing import Route
 from prfaas_jax.engine.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.frontdoor.metrics import CONTENT_TYPE, FrontDoorMetrics
 from prfaas_jax.serving.frontdoor.openai_api import (
     ApiError,
@@ -66,8 +66,11 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.messages import check_request_id, router_max_request_bytes
 from prfaas_jax.serving.transport.security import (
+    bearer_matches,
     channel_credentials,
+    check_listen,
     client_metadata,
+    http_ssl_context,
     read_token,
 )
 
@@ -119,10 +122,7 @@ class FrontDoor:
             await self._channel.close()
 
     def authorized(self, request: Request) -> bool:
-        if self.token is None:
-            return True
-        given = request.headers.get("authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode())
+        return bearer_matches(request.headers.get("authorization"), self.token)
 
     # --- endpoints ----------------------------------------------------------------------------
 
@@ -292,16 +292,30 @@ def build_app(door: FrontDoor) -> Starlette:
 
 class FrontDoorServer:
     """`build_app(door)` on uvicorn in a daemon thread, listening on ``host:port`` (0: any free
-    port) from construction; `address` is ``host:port``; `stop` shuts it down."""
+    port) from construction; `address` is ``host:port``; `stop` shuts it down. With
+    `security` certificates it serves HTTPS (`http_ssl_context`: the door's bearer token, or
+    without one a CA-signed client certificate); beyond loopback it needs them unless
+    `allow_plaintext` (`check_listen`)."""
 
-    def __init__(self, door: FrontDoor, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        door: FrontDoor,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        security: SecuritySection | None = None,
+    ) -> None:
+        context = http_ssl_context(security)
+        check_listen(security, host, "the OpenAI front door", tls=context is not None)
         try:
             self._socket = socket.create_server((host, port))
         except OSError as err:
             raise UserError(f"the HTTP front door cannot listen on {host}:{port}: {err}") from None
         self.address = "{}:{}".format(*self._socket.getsockname()[:2])
-        self.base_url = f"http://{self.address}/v1"
+        scheme = "http" if context is None else "https"
+        self.base_url = f"{scheme}://{self.address}/v1"
         config = uvicorn.Config(build_app(door), log_level="warning", lifespan="on")
+        config.load()
+        config.ssl = context  # the project's context, not one uvicorn builds from file names
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True
@@ -353,4 +367,4 @@ def cluster_front_door(
         tokenizer=load_tokenizer(config.model.preset, cfg.vocab_size),
         router_metrics=router_metrics,
     )
-    return FrontDoorServer(door, host, port)
+    return FrontDoorServer(door, host, port, config.security)

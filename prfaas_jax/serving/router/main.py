@@ -16,10 +16,15 @@ Then the process exits 0.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 
-from prfaas_jax.serving.cluster_config import load_cluster_config, serving_model_config
+from prfaas_jax.serving.cluster_config import (
+    load_cluster_config,
+    load_security_file,
+    serving_model_config,
+)
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl, read_workers
 from prfaas_jax.serving.router.core import RouterCore, RouterService
@@ -50,16 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, help="exit when this process (the launcher) dies")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (and metrics)")
     parser.add_argument("--port", type=int, default=0, help="client port (0: any free one)")
+    parser.add_argument(
+        "--cluster-security",
+        metavar="FILE",
+        help="a [security] table for the channels to the workers (the certificates a --netns "
+        "run made); the client port and the metrics keep the config's",
+    )
     args = parser.parse_args(argv)
     if args.parent_pid is not None:
         die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s router %(message)s")
     stop = install_stop_handlers()
     config = load_cluster_config(args.config)
+    clients = config.security  # the client port's and the metrics endpoint's
+    if args.cluster_security:
+        config = dataclasses.replace(config, security=load_security_file(args.cluster_security))
     workers = read_workers(args.workers)
     core = RouterCore(config, serving_model_config(config), workers)
     control = RouterControl(core, args.workers)
-    token = read_token(config.security)
+    token = read_token(clients)
     server = ServingServer(
         [
             (
@@ -75,12 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         # The client port (serving/transport/security.py): TLS when certificates are set; a
         # client proves itself by the bearer token when there is one, else by a CA-signed
         # certificate.
-        credentials=server_credentials(config.security, require_client_auth=token is None),
+        credentials=server_credentials(clients, require_client_auth=token is None),
         interceptors=[TokenAuth(token, [full_service_name("Router")])] if token else [],
+        security_section=clients,
+        what="the router's client port",
         host=args.host,
         port=args.port,
     )
-    metrics = MetricsServer(control.snapshot, port=config.router.metrics_port, host=args.host)
+    metrics = MetricsServer(
+        control.snapshot, port=config.router.metrics_port, host=args.host, security=clients
+    )
     control.start()
     write_json(
         args.address_file,
@@ -88,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.set_serving()
     log.info("serving on %s, metrics on http://%s/metrics", server.address, metrics.address)
-    log.info("client port: %s", client_port_summary(config.security))
+    log.info("client port: %s", client_port_summary(clients))
     while not stop.wait(0.5):
         pass
     core.stop_admitting()

@@ -4,7 +4,8 @@ at every scrape), `render_metrics(snapshot) -> str`, `MetricsServer` (`GET /metr
 
 prometheus_client writes the exposition (text format 0.0.4: names, label values and help text
 escaped as the format says); this module only says which families the router's numbers make.
-`MetricsServer` serves it from a daemon thread on the router's host; every scrape reads a fresh
+`MetricsServer` serves it from a daemon thread on the router's host (over TLS, and to a scraper
+with the router's token or certificate, when `[security]` sets them); every scrape reads a fresh
 `RouterSnapshot` of the counters the router keeps anyway. Metric names:
 
     prfaas_requests_total{route, outcome}        counter  finished requests ("ok" | "error" |
@@ -72,6 +73,14 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+
+from prfaas_jax.serving.cluster_sections import SecuritySection
+from prfaas_jax.serving.transport.security import (
+    bearer_matches,
+    check_listen,
+    http_ssl_context,
+    read_token,
+)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 LOOKUP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -362,6 +371,11 @@ def render_metrics(snapshot: RouterSnapshot) -> str:
     return generate_latest(metrics_registry(lambda: snapshot)).decode()
 
 
+class _MetricsHTTPServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # a failed TLS handshake or a dropped scrape: the client sees it, the log need not
+
+
 class MetricsServer:
     """`GET /metrics` on `host`:`port` (0: any free port), served from a daemon thread.
 
@@ -370,12 +384,28 @@ class MetricsServer:
     OpenMetrics, whose canonical `le="1.0"` would respell the buckets' series."""
 
     def __init__(
-        self, snapshot: Callable[[], RouterSnapshot], port: int = 0, host: str = "127.0.0.1"
+        self,
+        snapshot: Callable[[], RouterSnapshot],
+        port: int = 0,
+        host: str = "127.0.0.1",
+        security: SecuritySection | None = None,
     ) -> None:
+        """With `security` certificates the endpoint is HTTPS (`http_ssl_context`: a scraper
+        with the bearer token of its `token_file`, else with a CA-signed certificate); with a
+        token, a scrape without it is 401. Beyond loopback it needs the certificates unless
+        `allow_plaintext` (`check_listen`)."""
         registry = metrics_registry(snapshot)
+        context = http_ssl_context(security)
+        check_listen(security, host, "the router's metrics endpoint", tls=context is not None)
+        token = read_token(security)
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = 30  # s: a client that connects and says nothing frees its thread
+
             def do_GET(self) -> None:
+                if not bearer_matches(self.headers.get("Authorization"), token):
+                    self.send_error(401, "missing or invalid bearer token")
+                    return
                 if self.path.split("?", 1)[0] != "/metrics":
                     self.send_error(404, "only /metrics is served here")
                     return
@@ -389,8 +419,14 @@ class MetricsServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass  # scrapes are not news
 
-        self._httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+        self._httpd = _MetricsHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
+        if context is not None:
+            # The handshake happens on the request's own thread, at its first read: a client
+            # that never completes one holds up no other scrape.
+            self._httpd.socket = context.wrap_socket(
+                self._httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
         self._thread.start()
 

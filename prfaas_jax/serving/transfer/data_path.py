@@ -53,7 +53,10 @@ from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.transfer.api import TransferCutError
 from prfaas_jax.serving.transfer.state_chunks import FrameChunk
+from prfaas_jax.serving.transport.security import check_listen
 
+# Below this many bytes a frame's payload is copied once more, to leave in one TLS record.
+TLS_JOIN_BYTES = 64 * 1024
 MAGIC = b"PRFT"
 VERSION = 1
 TICKET_BYTES = 16
@@ -183,6 +186,7 @@ class DataListener:
         hello_timeout_s: float = 10.0,
     ) -> None:
         self._tls = _tls_context(security, server=True)
+        check_listen(security, host, "a decode worker's data port", tls=self._tls is not None)
         self.claim_timeout_s, self.hello_timeout_s = claim_timeout_s, hello_timeout_s
         self._server = socket.create_server((host, port), family=_family(host), backlog=128)
         self.host, self.port = host, self._server.getsockname()[1]
@@ -312,8 +316,15 @@ class DataSender:
         else:
             pieces = [head, frame]
         if self._tls:
-            for piece in pieces:
-                self._conn.sendall(piece)
+            # Each write is a TLS record of its own (and a send): the record head and the
+            # frame's prefix go with the payload when it is small (the cluster's 16 KiB
+            # frames), ahead of it otherwise, so a frame costs one or two records, not three.
+            *heads, payload = pieces
+            if memoryview(payload).nbytes <= TLS_JOIN_BYTES:
+                self._conn.sendall(b"".join([*heads, payload]))
+            else:
+                self._conn.sendall(b"".join(heads))
+                self._conn.sendall(payload)
             return
         parts = [memoryview(piece).cast("B") for piece in pieces]
         while parts:  # sendmsg writes what the socket takes: go on from where it stopped

@@ -1,12 +1,14 @@
-"""Certificates for a toy cluster: `make_ca`, `make_node_cert` and `write_cluster_credentials`
-(what `prfaas certs` writes).
+"""Certificates for a cluster: `make_ca`, `make_node_cert`, `write_cluster_credentials` (what
+`prfaas certs` writes for one box, and a `--netns` launcher for its namespaces) and
+`write_host_credentials` (`prfaas certs --config`: one folder per machine of `[hosts]`).
 
-One CA signs one node certificate that every process of the toy cluster shares: it is valid
-for TLS servers and clients alike (extended key usage serverAuth + clientAuth) and names the
-loopback host as both IP 127.0.0.1 and DNS localhost, the two ways the cluster dials itself. A
-real deployment issues one certificate per node, naming that node's host, from the same CA;
-the `[security]` section takes any such pair (docs/serving.md, "Security"). Keys are ECDSA
-P-256: quick to make in a test, and every TLS stack gRPC builds on takes them.
+One CA signs the node certificates. A node certificate is valid for TLS servers and clients
+alike (extended key usage serverAuth + clientAuth) and names its hosts as subject alternative
+names, always with the loopback host as both IP 127.0.0.1 and DNS localhost, the two ways a
+process dials its own machine. On one box every process shares one; across machines each
+machine has its own, naming its `[hosts]` address, from the same CA; the `[security]` section
+takes any such pair (docs/serving.md, "Security"). Keys are ECDSA P-256: quick to make in a
+test, and every TLS stack gRPC builds on takes them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import datetime
 import ipaddress
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +54,7 @@ def _builder(
     subject: str,
     issuer: x509.Name,
     public_key: object,
-    days: int,
+    days: float,
     valid_from: datetime.datetime | None,
 ) -> x509.CertificateBuilder:
     """Valid for `days` days from `valid_from` (default: now)."""
@@ -71,7 +74,7 @@ def _builder(
 def make_ca(
     common_name: str = "prfaas toy cluster CA",
     *,
-    days: int = 365,
+    days: float = 365,
     valid_from: datetime.datetime | None = None,
 ) -> Issued:
     """A self-signed CA that may sign end-entity certificates only (path length 0), valid for
@@ -105,7 +108,7 @@ def make_node_cert(
     *,
     dns_names: tuple[str, ...] = LOOPBACK_NAMES,
     ip_addresses: tuple[str, ...] = LOOPBACK_IPS,
-    days: int = 365,
+    days: float = 365,
     valid_from: datetime.datetime | None = None,
 ) -> Issued:
     """A certificate signed by `ca` for both ends of a TLS connection, naming the given hosts
@@ -140,16 +143,27 @@ def _write_private(path: Path, data: bytes) -> None:
         fh.write(data)
 
 
-def write_cluster_credentials(
-    out_dir: str | os.PathLike[str], *, days: int = 365
+def _alt_names(hosts: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """`make_node_cert`'s `dns_names` and `ip_addresses` for ``hosts`` (addresses or names),
+    the loopback ones always among them: a process also dials its own machine there."""
+    ips, names = list(LOOPBACK_IPS), list(LOOPBACK_NAMES)
+    for host in hosts:
+        try:
+            ip = str(ipaddress.ip_address(host.strip("[]")))
+        except ValueError:
+            names += [host] if host not in names else []
+        else:
+            ips += [ip] if ip not in ips else []
+    return {"dns_names": tuple(names), "ip_addresses": tuple(ips)}
+
+
+def _write_node(
+    out: Path, ca: Issued, token: bytes, hosts: Sequence[str], days: float
 ) -> dict[str, Path]:
-    """Write ca.pem, node.pem, node-key.pem and router.token (a random bearer token) into
-    `out_dir`; the key and the token are mode 0600. The CA's own key is not written: nothing
-    here issues more certificates later, and a key that is never stored cannot leak."""
-    out = Path(out_dir)
+    """What one machine needs in ``out``: ca.pem, node.pem (signed by ``ca`` for ``hosts``),
+    node-key.pem and router.token, the key and the token mode 0600."""
     out.mkdir(parents=True, exist_ok=True)
-    ca = make_ca(days=days)
-    node = make_node_cert(ca, days=days)
+    node = make_node_cert(ca, days=days, **_alt_names(hosts))
     paths = {
         "ca_cert": out / "ca.pem",
         "cert": out / "node.pem",
@@ -159,5 +173,31 @@ def write_cluster_credentials(
     paths["ca_cert"].write_bytes(ca.cert_pem)
     paths["cert"].write_bytes(node.cert_pem)
     _write_private(paths["key"], node.key_pem)
-    _write_private(paths["token_file"], (secrets.token_urlsafe(32) + "\n").encode())
+    _write_private(paths["token_file"], token)
     return paths
+
+
+def _new_token() -> bytes:
+    return (secrets.token_urlsafe(32) + "\n").encode()
+
+
+def write_cluster_credentials(
+    out_dir: str | os.PathLike[str], *, days: float = 365, hosts: Sequence[str] = ()
+) -> dict[str, Path]:
+    """Write ca.pem, node.pem (naming loopback and ``hosts``), node-key.pem and router.token (a
+    random bearer token) into `out_dir`; the key and the token are mode 0600. The CA's own key
+    is not written: nothing here issues more certificates later, and a key that is never
+    stored cannot leak."""
+    ca = make_ca(days=days)
+    return _write_node(Path(out_dir), ca, _new_token(), hosts, days)
+
+
+def write_host_credentials(
+    out_dir: str | os.PathLike[str], hosts: Sequence[str], *, days: float = 365
+) -> dict[str, dict[str, Path]]:
+    """A cluster over several machines: one CA and one router token, and for each host a
+    folder `out_dir/<host>/` holding everything that machine needs (ca.pem, its own node.pem
+    naming that host and loopback, node-key.pem, router.token). Copied to each machine as the
+    same folder, one `[security]` section serves them all. Returns {host: {key: path}}."""
+    ca, token = make_ca(days=days), _new_token()
+    return {host: _write_node(Path(out_dir) / host, ca, token, [host], days) for host in hosts}

@@ -1,7 +1,9 @@
 """Transport security of the serving plane: `server_credentials`, `channel` (internal) and
 `router_channel` (clients), `TokenAuth` (the router's token check), `read_token`,
-`client_metadata`, `client_section` (client flags) and `client_port_summary`, all driven by the
-`[security]` section of the cluster config.
+`client_metadata`, `client_section` (client flags) and `client_port_summary`; for the HTTP ports
+(the metrics endpoint, the OpenAI front door) `http_ssl_context` and `bearer_matches`; and
+`check_listen`, the rule every server applies where it binds. All driven by the `[security]`
+section of the cluster config.
 
 The rule (docs/serving.md, "Security"):
 
@@ -13,8 +15,13 @@ The rule (docs/serving.md, "Security"):
 - The router's client port uses TLS with the same certificate; clients verify it
   against the CA. Its clients authenticate with the bearer token when `token_file` is set, and
   with a CA-signed client certificate otherwise: one credential per port, never none.
+- The HTTP ports (the router's metrics endpoint, the OpenAI front door) use TLS with the same
+  certificate and want the bearer token when `token_file` is set, a CA-signed client
+  certificate otherwise.
 - Without certificates every port is plaintext, as before; `token_file` alone still guards the
-  router's RPCs, but the token then crosses the wire in the clear (loopback only).
+  router's RPCs, but the token then crosses the wire in the clear. So no server listens
+  beyond loopback without certificates (`check_listen`; the launcher checks the whole config
+  first, serving/cluster_config.py `check_binds`) unless `allow_plaintext` says so.
 
 `TokenAuth` guards only the services it is given (the router's `prfaas.v1.Router`): the health
 service stays open so a probe needs no secret and says nothing but SERVING, and reflection
@@ -26,6 +33,8 @@ from __future__ import annotations
 
 import collections
 import hmac
+import logging
+import ssl
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
@@ -34,6 +43,7 @@ import grpc
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.serving.cluster_sections import SecuritySection
 
+log = logging.getLogger("prfaas.security")
 AUTHORIZATION = "authorization"
 UNAUTHENTICATED_MESSAGE = "missing or invalid bearer token"
 
@@ -237,3 +247,35 @@ class TokenAuth(grpc.ServerInterceptor):
         if self._authorized(handler_call_details.invocation_metadata):
             return handler
         return _denying(handler)
+
+
+def check_listen(section: SecuritySection | None, host: str, what: str, *, tls: bool) -> None:
+    """The rule at a server's bind, beside the launcher's check of the whole config (defence in
+    depth): a `ConfigError` when `what` would listen on `host`, not loopback, without TLS
+    (`tls`); the warning logged at this start when `[security] allow_plaintext` lets it."""
+    warning = (section or SecuritySection()).check_bind(host, what, tls=tls)
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+def http_ssl_context(section: SecuritySection | None) -> ssl.SSLContext | None:
+    """The TLS context of an HTTP server (None without certificates): the node certificate,
+    and with no `token_file` a client certificate signed by `ca_cert` required, since the
+    client then has no other way to prove itself."""
+    if section is None or not section.tls:
+        return None
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=section.ca_cert)
+        context.load_cert_chain(section.cert, section.key)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"the HTTP port's TLS credentials: {err}") from None
+    context.verify_mode = ssl.CERT_NONE if section.token_file else ssl.CERT_REQUIRED
+    return context
+
+
+def bearer_matches(header: str | None, token: str | None) -> bool:
+    """Whether an HTTP `Authorization` header carries `token` (always, for no token), compared
+    in constant time."""
+    if token is None:
+        return True
+    return hmac.compare_digest((header or "").encode(), f"Bearer {token}".encode())

@@ -51,12 +51,17 @@ class ServingServer:
         credentials: grpc.ServerCredentials | None = None,
         interceptors: Sequence[grpc.ServerInterceptor] = (),
         max_receive_bytes: int = MAX_MESSAGE_BYTES,
+        security_section: SecuritySection | None = None,
+        what: str = "a gRPC server",
     ) -> None:
         """`registrations`: (add_XServicer_to_server, servicer, full service name) triples;
         `max_receive_bytes`: the largest message the server parses (gRPC refuses a larger one
-        with RESOURCE_EXHAUSTED before any servicer sees it)."""
+        with RESOURCE_EXHAUSTED before any servicer sees it). Beyond loopback the server needs
+        `credentials` unless `security_section` allows plaintext (`security.check_listen`; `what`
+        names it in the error)."""
         if max_receive_bytes < 1:
             raise ValueError(f"max_receive_bytes must be ≥ 1, got {max_receive_bytes}")
+        security.check_listen(security_section, host, what, tls=credentials is not None)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=max_workers)
         options = (
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

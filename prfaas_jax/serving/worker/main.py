@@ -29,6 +29,7 @@ the request elsewhere, or on the worker's replacement). Then the process exits 0
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -44,7 +45,11 @@ from prfaas_jax.engine.spmd import CommandChannel, LeaderLostError, ProcessGroup
 from prfaas_jax.engine.tracing_gc import collect_for_tracing
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
-from prfaas_jax.serving.cluster_config import ClusterConfig, load_cluster_config
+from prfaas_jax.serving.cluster_config import (
+    ClusterConfig,
+    load_cluster_config,
+    load_security_file,
+)
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transfer.data_path import DataListener
@@ -291,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         "--kernel-link", metavar="DEV", help="the tbf-shaped veth of the inter-cluster link"
     )
     parser.add_argument("--local-devices", type=int, help="CPU devices of this process")
+    parser.add_argument(
+        "--cluster-security",
+        metavar="FILE",
+        help="a [security] table replacing the config's (the certificates a --netns run made)",
+    )
     spmd = parser.add_argument_group("a multi-process instance (engine/spmd.py)")
     spmd.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's coordination service")
     spmd.add_argument("--num-processes", type=int, default=1)
@@ -303,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     tag = args.name if args.process_id == 0 else f"{args.name}/{args.process_id}"
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {tag} %(message)s")
     config = load_cluster_config(args.config)
+    if args.cluster_security:
+        config = dataclasses.replace(config, security=load_security_file(args.cluster_security))
     STATE_BLOCKS.keep_bytes = int(config.engine.state_pool_mib * 2**20)
     group = None
     if args.num_processes > 1:
@@ -350,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
         # With certificates configured, only CA-signed peers may call a worker (mutual TLS).
         credentials=server_credentials(config.security, require_client_auth=True),
+        security_section=config.security,
+        what=f"worker {args.name}",
         max_workers=node.rpc_threads,
         host=args.host,
         port=args.port,
