@@ -45,6 +45,7 @@ RANK = {
 SERVING_RANK = {
     "cluster_config": 0,
     "cluster_sections": 0,
+    "bind_rule": 0,
     "proto": 0,
     "transport": 1,
     "transfer": 2,

@@ -3,8 +3,8 @@
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
 `SecuritySection`, `FaultsSection`, `HostsSection` (with its `Endpoint`s) and `NodeClassSection`
 (one `[node_classes.NAME]` table); `EngineKind`, the `[model] engine` choice, and `Allocator`,
-the `[engine] allocator` one; and the rule beyond loopback every server keeps (`is_loopback`,
-`bind_refusal`, `PLAINTEXT_FIX`; applied by `SecuritySection.check_bind`).
+the `[engine] allocator` one. `SecuritySection.check_bind` applies the rule beyond loopback
+(serving/bind_rule.py).
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -25,6 +24,7 @@ from prfaas_jax.config import Impl
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.threshold_controller import ControllerConfig
+from prfaas_jax.serving.bind_rule import PLAINTEXT_FIX, bind_refusal
 from prfaas_jax.wire_precision import WirePrecision
 
 
@@ -354,34 +354,6 @@ class SecuritySection:
         if not self.allow_plaintext:
             raise ConfigError(f"{refusal}: {PLAINTEXT_FIX}")
         return f"warning: {refusal} ([security] allow_plaintext = true)"
-
-
-# What a refused plaintext server's error tells the user to do.
-PLAINTEXT_FIX = (
-    "make credentials with `prfaas certs --config CONFIG --out DIR` and set [security] "
-    "ca_cert, cert, key and token_file (or allow_plaintext = true to accept it)"
-)
-
-
-def is_loopback(host: str) -> bool:
-    """`host` is this machine's loopback: an address in 127.0.0.0/8 or ::1, or `localhost`.
-    Any other name counts as reachable from the network (it may resolve anywhere)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def bind_refusal(host: str, what: str, *, tls: bool) -> str | None:
-    """The rule for every server of the cluster: beyond loopback it speaks TLS and knows its
-    callers (worker ports: mutual TLS; the router's client port, its metrics endpoint and
-    the OpenAI front door: TLS and a bearer token or a CA-signed client certificate, which
-    `tls` implies). None when `what` on `host` keeps it; else what is wrong, in one line."""
-    if tls or is_loopback(host):
-        return None
-    return f"{what} would listen on {host} in plaintext, with no client authentication"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,8 +19,9 @@ from serving_support import fake_config
 
 from prfaas_jax.cli import main as prfaas
 from prfaas_jax.errors import ConfigError
+from prfaas_jax.serving.bind_rule import bind_refusal, is_loopback
 from prfaas_jax.serving.cluster_config import check_binds, load_cluster_config
-from prfaas_jax.serving.cluster_sections import SecuritySection, bind_refusal, is_loopback
+from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.frontdoor.app import FrontDoor, FrontDoorServer
 from prfaas_jax.serving.router.metrics import Histogram, MetricsServer, RouterSnapshot
 from prfaas_jax.serving.transfer.data_path import DataListener
