@@ -87,6 +87,7 @@ def _run_openai(args: argparse.Namespace) -> int:
     from prfaas_jax.serving.transport.lifecycle import install_stop_handlers, write_json
     from prfaas_jax.serving.transport.security import (
         channel_credentials,
+        http_client_context,
         read_token,
         router_channel,
     )
@@ -114,6 +115,7 @@ def _run_openai(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         tokenizer=tokenizer,
         router_metrics=args.router_metrics or ready.get("metrics"),
+        router_metrics_tls=http_client_context(security),
     )
     stop = install_stop_handlers()
     served = dataclasses.replace(

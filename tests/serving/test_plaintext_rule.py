@@ -8,6 +8,7 @@ certificate. Loopback stays plaintext. The rule's own cases are written out by h
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import ssl
@@ -23,8 +24,10 @@ from prfaas_jax.serving.bind_rule import bind_refusal, is_loopback
 from prfaas_jax.serving.cluster_config import check_binds, load_cluster_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.frontdoor.app import FrontDoor, FrontDoorServer
+from prfaas_jax.serving.frontdoor.metrics import FrontDoorMetrics
 from prfaas_jax.serving.router.metrics import Histogram, MetricsServer, RouterSnapshot
 from prfaas_jax.serving.transfer.data_path import DataListener
+from prfaas_jax.serving.transport.security import http_client_context, read_token
 from prfaas_jax.serving.transport.server import ServingServer
 
 ALLOWED = SecuritySection(allow_plaintext=True)
@@ -217,3 +220,27 @@ def test_the_front_door_serves_https_and_wants_the_token(creds):
         url = f"{server.base_url}/models"
         assert _get(url, _client(creds, certificate=False)) == 401
         assert _get(url, _client(creds, certificate=False), token=token) == 200
+
+
+@pytest.mark.parametrize("token_file", ["router.token", ""])
+def test_the_front_door_reads_a_secured_routers_metrics(creds, token_file):
+    """With [security] the router's endpoint wants HTTPS and the token (or, without one, the
+    node certificate): the front door's /metrics reads it with both."""
+    section = SecuritySection(
+        ca_cert=str(creds / "ca.pem"),
+        cert=str(creds / "node.pem"),
+        key=str(creds / "node-key.pem"),
+        token_file=str(creds / token_file) if token_file else "",
+    )
+    server = MetricsServer(_idle, security=section)
+    try:
+        plain = FrontDoorMetrics(server.address)  # the scrape before [security] reached it
+        secured = FrontDoorMetrics(
+            server.address, tls=http_client_context(section), token=read_token(section)
+        )
+        assert b"prfaas_frontdoor_router_metrics_up 0.0" in asyncio.run(plain.render())
+        text = asyncio.run(secured.render())
+        assert b"prfaas_frontdoor_router_metrics_up 1.0" in text
+        assert b"# TYPE prfaas_ttft_seconds histogram" in text  # the router's own series
+    finally:
+        server.stop()

@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -70,6 +71,7 @@ from prfaas_jax.serving.transport.security import (
     channel_credentials,
     check_listen,
     client_metadata,
+    http_client_context,
     http_ssl_context,
     read_token,
 )
@@ -96,12 +98,13 @@ class FrontDoor:
         timeout_s: float = 600.0,
         tokenizer: Tokenizer | None = None,
         router_metrics: str | None = None,
+        router_metrics_tls: ssl.SSLContext | None = None,
     ) -> None:
         self.router, self.model, self.vocab_size, self.max_len = router, model, vocab_size, max_len
         self.tokenizer = tokenizer if tokenizer is not None else ByteTokenizer()
         self.token, self.credentials, self.timeout_s = token, credentials, timeout_s
         self.created = int(time.time())
-        self.metrics = FrontDoorMetrics(router_metrics)
+        self.metrics = FrontDoorMetrics(router_metrics, tls=router_metrics_tls, token=token)
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.RouterStub | None = None
 
@@ -366,5 +369,6 @@ def cluster_front_door(
         credentials=channel_credentials(config.security),
         tokenizer=load_tokenizer(config.model.preset, cfg.vocab_size),
         router_metrics=router_metrics,
+        router_metrics_tls=http_client_context(config.security),
     )
     return FrontDoorServer(door, host, port, config.security)

@@ -15,6 +15,7 @@ Both expositions are text format 0.0.4 and their names do not meet (the router's
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.request
 
 from prometheus_client import CONTENT_TYPE_PLAIN_0_0_4, CollectorRegistry, Counter, Gauge
@@ -27,8 +28,16 @@ ROUTER_SCRAPE_TIMEOUT_S = 5.0
 class FrontDoorMetrics:
     """One front door's counters (a registry of its own: several doors may share a process)."""
 
-    def __init__(self, router_metrics: str | None = None) -> None:
-        self.router_metrics = router_metrics
+    def __init__(
+        self,
+        router_metrics: str | None = None,
+        *,
+        tls: ssl.SSLContext | None = None,
+        token: str | None = None,
+    ) -> None:
+        """``tls`` and ``token``: how the router's endpoint wants to be read when the cluster has
+        ``[security]`` (HTTPS, the bearer token)."""
+        self.router_metrics, self.tls, self.token = router_metrics, tls, token
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "prfaas_frontdoor_requests",
@@ -46,8 +55,13 @@ class FrontDoorMetrics:
         self.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
     def _router_exposition(self) -> bytes:
-        url = f"http://{self.router_metrics}/metrics"
-        with urllib.request.urlopen(url, timeout=ROUTER_SCRAPE_TIMEOUT_S) as reply:
+        scheme = "https" if self.tls is not None else "http"
+        request = urllib.request.Request(f"{scheme}://{self.router_metrics}/metrics")
+        if self.token is not None:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(
+            request, timeout=ROUTER_SCRAPE_TIMEOUT_S, context=self.tls
+        ) as reply:
             return reply.read()
 
     async def render(self) -> bytes:

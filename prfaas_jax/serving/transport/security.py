@@ -273,6 +273,20 @@ def http_ssl_context(section: SecuritySection | None) -> ssl.SSLContext | None:
     return context
 
 
+def http_client_context(section: SecuritySection | None) -> ssl.SSLContext | None:
+    """The TLS context of an HTTP client of the cluster's own servers (None without
+    certificates): it checks the server against `ca_cert` and shows the node certificate, so
+    a server that wants a client certificate gets one."""
+    if section is None or not section.tls:
+        return None
+    try:
+        context = ssl.create_default_context(cafile=section.ca_cert)
+        context.load_cert_chain(section.cert, section.key)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"the HTTP client's TLS credentials: {err}") from None
+    return context
+
+
 def bearer_matches(header: str | None, token: str | None) -> bool:
     """Whether an HTTP `Authorization` header carries `token` (always, for no token), compared
     in constant time."""
