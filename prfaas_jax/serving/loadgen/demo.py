@@ -348,7 +348,7 @@ def run_demo(
         print(_table(results))
         print()
         print(_format_summary(summary))
-    return 0 if ok else 1
+    return 0 if ok and link_ok else 1
 
 
 # What the wire adds to the frames: Ethernet + IPv4 + TCP (with timestamps) headers are 66 bytes
