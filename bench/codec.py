@@ -131,6 +131,9 @@ class _TakesOneToken:
 
     max_slots = 1
 
+    def fits(self, requests: list[tuple[int, int]]) -> int:
+        return min(len(requests), self.max_slots)  # a 1-token request holds no slot
+
     def check_state(self, state: ModelState) -> None:
         pass
 
