@@ -11,8 +11,10 @@ the same layout at toy size (docs/codesign.md). Sections and keys:
     [full_attention.gqa], [full_attention.swa]   dimensions of a full mixer the base lacks
     [deployment]   plan (a plan TOML, relative to this file), kv_lengths, egress_gbps (the
                    PrfaaS link instead of the plan's)
-    [toy]          base (a toy preset: widths), num_layers, the task and the optimiser;
-    [toy.quick]    the same keys, for ``--quick``
+    [toy]          base (a toy preset: widths), num_layers, the task and the optimiser,
+                   lr_grid (learning rates to choose from on a validation split);
+    [toy.quick], [toy.large]   the same keys, for ``--toy quick`` (``--quick``) and
+                   ``--toy large``
 
 Layer placement of a ratio R:1 over n blocks: ``periodic`` puts full attention at every
 (R+1)-th block, and R+1 must divide n; ``kimi`` puts it at every (R+1)-th block *and* at the
@@ -109,6 +111,9 @@ class ToySpec:
     steps: int = 400
     batch_size: int = 64
     lr: float = 3e-3
+    # Learning rates to choose from, per layout, on a validation split (() = ``lr`` alone):
+    # hybrids of different ratios train best at different rates.
+    lr_grid: tuple[float, ...] = ()
     warmup_steps: int = 20
     seed: int = 0
     eval_examples: int = 256
@@ -123,6 +128,13 @@ class ToySpec:
             object.__setattr__(self, "eval_lengths", (self.seq_len, 2 * self.seq_len))
         if min(self.eval_lengths) < 1:
             raise ConfigError("toy.eval_lengths: must be positive token counts")
+        if any(not lr > 0 for lr in (self.lr, *self.lr_grid)):
+            raise ConfigError("toy.lr_grid: learning rates must be positive")
+
+    @property
+    def learning_rates(self) -> tuple[float, ...]:
+        """The rates a layout is trained at to choose one: ``lr_grid``, else ``lr``."""
+        return self.lr_grid or (self.lr,)
 
 
 @dataclass(frozen=True)
@@ -183,6 +195,17 @@ class Sweep:
     deployment: SweepDeployment
     toy: ToySpec
     quick: ToySpec
+    large: ToySpec | None = None  # [toy.large], for users with time
+
+    def toy_setting(self, name: str) -> ToySpec:
+        """``[toy]`` ("default"), ``[toy.quick]`` ("quick") or ``[toy.large]`` ("large")."""
+        if name == "quick":
+            return self.quick
+        if name == "large":
+            if self.large is None:
+                raise Where(str(self.path), "toy.large").error("the sweep has no [toy.large]")
+            return self.large
+        return self.toy
 
     @property
     def plan_path(self) -> Path:
@@ -370,11 +393,16 @@ def load_sweep(path: str | Path) -> Sweep:
     deployment = value(doc, "deployment", SweepDeployment, where)
     toy_table = value(doc, "toy", dict, where, default={})
     toy_where = where.at("toy")
-    toy_keys, quick_part = split(toy_table, toy_where, keys_of(ToySpec), ("quick",))
+    toy_keys, settings = split(toy_table, toy_where, keys_of(ToySpec), ("quick", "large"))
     toy = build(ToySpec, toy_keys, toy_where)
-    quick_table = value(quick_part, "quick", dict, toy_where, default={})
-    split(quick_table, toy_where.at("quick"), keys_of(ToySpec))  # unknown keys name toy.quick
-    quick = build(ToySpec, {**toy_keys, **quick_table}, toy_where.at("quick"))
+    named = {}
+    for name in ("quick", "large"):
+        table = value(settings, name, dict, toy_where, default=None)
+        if table is None:
+            continue
+        split(table, toy_where.at(name), keys_of(ToySpec))  # unknown keys name toy.<setting>
+        named[name] = build(ToySpec, {**toy_keys, **table}, toy_where.at(name))
+    quick = named.get("quick", toy)
     if not (path.parent / deployment.plan).is_file():
         raise where.at("deployment.plan").error(f"no plan file {path.parent / deployment.plan}")
-    return Sweep(path, model, axes, full_attention, deployment, toy, quick)
+    return Sweep(path, model, axes, full_attention, deployment, toy, quick, named.get("large"))

@@ -198,6 +198,11 @@ def test_state_bytes_are_prfaas_kv_and_bfloat16_states_halve_the_recurrent_part(
             "axes.full_mixer[0]",
         ),
         ('[model]\nbase = "prfaas-1t"\n[toy.quick]\nstep = 3\n', "toy.quick.step: unknown key"),
+        ('[model]\nbase = "prfaas-1t"\n[toy.large]\nstep = 3\n', "toy.large.step: unknown key"),
+        (
+            '[model]\nbase = "prfaas-1t"\n[toy]\nlr_grid = [1e-3, 0.0]\n',
+            "toy.lr_grid: learning rates must be positive",
+        ),
         (
             '[model]\nbase = "prfaas-1t"\n[axes]\nstate_dtype = ["float8"]\n',
             "state_dtype must be one of",
@@ -214,6 +219,14 @@ def test_bad_sweeps_are_one_line_errors_naming_the_key(tmp_path, capsys, body, k
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("prfaas codesign: error:"), err
     assert key in err[0]
+
+
+def test_a_toy_setting_the_sweep_lacks_is_a_one_line_error(tmp_path, capsys):
+    path = _sweep(tmp_path, '[model]\nbase = "prfaas-1t"\n[toy]\nsteps = 3\n')
+    assert main(["codesign", "--config", str(path), "--toy", "large"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.endswith("toy.large: the sweep has no [toy.large]")
+    assert load_sweep(KIMI).toy_setting("large").num_layers == 16
 
 
 def test_all_linear_has_no_growing_state_and_no_attention_time(tmp_path):
