@@ -134,6 +134,12 @@ def _run_codesign(args: argparse.Namespace) -> int:
             spec, config = task_and_config(spec_toy)
             return shipped_recall(cfg, spec, config, trained, spec_toy.eval_lengths, precision)
 
+        def emission(cfg, length):
+            from prfaas_jax.engine.emission_timing import layer_seconds
+            from prfaas_jax.model.seeded_weights import seeded_params
+
+            return layer_seconds(cfg, seeded_params(cfg, toy.seed), length)
+
         def say(message: str) -> None:
             shown.update(description=f"codesign {message}")
 
@@ -152,6 +158,7 @@ def _run_codesign(args: argparse.Namespace) -> int:
             seeds=args.seeds,
             budget_min=args.budget,
             tell=tell,
+            emission=emission if sweep.axes.placement and not args.no_recall else None,
         )
     toy_shown = None if args.no_recall else toy
     if args.layouts:

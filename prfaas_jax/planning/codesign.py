@@ -19,6 +19,14 @@ For each point of a `Sweep` (planning/codesign_config.py):
   interval. Points whose toy layouts are equal share their runs. A ``budget_min`` caps the
   training time: the plan (``RecallSchedule``) is told first, checked after the first run.
 
+- **exposed transfer**: the layer-wise emission model fed one group per layer
+  (planning/codesign_emission.py) at the longest of ``kv_lengths``, on the PrfaaS hardware, over
+  one PrfaaS instance's share of the link at the optimum (egress / N_prfaas): the seconds of
+  transfer the prefill does not hide. It is what the ``placement`` axis moves. With an
+  ``emission`` callable (a sweep with a ``placement`` axis) the toy layout's layer-wise prefill
+  is timed too (engine/emission_timing.py), and the same model gives its exposed transfer on a
+  link of the toy's Φ_kv = S_kv / T_prefill (Eq. 1: just fast enough on average).
+
 A point's ``wire`` precision (the ``wire`` axis) is not a layout: its S_kv is the layout's state
 as it crosses the link in that precision (``state_nbytes(layout, l, precision)``, which the
 codec's frames carry exactly), the plan is searched with it, and its recall is the trained toy's
@@ -37,6 +45,7 @@ from typing import Protocol
 from prfaas_jax.config import LayerKind, ModelConfig
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.planning.codesign_config import Point, Sweep, ToySpec
+from prfaas_jax.planning.codesign_emission import measured_exposed_s, modelled_exposed_s
 from prfaas_jax.planning.kv_report import SizeLike
 from prfaas_jax.planning.paper_tables import MIB, kv_gbps
 from prfaas_jax.planning.plan_config import PlanConfig, load_plan_config
@@ -61,6 +70,8 @@ class RecallLike(Protocol):
 Measure = Callable[[ModelConfig, Sequence[int], bool], Sequence[SizeLike]]
 # (toy layout, toy spec at the run's seed and learning rate): one training run.
 Recall = Callable[[ModelConfig, ToySpec], RecallLike]
+# (toy layout, prompt length): seconds of each layer of a layer-wise prefill, in order.
+Emission = Callable[[ModelConfig, int], Sequence[float]]
 # (toy layout, toy spec, its trained result, precision): recall with the state shipped in it.
 Shipped = Callable[[ModelConfig, ToySpec, RecallLike, WirePrecision], RecallLike]
 Say = Callable[[str], None]
@@ -114,6 +125,33 @@ class CodesignRow:
     recall: SeededRecall | None = None
     recall_shared_with: str | None = None  # the label of the point whose toy run this reuses
     precision: WirePrecision = WIRE_NATIVE  # how the state crosses the link
+    toy_layer_s: tuple[float, ...] | None = None  # the toy's layer-wise prefill, timed
+    emission_length: int = 0  # the prompt length it was timed at
+
+    def toy_exposed(self) -> tuple[float, float] | None:
+        """The toy's exposed transfer and prefill seconds, from its timed layers (None untimed)."""
+        if self.toy_layer_s is None or self.toy is None:
+            return None
+        exposed = measured_exposed_s(
+            self.toy, self.emission_length, self.toy_layer_s, self.precision
+        )
+        return exposed, sum(self.toy_layer_s)
+
+    @property
+    def link_share_gbps(self) -> float:
+        """One PrfaaS instance's share of the link at the optimum: egress / N_prfaas."""
+        return self.plan_config.model.deployment.egress_gbps / max(1, self.plan.best.num_prfaas)
+
+    def exposed_s(self, length: int) -> float:
+        """Transfer left when the prefill of ``length`` tokens ends, layer-wise, on one PrfaaS
+        instance's share of the link (planning/codesign_emission.py)."""
+        return modelled_exposed_s(
+            self.layout,
+            length,
+            self.prfaas_prefill_s(length),
+            self.link_share_gbps,
+            self.precision,
+        )
 
     @property
     def bytes_per_token(self) -> int:
@@ -188,6 +226,7 @@ def run_codesign(
     seeds: int = 1,
     budget_min: float | None = None,
     tell: Say | None = None,
+    emission: Emission | None = None,
 ) -> list[CodesignRow]:
     """Every point of ``sweep`` (module docstring); ``recall`` None skips the toy side;
     ``shipped`` gives the recall of points with a wire precision other than native; ``tell``
@@ -208,6 +247,7 @@ def run_codesign(
     if layouts_to_train and tell is not None:
         tell(schedule.plan())
     trained: dict[str, tuple[str, SeededRecall]] = {}
+    timed: dict[str, tuple[float, ...]] = {}
     through_wire: dict[tuple[str, str], SeededRecall] = {}
     rows = []
     for index, (point, layout, toy_cfg) in enumerate(zip(points, layouts, toys, strict=True)):
@@ -247,6 +287,14 @@ def run_codesign(
                         lambda spec, run, cfg=toy_cfg, p=precision: shipped(cfg, spec, run, p)
                     )
                 result = through_wire[wire_key]
+        layer_s = None
+        if toy_cfg is not None and emission is not None:
+            key = toy_cfg.fingerprint()
+            if key not in timed:
+                if say is not None:
+                    say(f"[{index + 1}/{len(points)}] {label}: timing layer-wise emission")
+                timed[key] = tuple(emission(toy_cfg, toy.emission_length))
+            layer_s = timed[key]
         rows.append(
             CodesignRow(
                 point=point,
@@ -262,6 +310,8 @@ def run_codesign(
                 recall=result,
                 recall_shared_with=shared,
                 precision=precision,
+                toy_layer_s=layer_s,
+                emission_length=toy.emission_length if layer_s is not None else 0,
             )
         )
     return rows

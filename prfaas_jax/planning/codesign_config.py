@@ -7,7 +7,8 @@ the same layout at toy size (docs/codesign.md). Sections and keys:
     [model]        base (preset, model TOML or HF config.json), placement = "periodic" | "kimi"
     [axes]         ratio ("R:1", "all-linear", "all-full"), linear_mixer, full_mixer,
                    kv_lora_rank, linear_heads ("HxD"), state_dtype, swa_window, wire (wire
-                   precisions: "native", "bf16", "int8", "state=int8,kv=bf16", …)
+                   precisions: "native", "bf16", "int8", "state=int8,kv=bf16", …), placement
+                   ("early", "even", "late": where a ratio's full-attention blocks sit)
     [full_attention.gqa], [full_attention.swa]   dimensions of a full mixer the base lacks
     [deployment]   plan (a plan TOML, relative to this file), kv_lengths, egress_gbps (the
                    PrfaaS link instead of the plan's)
@@ -19,6 +20,8 @@ the same layout at toy size (docs/codesign.md). Sections and keys:
 Layer placement of a ratio R:1 over n blocks: ``periodic`` puts full attention at every
 (R+1)-th block, and R+1 must divide n; ``kimi`` puts it at every (R+1)-th block *and* at the
 last, as Kimi Linear does (27 blocks → 20 KDA + 7 MLA; the case study's 57 → 42 + 15).
+The ``placement`` axis moves them for a fixed count: ``even`` is the model's placement above,
+``early`` the same number of full-attention blocks first, ``late`` last.
 Every mistake — an unknown axis, a ratio that does not divide the block count, a mixer of the
 wrong family or without its dimensions — is a one-line `ConfigError` naming the key.
 """
@@ -42,6 +45,7 @@ LINEAR_KINDS = (LayerKind.KDA, LayerKind.GDN, LayerKind.LIGHTNING)
 FULL_KINDS = (LayerKind.MLA, LayerKind.GQA, LayerKind.SWA)
 _RATIO = re.compile(r"(\d+):1")
 _HEADS = re.compile(r"(\d+)x(\d+)")
+PLACEMENTS = ("early", "even", "late")
 
 
 class Placement(enum.StrEnum):
@@ -69,8 +73,16 @@ class Axes:
     # How the state crosses the link (prfaas_jax/wire_precision.py): not a layout, the same
     # model; S_kv, the plan and the toy's recall are taken with the state in that precision.
     wire: tuple[str, ...] = ()
+    # Where the ratio's full-attention blocks sit (PLACEMENTS): the same layers in another order,
+    # the same bytes and FLOPs; what moves is the transfer layer-wise emission can hide.
+    placement: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for index, name in enumerate(self.placement):
+            if name not in PLACEMENTS:
+                raise ConfigError(
+                    f"axes.placement[{index}]: {name!r} is not one of {', '.join(PLACEMENTS)}"
+                )
         for index, text in enumerate(self.wire):
             try:
                 WirePrecision.parse(text)
@@ -118,6 +130,8 @@ class ToySpec:
     seed: int = 0
     eval_examples: int = 256
     eval_lengths: tuple[int, ...] = ()  # held-out lengths; () = the trained length and twice it
+    # Prompt length at which a placement sweep times the toy's layer-wise emission.
+    emission_length: int = 1024
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -128,6 +142,8 @@ class ToySpec:
             object.__setattr__(self, "eval_lengths", (self.seq_len, 2 * self.seq_len))
         if min(self.eval_lengths) < 1:
             raise ConfigError("toy.eval_lengths: must be positive token counts")
+        if self.emission_length < 1:
+            raise ConfigError("toy.emission_length: must be a positive token count")
         if any(not lr > 0 for lr in (self.lr, *self.lr_grid)):
             raise ConfigError("toy.lr_grid: learning rates must be positive")
 
@@ -149,6 +165,7 @@ class Point:
     state_dtype: str | None
     swa_window: int | None
     wire: str | None = None
+    placement: str | None = None  # PLACEMENTS; None: "even"
 
     @property
     def precision(self) -> WirePrecision:
@@ -238,6 +255,11 @@ class Sweep:
         else:
             where = self._where("ratio", point.ratio)
             full_at = _count_full(point.ratio, num_layers, self.model.placement, where)
+        if point.placement in ("early", "late"):  # the same count of full blocks, moved
+            count = sum(full_at)
+            full_at = [i < count for i in range(num_layers)]
+            if point.placement == "late":
+                full_at.reverse()
         if linear is None and not all(full_at):
             raise Where(str(self.path), "axes.linear_mixer").error(
                 f"{base.name} has no linear layers; name one (kda, gdn, lightning)"

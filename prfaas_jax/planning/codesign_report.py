@@ -14,7 +14,10 @@ per length on the PrfaaS hardware),
 ``recall_low`` / ``recall_high`` (its 95 % Student-t interval; null from one seed),
 ``recall_runs`` (per length, each seed's accuracy), ``seeds``, ``lr`` (the learning rate chosen),
 ``validation`` (validation accuracy of the first seed at each rate tried), ``recall_mean``,
-``recall_seconds``, ``recall_shared_with``.
+``recall_seconds``, ``recall_shared_with``, ``exposed_s`` (per length of ``kv_lengths``: the
+transfer layer-wise emission leaves after the prefill, planning/codesign_emission.py),
+``link_share_gbps`` (the link it is modelled on), ``toy_exposed_s`` and ``toy_prefill_s`` (the
+toy's, from its timed layer-wise prefill; null untimed), ``toy_layer_s``.
 
 `differences` tests every two rows trained apart (Welch's t-test at each evaluation length,
 significant at p < 0.05); `codesign_json` holds them under ``differences``, the table's notes
@@ -64,6 +67,7 @@ def _finite(value: float) -> float | None:
 def row_json(row: CodesignRow) -> dict[str, object]:
     plan, best = row.plan, row.plan.best
     recall, seeded = _per_length(row, lambda n: row.recall.accuracy[n]), row.recall
+    toy_exposed = row.toy_exposed()
     return {
         "label": row.label,
         "layout": row.layout.name,
@@ -96,6 +100,11 @@ def row_json(row: CodesignRow) -> dict[str, object]:
         "recall_mean": None if row.recall is None else mean_recall(row),
         "recall_seconds": None if row.recall is None else row.recall.seconds,
         "recall_shared_with": row.recall_shared_with,
+        "exposed_s": {str(s.length): row.exposed_s(s.length) for s in row.kv},
+        "link_share_gbps": row.link_share_gbps,
+        "toy_exposed_s": None if toy_exposed is None else toy_exposed[0],
+        "toy_prefill_s": None if toy_exposed is None else toy_exposed[1],
+        "toy_layer_s": None if row.toy_layer_s is None else list(row.toy_layer_s),
     }
 
 
@@ -181,6 +190,10 @@ def _recall_cell(row: CodesignRow, length: int) -> str:
 def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | None) -> str:
     kv_at = rows[0].kv[-1].length if rows else 0
     eval_lengths = list(toy.eval_lengths) if toy is not None else []
+    # The exposed transfer at every length when placement is swept (what it moves), else the last.
+    exposed_at = [s.length for s in rows[0].kv] if "placement" in sweep.varying and rows else []
+    exposed_at = exposed_at or [kv_at]
+    timed = any(row.toy_layer_s is not None for row in rows)
     headers = [
         "point",
         "layers",
@@ -195,7 +208,9 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
         "× naive",
         "egress Gbps",
         "Eq.2 Gbps/inst",
+        *(f"exposed@{format_length(n)} ms" for n in exposed_at),
         "toy layers",
+        *(["toy exposed %"] if timed else []),
         *(["lr"] if toy is not None else []),
         *(f"recall@{n} %" for n in eval_lengths),
     ]
@@ -219,7 +234,9 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
                 f"{row.plan.speedup_vs_naive:.2f}",
                 f"{best.egress_gbps:.1f}",
                 f"{row.egress_per_instance_gbps:.2f}",
+                *(f"{1e3 * row.exposed_s(n):,.1f}" for n in exposed_at),
                 _layers_text(row.toy),
+                *([_toy_exposed_cell(row)] if timed else []),
                 *lr,
                 *recall,
                 *(["—"] * (len(eval_lengths) - len(recall))),
@@ -235,7 +252,18 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
         "term; t*, split, Λ_max (req/s): the planner's optimum (prfaas plan) with these profiles;",
         "× homog. / × naive: Λ_max over homogeneous PD / naive heterogeneous of the same layout;",
         "Eq.2: E[S_kv | L > t*] / E[T_prefill | L > t*] per PrfaaS instance.",
+        "exposed: transfer left after the prefill with layer-wise emission (one group per layer, "
+        f"compute split by FLOPs), on one PrfaaS instance's share of the link "
+        f"({rows[0].link_share_gbps:.2f} Gbps for the first row)."
+        if rows
+        else "",
     ]
+    if timed:
+        notes.append(
+            "toy exposed: the toy's layer-wise prefill timed at "
+            f"{rows[0].emission_length} tokens (engine/emission_timing.py), the transfer it "
+            "leaves on a link of its Φ_kv = S_kv / T_prefill, in % of its prefill time."
+        )
     if any(not row.precision.is_native for row in rows):
         notes.append(
             "wire: the state as it crosses the link in that precision (docs/wire-format.md): its "
@@ -256,6 +284,11 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
             notes.append(f"same toy layout, the same training runs: {'; '.join(shared)}")
         notes.extend(_differences_note(rows))
     return "\n".join(notes)
+
+
+def _toy_exposed_cell(row: CodesignRow) -> str:
+    measured = row.toy_exposed()
+    return "—" if measured is None else f"{100 * measured[0] / measured[1]:.1f}"
 
 
 def _seeds_note(toy: ToySpec, seeds: Sequence[int]) -> str:
