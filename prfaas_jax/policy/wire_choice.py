@@ -17,10 +17,10 @@ Pure: the caller passes the observations (`LinkObservation`, with its clock) in.
 
 from __future__ import annotations
 
-import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prfaas_jax.policy.egress_window import EgressWindow
 from prfaas_jax.policy.threshold_controller import LinkObservation
 
 
@@ -82,20 +82,14 @@ class AdaptiveWire:
         self.option = narrowest_within(config.options, config.recall_budget)
         self.narrowed = False
         self.utilization = 0.0
-        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._egress = EgressWindow(config.window_s)
 
     def observe(self, obs: LinkObservation) -> None:
         """Fold in one period's egress counter and capacity."""
         if obs.capacity_bytes_per_s <= 0:
             raise ValueError(f"link capacity must be positive, got {obs.capacity_bytes_per_s}")
-        if self._samples and obs.egress_bytes < self._samples[-1][1]:
-            self._samples.clear()  # a worker restarted: its counter began again
-        self._samples.append((obs.now, obs.egress_bytes))
-        while obs.now - self._samples[0][0] > self.config.window_s:
-            self._samples.popleft()
-        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
-        rate = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
-        self.utilization = rate / obs.capacity_bytes_per_s
+        self._egress.add(obs.now, obs.egress_bytes)
+        self.utilization = self._egress.rate() / obs.capacity_bytes_per_s
         cfg = self.config
         self.narrowed = narrowing(
             self.utilization, self.narrowed, cfg.high_utilization, cfg.low_utilization
