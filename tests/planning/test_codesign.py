@@ -235,6 +235,8 @@ def test_a_toy_setting_the_sweep_lacks_is_a_one_line_error(tmp_path, capsys):
     assert main(["codesign", "--config", str(path), "--toy", "large"]) == 2
     (err,) = capsys.readouterr().err.strip().splitlines()
     assert err.endswith("toy.large: the sweep has no [toy.large]")
+    assert main(["codesign", "--config", str(path), "--no-recall", "--seeds", "0"]) == 2
+    assert "--seeds must be at least 1" in capsys.readouterr().err
     assert load_sweep(KIMI).toy_setting("large").num_layers == 16
 
 
