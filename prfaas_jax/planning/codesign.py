@@ -12,9 +12,20 @@ For each point of a `Sweep` (planning/codesign_config.py):
   on the sweep's plan file with the point's S_kv and T_prefill profiles: t*, N_prfaas / N_p /
   N_d, Λ_max, the speed-ups over homogeneous PD and naive heterogeneous, the egress used, and
   Eq. 2's egress per PrfaaS instance, E[S_kv | L > t*] / E[T_prefill | L > t*];
-- **model side, toy size**: the caller's ``recall`` trains the point's toy layout
-  (train/recall_probe.py) and returns held-out accuracy per evaluation length. Points whose toy
-  layouts are equal share one training run.
+- **model side, toy size**: the caller's ``recall`` trains the point's toy layout once
+  (train/recall_probe.py) and returns held-out accuracy per evaluation length and validation
+  accuracy; each toy layout is trained at every learning rate of the toy's grid and at
+  ``seeds`` seeds (planning/recall_runs.py), its recall the mean over seeds with a Student-t
+  interval. Points whose toy layouts are equal share their runs. A ``budget_min`` caps the
+  training time: the plan (``RecallSchedule``) is told first, checked after the first run.
+
+- **exposed transfer**: the layer-wise emission model fed one group per layer
+  (planning/codesign_emission.py) at the longest of ``kv_lengths``, on the PrfaaS hardware, over
+  one PrfaaS instance's share of the link at the optimum (egress / N_prfaas): the seconds of
+  transfer the prefill does not hide. It is what the ``placement`` axis moves. With an
+  ``emission`` callable (a sweep with a ``placement`` axis) the toy layout's layer-wise prefill
+  is timed too (engine/emission_timing.py), and the same model gives its exposed transfer on a
+  link of the toy's Φ_kv = S_kv / T_prefill (Eq. 1: just fast enough on average).
 
 A point's ``wire`` precision (the ``wire`` axis) is not a layout: its S_kv is the layout's state
 as it crosses the link in that precision (``state_nbytes(layout, l, precision)``, which the
@@ -34,10 +45,12 @@ from typing import Protocol
 from prfaas_jax.config import LayerKind, ModelConfig
 from prfaas_jax.errors import ConfigError
 from prfaas_jax.planning.codesign_config import Point, Sweep, ToySpec
+from prfaas_jax.planning.codesign_emission import measured_exposed_s, modelled_exposed_s
 from prfaas_jax.planning.kv_report import SizeLike
 from prfaas_jax.planning.paper_tables import MIB, kv_gbps
 from prfaas_jax.planning.plan_config import PlanConfig, load_plan_config
 from prfaas_jax.planning.prefill_cost import scale_profile
+from prfaas_jax.planning.recall_runs import RecallSchedule, SeededRecall, seeded_recall
 from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.search import Plan, search
 from prfaas_jax.policy.throughput_model import mib_per_s_to_gbps
@@ -50,11 +63,15 @@ class RecallLike(Protocol):
 
     accuracy: Mapping[int, float]  # held-out accuracy by evaluation length
     seconds: float
+    validation: float  # accuracy on the validation split (chooses the learning rate)
 
 
 # (layout, lengths, trace): sizes at each length; ``trace`` runs the abstract prefill too.
 Measure = Callable[[ModelConfig, Sequence[int], bool], Sequence[SizeLike]]
+# (toy layout, toy spec at the run's seed and learning rate): one training run.
 Recall = Callable[[ModelConfig, ToySpec], RecallLike]
+# (toy layout, prompt length): seconds of each layer of a layer-wise prefill, in order.
+Emission = Callable[[ModelConfig, int], Sequence[float]]
 # (toy layout, toy spec, its trained result, precision): recall with the state shipped in it.
 Shipped = Callable[[ModelConfig, ToySpec, RecallLike, WirePrecision], RecallLike]
 Say = Callable[[str], None]
@@ -105,9 +122,36 @@ class CodesignRow:
     plan: Plan
     plan_config: PlanConfig
     toy: ModelConfig | None = None
-    recall: RecallLike | None = None
+    recall: SeededRecall | None = None
     recall_shared_with: str | None = None  # the label of the point whose toy run this reuses
     precision: WirePrecision = WIRE_NATIVE  # how the state crosses the link
+    toy_layer_s: tuple[float, ...] | None = None  # the toy's layer-wise prefill, timed
+    emission_length: int = 0  # the prompt length it was timed at
+
+    def toy_exposed(self) -> tuple[float, float] | None:
+        """The toy's exposed transfer and prefill seconds, from its timed layers (None untimed)."""
+        if self.toy_layer_s is None or self.toy is None:
+            return None
+        exposed = measured_exposed_s(
+            self.toy, self.emission_length, self.toy_layer_s, self.precision
+        )
+        return exposed, sum(self.toy_layer_s)
+
+    @property
+    def link_share_gbps(self) -> float:
+        """One PrfaaS instance's share of the link at the optimum: egress / N_prfaas."""
+        return self.plan_config.model.deployment.egress_gbps / max(1, self.plan.best.num_prfaas)
+
+    def exposed_s(self, length: int) -> float:
+        """Transfer left when the prefill of ``length`` tokens ends, layer-wise, on one PrfaaS
+        instance's share of the link (planning/codesign_emission.py)."""
+        return modelled_exposed_s(
+            self.layout,
+            length,
+            self.prfaas_prefill_s(length),
+            self.link_share_gbps,
+            self.precision,
+        )
 
     @property
     def bytes_per_token(self) -> int:
@@ -179,9 +223,14 @@ def run_codesign(
     toy_base: ModelConfig | None = None,
     toy: ToySpec | None = None,
     say: Say | None = None,
+    seeds: int = 1,
+    budget_min: float | None = None,
+    tell: Say | None = None,
+    emission: Emission | None = None,
 ) -> list[CodesignRow]:
     """Every point of ``sweep`` (module docstring); ``recall`` None skips the toy side;
-    ``shipped`` gives the recall of points with a wire precision other than native."""
+    ``shipped`` gives the recall of points with a wire precision other than native; ``tell``
+    hears the plan of training runs (and the budget's verdict after the first)."""
     base_plan = load_plan_config(sweep.plan_path, egress_gbps=sweep.deployment.egress_gbps)
     if base_plan.model.deployment.prfaas is None:
         raise ConfigError(f"{sweep.plan_path}: the plan has no [prfaas] cluster")
@@ -193,8 +242,13 @@ def run_codesign(
         if recall is not None and toy_base is not None
         else [None] * len(points)
     )
-    trained: dict[str, tuple[str, RecallLike]] = {}
-    through_wire: dict[tuple[str, str], RecallLike] = {}
+    layouts_to_train = len({cfg.fingerprint() for cfg in toys if cfg is not None})
+    schedule = RecallSchedule(layouts_to_train, len(toy.learning_rates), seeds, budget_min)
+    if layouts_to_train and tell is not None:
+        tell(schedule.plan())
+    trained: dict[str, tuple[str, SeededRecall]] = {}
+    timed: dict[str, tuple[float, ...]] = {}
+    through_wire: dict[tuple[str, str], SeededRecall] = {}
     rows = []
     for index, (point, layout, toy_cfg) in enumerate(zip(points, layouts, toys, strict=True)):
         label = point.label(sweep.varying)
@@ -218,9 +272,9 @@ def run_codesign(
             if key in trained:
                 shared, result = trained[key]
             else:
-                if say is not None:
-                    say(f"[{index + 1}/{len(points)}] {label}: training {toy_cfg.name}")
-                result = recall(toy_cfg, toy)
+                prefix = f"[{index + 1}/{len(points)}] {label}"
+                train = _counted(recall, schedule, prefix, say, tell)
+                result = seeded_recall(train, toy_cfg, toy, schedule)
                 trained[key] = (label, result)
             if not precision.is_native:
                 if shipped is None:
@@ -229,8 +283,18 @@ def run_codesign(
                 if wire_key not in through_wire:
                     if say is not None:
                         say(f"[{index + 1}/{len(points)}] {label}: recall through the wire")
-                    through_wire[wire_key] = shipped(toy_cfg, toy, result, precision)
+                    through_wire[wire_key] = result.map(
+                        lambda spec, run, cfg=toy_cfg, p=precision: shipped(cfg, spec, run, p)
+                    )
                 result = through_wire[wire_key]
+        layer_s = None
+        if toy_cfg is not None and emission is not None:
+            key = toy_cfg.fingerprint()
+            if key not in timed:
+                if say is not None:
+                    say(f"[{index + 1}/{len(points)}] {label}: timing layer-wise emission")
+                timed[key] = tuple(emission(toy_cfg, toy.emission_length))
+            layer_s = timed[key]
         rows.append(
             CodesignRow(
                 point=point,
@@ -246,9 +310,34 @@ def run_codesign(
                 recall=result,
                 recall_shared_with=shared,
                 precision=precision,
+                toy_layer_s=layer_s,
+                emission_length=toy.emission_length if layer_s is not None else 0,
             )
         )
     return rows
+
+
+def _counted(
+    recall: Recall, schedule: RecallSchedule, prefix: str, say: Say | None, tell: Say | None
+) -> Recall:
+    """``recall`` that shows which run of the schedule it is and, after the sweep's first run,
+    tells the schedule's verdict on the budget."""
+
+    def train(toy_cfg: ModelConfig, spec: ToySpec) -> RecallLike:
+        if say is not None:
+            say(
+                f"{prefix}: run {schedule.done + 1}/{schedule.runs()} {toy_cfg.name} "
+                f"lr {spec.lr:g} seed {spec.seed}"
+            )
+        result = recall(toy_cfg, spec)
+        schedule.done += 1
+        if schedule.done == 1:
+            verdict = schedule.first_run(result.seconds)
+            if tell is not None:
+                tell(verdict)
+        return result
+
+    return train
 
 
 def mean_recall(row: CodesignRow) -> float:

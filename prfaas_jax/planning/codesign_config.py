@@ -7,16 +7,21 @@ the same layout at toy size (docs/codesign.md). Sections and keys:
     [model]        base (preset, model TOML or HF config.json), placement = "periodic" | "kimi"
     [axes]         ratio ("R:1", "all-linear", "all-full"), linear_mixer, full_mixer,
                    kv_lora_rank, linear_heads ("HxD"), state_dtype, swa_window, wire (wire
-                   precisions: "native", "bf16", "int8", "state=int8,kv=bf16", …)
+                   precisions: "native", "bf16", "int8", "state=int8,kv=bf16", …), placement
+                   ("early", "even", "late": where a ratio's full-attention blocks sit)
     [full_attention.gqa], [full_attention.swa]   dimensions of a full mixer the base lacks
     [deployment]   plan (a plan TOML, relative to this file), kv_lengths, egress_gbps (the
                    PrfaaS link instead of the plan's)
-    [toy]          base (a toy preset: widths), num_layers, the task and the optimiser;
-    [toy.quick]    the same keys, for ``--quick``
+    [toy]          base (a toy preset: widths), num_layers, the task and the optimiser,
+                   lr_grid (learning rates to choose from on a validation split);
+    [toy.quick], [toy.large]   the same keys, for ``--toy quick`` (``--quick``) and
+                   ``--toy large``
 
 Layer placement of a ratio R:1 over n blocks: ``periodic`` puts full attention at every
 (R+1)-th block, and R+1 must divide n; ``kimi`` puts it at every (R+1)-th block *and* at the
 last, as Kimi Linear does (27 blocks → 20 KDA + 7 MLA; the case study's 57 → 42 + 15).
+The ``placement`` axis moves them for a fixed count: ``even`` is the model's placement above,
+``early`` the same number of full-attention blocks first, ``late`` last.
 Every mistake — an unknown axis, a ratio that does not divide the block count, a mixer of the
 wrong family or without its dimensions — is a one-line `ConfigError` naming the key.
 """
@@ -40,6 +45,7 @@ LINEAR_KINDS = (LayerKind.KDA, LayerKind.GDN, LayerKind.LIGHTNING)
 FULL_KINDS = (LayerKind.MLA, LayerKind.GQA, LayerKind.SWA)
 _RATIO = re.compile(r"(\d+):1")
 _HEADS = re.compile(r"(\d+)x(\d+)")
+PLACEMENTS = ("early", "even", "late")
 
 
 class Placement(enum.StrEnum):
@@ -67,8 +73,16 @@ class Axes:
     # How the state crosses the link (prfaas_jax/wire_precision.py): not a layout, the same
     # model; S_kv, the plan and the toy's recall are taken with the state in that precision.
     wire: tuple[str, ...] = ()
+    # Where the ratio's full-attention blocks sit (PLACEMENTS): the same layers in another order,
+    # the same bytes and FLOPs; what moves is the transfer layer-wise emission can hide.
+    placement: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for index, name in enumerate(self.placement):
+            if name not in PLACEMENTS:
+                raise ConfigError(
+                    f"axes.placement[{index}]: {name!r} is not one of {', '.join(PLACEMENTS)}"
+                )
         for index, text in enumerate(self.wire):
             try:
                 WirePrecision.parse(text)
@@ -109,10 +123,15 @@ class ToySpec:
     steps: int = 400
     batch_size: int = 64
     lr: float = 3e-3
+    # Learning rates to choose from, per layout, on a validation split (() = ``lr`` alone):
+    # hybrids of different ratios train best at different rates.
+    lr_grid: tuple[float, ...] = ()
     warmup_steps: int = 20
     seed: int = 0
     eval_examples: int = 256
     eval_lengths: tuple[int, ...] = ()  # held-out lengths; () = the trained length and twice it
+    # Prompt length at which a placement sweep times the toy's layer-wise emission.
+    emission_length: int = 1024
 
     def __post_init__(self) -> None:
         if self.num_layers < 1:
@@ -123,6 +142,15 @@ class ToySpec:
             object.__setattr__(self, "eval_lengths", (self.seq_len, 2 * self.seq_len))
         if min(self.eval_lengths) < 1:
             raise ConfigError("toy.eval_lengths: must be positive token counts")
+        if self.emission_length < 1:
+            raise ConfigError("toy.emission_length: must be a positive token count")
+        if any(not lr > 0 for lr in (self.lr, *self.lr_grid)):
+            raise ConfigError("toy.lr_grid: learning rates must be positive")
+
+    @property
+    def learning_rates(self) -> tuple[float, ...]:
+        """The rates a layout is trained at to choose one: ``lr_grid``, else ``lr``."""
+        return self.lr_grid or (self.lr,)
 
 
 @dataclass(frozen=True)
@@ -137,6 +165,7 @@ class Point:
     state_dtype: str | None
     swa_window: int | None
     wire: str | None = None
+    placement: str | None = None  # PLACEMENTS; None: "even"
 
     @property
     def precision(self) -> WirePrecision:
@@ -183,6 +212,17 @@ class Sweep:
     deployment: SweepDeployment
     toy: ToySpec
     quick: ToySpec
+    large: ToySpec | None = None  # [toy.large], for users with time
+
+    def toy_setting(self, name: str) -> ToySpec:
+        """``[toy]`` ("default"), ``[toy.quick]`` ("quick") or ``[toy.large]`` ("large")."""
+        if name == "quick":
+            return self.quick
+        if name == "large":
+            if self.large is None:
+                raise Where(str(self.path), "toy.large").error("the sweep has no [toy.large]")
+            return self.large
+        return self.toy
 
     @property
     def plan_path(self) -> Path:
@@ -215,6 +255,11 @@ class Sweep:
         else:
             where = self._where("ratio", point.ratio)
             full_at = _count_full(point.ratio, num_layers, self.model.placement, where)
+        if point.placement in ("early", "late"):  # the same count of full blocks, moved
+            count = sum(full_at)
+            full_at = [i < count for i in range(num_layers)]
+            if point.placement == "late":
+                full_at.reverse()
         if linear is None and not all(full_at):
             raise Where(str(self.path), "axes.linear_mixer").error(
                 f"{base.name} has no linear layers; name one (kda, gdn, lightning)"
@@ -370,11 +415,16 @@ def load_sweep(path: str | Path) -> Sweep:
     deployment = value(doc, "deployment", SweepDeployment, where)
     toy_table = value(doc, "toy", dict, where, default={})
     toy_where = where.at("toy")
-    toy_keys, quick_part = split(toy_table, toy_where, keys_of(ToySpec), ("quick",))
+    toy_keys, settings = split(toy_table, toy_where, keys_of(ToySpec), ("quick", "large"))
     toy = build(ToySpec, toy_keys, toy_where)
-    quick_table = value(quick_part, "quick", dict, toy_where, default={})
-    split(quick_table, toy_where.at("quick"), keys_of(ToySpec))  # unknown keys name toy.quick
-    quick = build(ToySpec, {**toy_keys, **quick_table}, toy_where.at("quick"))
+    named = {}
+    for name in ("quick", "large"):
+        table = value(settings, name, dict, toy_where, default=None)
+        if table is None:
+            continue
+        split(table, toy_where.at(name), keys_of(ToySpec))  # unknown keys name toy.<setting>
+        named[name] = build(ToySpec, {**toy_keys, **table}, toy_where.at(name))
+    quick = named.get("quick", toy)
     if not (path.parent / deployment.plan).is_file():
         raise where.at("deployment.plan").error(f"no plan file {path.parent / deployment.plan}")
-    return Sweep(path, model, axes, full_attention, deployment, toy, quick)
+    return Sweep(path, model, axes, full_attention, deployment, toy, quick, named.get("large"))

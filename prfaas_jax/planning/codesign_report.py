@@ -10,8 +10,18 @@ per length on the PrfaaS hardware),
 ``threshold_tokens``, ``n_prfaas``, ``n_pd_prefill``, ``n_pd_decode``, ``lambda_max``,
 ``speedup_vs_homogeneous``, ``speedup_vs_naive``, ``homogeneous_lambda_max``,
 ``naive_lambda_max``, ``egress_gbps`` (at Λ_max), ``egress_per_instance_gbps`` (Eq. 2),
-``toy_layout``, ``recall`` (held-out accuracy per evaluation length), ``recall_mean``,
-``recall_seconds``, ``recall_shared_with``.
+``toy_layout``, ``recall`` (held-out accuracy per evaluation length, the mean over seeds),
+``recall_low`` / ``recall_high`` (its 95 % Student-t interval; null from one seed),
+``recall_runs`` (per length, each seed's accuracy), ``seeds``, ``lr`` (the learning rate chosen),
+``validation`` (validation accuracy of the first seed at each rate tried), ``recall_mean``,
+``recall_seconds``, ``recall_shared_with``, ``exposed_s`` (per length of ``kv_lengths``: the
+transfer layer-wise emission leaves after the prefill, planning/codesign_emission.py),
+``link_share_gbps`` (the link it is modelled on), ``toy_exposed_s`` and ``toy_prefill_s`` (the
+toy's, from its timed layer-wise prefill; null untimed), ``toy_layer_s``.
+
+`differences` tests every two rows trained apart (Welch's t-test at each evaluation length,
+significant at p < 0.05); `codesign_json` holds them under ``differences``, the table's notes
+name the significant ones.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from prfaas_jax.planning.codesign import CodesignRow, mean_recall
 from prfaas_jax.planning.codesign_config import Sweep, ToySpec
 from prfaas_jax.planning.kv_report import format_length
 from prfaas_jax.planning.paper_tables import MIB
+from prfaas_jax.planning.recall_stats import Welch, welch
 from prfaas_jax.tables import table
 
 
@@ -40,9 +51,23 @@ def _layers_text(cfg: ModelConfig | None) -> str:
     return " + ".join(f"{n} {kind}" for kind, n in _layers(cfg).items())
 
 
+SIGNIFICANCE = 0.05  # two-sided p below which two rows' recalls differ
+
+
+def _per_length(row: CodesignRow, of) -> dict[str, object] | None:
+    if row.recall is None:
+        return None
+    return {str(n): of(n) for n in row.recall.accuracy}
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) else value
+
+
 def row_json(row: CodesignRow) -> dict[str, object]:
     plan, best = row.plan, row.plan.best
-    recall = None if row.recall is None else {str(k): v for k, v in row.recall.accuracy.items()}
+    recall, seeded = _per_length(row, lambda n: row.recall.accuracy[n]), row.recall
+    toy_exposed = row.toy_exposed()
     return {
         "label": row.label,
         "layout": row.layout.name,
@@ -66,10 +91,41 @@ def row_json(row: CodesignRow) -> dict[str, object]:
         "egress_per_instance_gbps": row.egress_per_instance_gbps,
         "toy_layout": None if row.toy is None else _layers(row.toy),
         "recall": recall,
+        "recall_low": _per_length(row, lambda n: _finite(seeded.interval(n).low)),
+        "recall_high": _per_length(row, lambda n: _finite(seeded.interval(n).high)),
+        "recall_runs": _per_length(row, seeded.samples) if seeded else None,
+        "seeds": None if seeded is None else list(seeded.seeds),
+        "lr": None if seeded is None else seeded.lr,
+        "validation": None if seeded is None else {str(k): v for k, v in seeded.validation.items()},
         "recall_mean": None if row.recall is None else mean_recall(row),
         "recall_seconds": None if row.recall is None else row.recall.seconds,
         "recall_shared_with": row.recall_shared_with,
+        "exposed_s": {str(s.length): row.exposed_s(s.length) for s in row.kv},
+        "link_share_gbps": row.link_share_gbps,
+        "toy_exposed_s": None if toy_exposed is None else toy_exposed[0],
+        "toy_prefill_s": None if toy_exposed is None else toy_exposed[1],
+        "toy_layer_s": None if row.toy_layer_s is None else list(row.toy_layer_s),
     }
+
+
+def differences(rows: Sequence[CodesignRow]) -> list[tuple[str, str, int, Welch]]:
+    """Welch's t-test of every two rows with at least two seeds each, at every evaluation
+    length: ``(label, label, length, test)``. Rows of one toy layout are left out (their runs
+    are the same trainings, not independent samples)."""
+    tested, seen = [], set()
+    for row in rows:  # one row per toy layout and precision: its others repeat its runs
+        key = None if row.toy is None else (row.toy.fingerprint(), str(row.precision))
+        if row.recall is not None and len(row.recall.runs) > 1 and key not in seen:
+            tested.append(row)
+            seen.add(key)
+    found = []
+    for i, a in enumerate(tested):
+        for b in tested[i + 1 :]:
+            if a.toy.fingerprint() == b.toy.fingerprint():
+                continue
+            for n in a.recall.accuracy:
+                found.append((a.label, b.label, n, welch(a.recall.samples(n), b.recall.samples(n))))
+    return found
 
 
 def codesign_json(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | None) -> dict:
@@ -78,7 +134,24 @@ def codesign_json(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | None
         "plan": str(sweep.plan_path),
         "toy": None if toy is None else {k: getattr(toy, k) for k in toy.__dataclass_fields__},
         "rows": [row_json(row) for row in rows],
+        "differences": [
+            {
+                "a": a,
+                "b": b,
+                "length": n,
+                "t": _finite_or_inf(w.t),
+                "df": w.df,
+                "p": w.p,
+                "significant": w.p < SIGNIFICANCE,
+            }
+            for a, b, n, w in differences(rows)
+        ],
     }
+
+
+def _finite_or_inf(value: float) -> float | str:
+    """JSON has no infinity: ±inf as the strings "inf" / "-inf"."""
+    return value if math.isfinite(value) else str(value)
 
 
 def write_csv(rows: Sequence[CodesignRow], path: str | Path) -> None:
@@ -106,9 +179,21 @@ def _pct(value: float) -> str:
     return "—" if math.isnan(value) else f"{100 * value:.1f}"
 
 
+def _recall_cell(row: CodesignRow, length: int) -> str:
+    """Mean recall in %, ± the 95 % interval's half-width over seeds (none from one seed)."""
+    interval = row.recall.interval(length)
+    if math.isnan(interval.half_width):
+        return _pct(interval.mean)
+    return f"{_pct(interval.mean)} ± {100 * interval.half_width:.1f}"
+
+
 def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | None) -> str:
     kv_at = rows[0].kv[-1].length if rows else 0
     eval_lengths = list(toy.eval_lengths) if toy is not None else []
+    # The exposed transfer at every length when placement is swept (what it moves), else the last.
+    exposed_at = [s.length for s in rows[0].kv] if "placement" in sweep.varying and rows else []
+    exposed_at = exposed_at or [kv_at]
+    timed = any(row.toy_layer_s is not None for row in rows)
     headers = [
         "point",
         "layers",
@@ -123,13 +208,17 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
         "× naive",
         "egress Gbps",
         "Eq.2 Gbps/inst",
+        *(f"exposed@{format_length(n)} ms" for n in exposed_at),
         "toy layers",
+        *(["toy exposed %"] if timed else []),
+        *(["lr"] if toy is not None else []),
         *(f"recall@{n} %" for n in eval_lengths),
     ]
     lines = []
     for row in rows:
         best = row.plan.best
-        recall = [] if row.recall is None else [row.recall.accuracy[n] for n in eval_lengths]
+        recall = [] if row.recall is None else [_recall_cell(row, n) for n in eval_lengths]
+        lr = [] if toy is None else ["—" if row.recall is None else f"{row.recall.lr:g}"]
         lines.append(
             [
                 row.label,
@@ -145,8 +234,11 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
                 f"{row.plan.speedup_vs_naive:.2f}",
                 f"{best.egress_gbps:.1f}",
                 f"{row.egress_per_instance_gbps:.2f}",
+                *(f"{1e3 * row.exposed_s(n):,.1f}" for n in exposed_at),
                 _layers_text(row.toy),
-                *(_pct(v) for v in recall),
+                *([_toy_exposed_cell(row)] if timed else []),
+                *lr,
+                *recall,
                 *(["—"] * (len(eval_lengths) - len(recall))),
             ]
         )
@@ -160,7 +252,18 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
         "term; t*, split, Λ_max (req/s): the planner's optimum (prfaas plan) with these profiles;",
         "× homog. / × naive: Λ_max over homogeneous PD / naive heterogeneous of the same layout;",
         "Eq.2: E[S_kv | L > t*] / E[T_prefill | L > t*] per PrfaaS instance.",
+        "exposed: transfer left after the prefill with layer-wise emission (one group per layer, "
+        f"compute split by FLOPs), on one PrfaaS instance's share of the link "
+        f"({rows[0].link_share_gbps:.2f} Gbps for the first row)."
+        if rows
+        else "",
     ]
+    if timed:
+        notes.append(
+            "toy exposed: the toy's layer-wise prefill timed at "
+            f"{rows[0].emission_length} tokens (engine/emission_timing.py), the transfer it "
+            "leaves on a link of its Φ_kv = S_kv / T_prefill, in % of its prefill time."
+        )
     if any(not row.precision.is_native for row in rows):
         notes.append(
             "wire: the state as it crosses the link in that precision (docs/wire-format.md): its "
@@ -173,10 +276,41 @@ def format_codesign(sweep: Sweep, rows: Sequence[CodesignRow], toy: ToySpec | No
             f"(V={toy.vocab_size}, L={toy.seq_len}, N={toy.num_pairs}); lengths > {toy.seq_len} "
             "are longer than trained on."
         )
+        seeded = next((r.recall for r in rows if r.recall is not None), None)
+        if seeded is not None:
+            notes.append(_seeds_note(toy, seeded.seeds))
         shared = [f"{r.label} = {r.recall_shared_with}" for r in rows if r.recall_shared_with]
         if shared:
-            notes.append(f"same toy layout, one training run: {'; '.join(shared)}")
+            notes.append(f"same toy layout, the same training runs: {'; '.join(shared)}")
+        notes.extend(_differences_note(rows))
     return "\n".join(notes)
+
+
+def _toy_exposed_cell(row: CodesignRow) -> str:
+    measured = row.toy_exposed()
+    return "—" if measured is None else f"{100 * measured[0] / measured[1]:.1f}"
+
+
+def _seeds_note(toy: ToySpec, seeds: Sequence[int]) -> str:
+    rates = ", ".join(f"{lr:g}" for lr in toy.learning_rates)
+    spread = (
+        f"mean ± 95 % Student-t half-width over seeds {', '.join(map(str, seeds))}"
+        if len(seeds) > 1
+        else f"one run, seed {seeds[0]}"
+    )
+    return (
+        f"{spread}; lr: the rate of {{{rates}}} best on a validation split at "
+        f"L={toy.seq_len} (seed {seeds[0]})."
+    )
+
+
+def _differences_note(rows: Sequence[CodesignRow]) -> list[str]:
+    found = differences(rows)
+    if not found:
+        return []
+    significant = [f"{a} vs {b} @{n} (p {w.p:.2g})" for a, b, n, w in found if w.p < SIGNIFICANCE]
+    head = f"Welch t-test, p < {SIGNIFICANCE:g}, {len(found)} pairs × lengths tested: "
+    return [head + ("; ".join(significant) if significant else "no significant difference")]
 
 
 def draw_codesign(rows: Sequence[CodesignRow], path: str | Path, title: str = "") -> None:

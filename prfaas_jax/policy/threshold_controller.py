@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from prfaas_jax.policy.egress_window import EgressWindow
 from prfaas_jax.policy.live_model import (
     ClusterShape,
     LiveProfiles,
@@ -116,7 +117,7 @@ class ThresholdController:
             )
         self.config, self.profiles, self.shape, self.traffic = config, profiles, shape, traffic
         self._threshold = float(threshold)
-        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._egress = EgressWindow(config.utilization_window_s)
         self._capacity = 0.0
         self._solved_capacity: float | None = None
         self._last_solve = -math.inf
@@ -142,20 +143,13 @@ class ThresholdController:
 
     def egress_rate(self) -> float:
         """Bytes/s over the utilisation window (0 before two observations)."""
-        if len(self._samples) < 2:
-            return 0.0
-        (t0, b0), (t1, b1) = self._samples[0], self._samples[-1]
-        return (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
+        return self._egress.rate()
 
     def observe(self, obs: LinkObservation) -> ThresholdUpdate | None:
         """Fold in one period's measurement; returns the change of t it caused, if any."""
         if obs.capacity_bytes_per_s <= 0:
             raise ValueError(f"link capacity must be positive, got {obs.capacity_bytes_per_s}")
-        if self._samples and obs.egress_bytes < self._samples[-1][1]:
-            self._samples.clear()  # a worker restarted: its counter began again
-        self._samples.append((obs.now, obs.egress_bytes))
-        while obs.now - self._samples[0][0] > self.config.utilization_window_s:
-            self._samples.popleft()
+        self._egress.add(obs.now, obs.egress_bytes)
         self._capacity = obs.capacity_bytes_per_s
         self._utilization = self.egress_rate() / obs.capacity_bytes_per_s
         self._loss = self._window_loss(obs)

@@ -40,11 +40,12 @@ from prfaas_jax.planning.plan_config import PlanConfig, load_plan_config
 from prfaas_jax.policy.live_model import LiveProfiles
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates
+from prfaas_jax.policy.wire_choice import AdaptiveWireConfig
 from prfaas_jax.sim.workload import Arrivals, TraceRecord, WorkloadSpec, read_trace, trace_rate
 from prfaas_jax.toml_config import Where, build, keys_of, located, read, split, toml_key, value
 
 SECTIONS = ("plan", "workload", "link", "decode", "cache", "router", "controller")
-SECTIONS += ("rebalancer", "saturation", "report", "deployments")
+SECTIONS += ("rebalancer", "saturation", "report", "deployments", "wire")
 
 
 @dataclass(frozen=True)
@@ -169,6 +170,7 @@ class DeploymentSpec:
     use_rebalancer: bool = field(default=True, metadata=toml_key("rebalancer"))
     bandwidth_abundant: bool | None = None  # None: [router]'s
     prfaas_max_queue: int | None = None  # None: [router]'s
+    adaptive_wire: bool = False  # [wire]'s policy narrows states while the link runs hot
 
     def __post_init__(self) -> None:
         if min(self.num_prfaas, self.num_pd_prefill) < 0 or self.num_pd_decode < 1:
@@ -194,6 +196,7 @@ class SimConfig:
     rebalancer: RebalancerSpec | None = None
     saturation: SaturationSpec | None = None
     bin_s: float = 10.0
+    wire: AdaptiveWireConfig | None = None  # [wire]: policy/wire_choice.py
 
 
 def _workload(
@@ -276,6 +279,7 @@ def _parse(path: Path, doc: dict[str, object]) -> SimConfig:
     if "saturation" in doc:
         saturation = build(SaturationSpec, doc["saturation"], where.at("saturation"))
     report = build(ReportSpec, table("report"), where.at("report"))
+    wire = build(AdaptiveWireConfig, doc["wire"], where.at("wire")) if "wire" in doc else None
     deployments = value(doc, "deployments", dict, where)
     if not deployments:
         raise where.at("deployments").error("needs at least one deployment")
@@ -296,6 +300,7 @@ def _parse(path: Path, doc: dict[str, object]) -> SimConfig:
         rebalancer=rebalancer,
         saturation=saturation,
         bin_s=report.bin_s,
+        wire=wire,
     )
 
 

@@ -9,7 +9,9 @@ hit rates; plus the analytic Λ_max and, when searched, the simulated saturation
 
 The JSON's stable keys, which scripts may rely on: per deployment `max_throughput`,
 `analytic_lambda_max`, `ttft_mean`, `ttft_p50`, `ttft_p90`, `ttft_p99`, `offload_fraction`,
-`egress_gbps_mean`, and at the top `simulated_requests` and `wall_seconds`. The rest are extras.
+`egress_gbps_mean`, and at the top `simulated_requests` and `wall_seconds`. The rest are extras
+(among them `narrowed_fraction` and `recall_loss_mean`, adaptive wire precision's share of the
+offloaded states sent narrowed and the recall it cost them on average).
 """
 
 from __future__ import annotations
@@ -74,6 +76,18 @@ def _thin(values: list[float]) -> list[float | None]:
     return [_finite(v) for v in values[::step]]
 
 
+def _wire_summary(result: SimResult) -> dict[str, float]:
+    """Adaptive wire precision over the completed offloaded requests: the share whose state
+    crossed narrowed, and the recall lost on average (each narrowed request loses its option's
+    recall_loss; native ones none)."""
+    done = ~np.isnan(result.finish) & result.offloaded
+    losses = result.recall_loss[done]
+    return {
+        "narrowed_fraction": float((losses > 0).mean()) if losses.size else 0.0,
+        "recall_loss_mean": float(losses.mean()) if losses.size else 0.0,
+    }
+
+
 def deployment_summary(run: DeploymentRun, *, series: bool = True) -> dict[str, object]:
     """The per-deployment JSON object (module docstring)."""
     result, analytic, spec = run.result, run.analytic, run.spec
@@ -93,6 +107,7 @@ def deployment_summary(run: DeploymentRun, *, series: bool = True) -> dict[str, 
         "ttft_p90": ttft_stats["p90"],
         "ttft_p99": ttft_stats["p99"],
         "offload_fraction": float(result.offloaded[: result.num_arrived].mean()),
+        **_wire_summary(result),
         "egress_gbps_mean": egress_mean,
         "instances": {
             "prfaas": spec.num_prfaas,
@@ -256,6 +271,11 @@ def format_run(run: SimulationRun) -> str:
         lambda s: f"{s['egress_gbps_mean']:.1f} / {s['egress_gbps_max_bin']:.1f}",
     )
     row("queue PrfaaS / PD-P / decode", queues)
+    if any(d.spec.adaptive_wire for d in run.deployments):
+        row(
+            "narrowed / recall loss (offloaded)",
+            lambda s: f"{s['narrowed_fraction']:.1%} / {100 * s['recall_loss_mean']:.2f} pt",
+        )
     row("role changes", lambda s: str(sum(r["applied"] for r in s["role_changes"])))
     if any(s["cache_hit_rate"] for s in summaries):
         row(

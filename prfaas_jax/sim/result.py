@@ -65,6 +65,7 @@ class SimResult:
     uncached_len: np.ndarray
     output_len: np.ndarray
     kv_bytes: np.ndarray
+    recall_loss: np.ndarray  # what each request's wire precision cost (0: native)
     series: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SERIES})
     threshold_updates: list[ThresholdUpdate] = field(default_factory=list)
     role_changes: list[RoleChangeRecord] = field(default_factory=list)
@@ -89,6 +90,7 @@ class SimResult:
             uncached_len=np.zeros(num_requests, dtype=np.int64),
             output_len=np.zeros(num_requests, dtype=np.int64),
             kv_bytes=np.zeros(num_requests),
+            recall_loss=np.zeros(num_requests),
         )
 
     def routed(self, req: Request, now: float) -> None:
@@ -104,6 +106,7 @@ class SimResult:
         self.first_token[i] = req.first_token
         self.finish[i] = now
         self.kv_bytes[i] = req.kv_bytes
+        self.recall_loss[i] = req.recall_loss
 
     def sample(self, row: Sample) -> None:
         for key, value in zip(SERIES, astuple(row), strict=True):

@@ -30,6 +30,7 @@ from prfaas_jax.policy.live_model import ClusterShape
 from prfaas_jax.policy.rebalancer import StageObservation
 from prfaas_jax.policy.routing import ClusterKind, ClusterView, Role, pick_decode, route
 from prfaas_jax.policy.threshold_controller import LinkObservation
+from prfaas_jax.policy.wire_choice import AdaptiveWire
 from prfaas_jax.sim.cache_model import CacheModel
 from prfaas_jax.sim.cluster import DecodeInstance, LinkModel, PrefillInstance
 from prfaas_jax.sim.config import DeploymentSpec, SimConfig
@@ -59,6 +60,11 @@ class Simulator:
         self.stop_at_last_arrival, self.progress = stop_at_last_arrival, progress
         profiles = config.profiles
         self.kv_mib = profiles.kv_size_mib
+        self.wire = None
+        if deployment.adaptive_wire:
+            if config.wire is None:
+                raise ValueError(f"deployment {deployment.name}: adaptive_wire needs a [wire]")
+            self.wire = AdaptiveWire(config.wire)
         self.threshold = deployment.threshold
         self.prfaas = [
             PrefillInstance(
@@ -257,6 +263,10 @@ class Simulator:
 
     def _prefill_started(self, req: Request, service_s: float) -> None:
         req.kv_bytes = self._shipped_bytes(req)
+        narrow = self.wire.choose() if self.wire is not None else None
+        if narrow is not None:  # the link runs hot: this state crosses narrowed
+            req.kv_bytes *= narrow.byte_ratio
+            req.recall_loss = narrow.recall_loss
         link = self.config.link
         if link.layerwise and link.chunks > 1:
             self.link.send(req.kv_bytes * (link.chunks - 1) / link.chunks, self._body_sent, req)
@@ -335,8 +345,14 @@ class Simulator:
         now = self.loop.now
         prfaas_queue = sum(i.outstanding for i in self.prfaas)
         self.control.tick(now, prfaas_queue)
+        if self.wire is not None:
+            self.wire.observe(self.link_observation(now, prfaas_queue))
         if now >= self._next_bin:
             self._next_bin = now + self.config.bin_s
             self.result.sample(self._sample(now, prfaas_queue))
         if not (self._arrivals_done and self.n_finished == self.n_arrived):
-            self.loop.schedule(now + self.control.tick_s, self._tick)
+            # The wire policy observes the link every control period, as the controller does.
+            tick_s = self.control.tick_s
+            if self.wire is not None:
+                tick_s = min(tick_s, self.config.router.control_period_s)
+            self.loop.schedule(now + tick_s, self._tick)

@@ -57,6 +57,7 @@ class Request:
         "prefill_done",
         "prefill_end",
         "prompt_len",
+        "recall_loss",
         "rid",
         "uncached_len",
     )
@@ -76,6 +77,7 @@ class Request:
         self.offloaded = False
         self.prefill = self.decode = None
         self.kv_bytes = 0.0
+        self.recall_loss = 0.0  # what its state's wire precision costs (0: native)
         self.first_token = self.prefill_end = math.nan
         self.body_done = self.prefill_done = False
 

@@ -8,6 +8,10 @@ the same number of facts, drawn from the key `loop.eval_set` uses, which no trai
 uses. Lengths beyond ``spec.seq_len`` are longer than anything the model trained on: for MQAR
 the queries come farther from their keys, for retrieval more filler lies between the facts and
 the questions. Nothing is interpolated: every number is an evaluation of the trained weights.
+
+A validation split (`validation_set`, at the trained length, from a third key) is evaluated
+too: the caller chooses the learning rate on it, so the held-out examples stay out of every
+choice.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from prfaas_jax.train.loop import (
     evaluate,
     initial_state,
 )
-from prfaas_jax.train.tasks import Batch, TaskSpec
+from prfaas_jax.train.tasks import Batch, TaskSpec, make_batch
 from prfaas_jax.wire_precision import WirePrecision
 
 
@@ -43,6 +47,7 @@ class RecallResult:
     final_loss: float
     steps: int
     seconds: float  # training and evaluation, compiles included
+    validation: float = float("nan")  # accuracy on the validation split (`validation_set`)
     params: Params | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
@@ -64,9 +69,19 @@ def measure_recall(
     for length in eval_lengths:
         held_out = eval_set(dataclasses.replace(spec, seq_len=length), config)
         accuracy[length] = evaluate(state.params, cfg, held_out, impl=config.impl)
+    validation = evaluate(state.params, cfg, validation_set(spec, config), impl=config.impl)
     final_loss = trainer.history[-1].loss if trainer.history else float("nan")
     seconds = time.perf_counter() - start
-    return RecallResult(accuracy, final_loss, config.steps, seconds, params=state.params)
+    return RecallResult(
+        accuracy, final_loss, config.steps, seconds, validation=validation, params=state.params
+    )
+
+
+def validation_set(spec: TaskSpec, config: TrainConfig) -> Batch:
+    """Examples for choices made after training (the learning rate), at the trained length:
+    drawn from a key neither the training batches (0) nor the held-out set (1) use."""
+    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), 2)
+    return make_batch(key, spec, config.eval_examples)
 
 
 def shipped_recall(

@@ -16,9 +16,14 @@ from prfaas_jax.config import LayerKind, load_model_config
 from prfaas_jax.engine.kvsize import state_sizes
 from prfaas_jax.planning.codesign import run_codesign
 from prfaas_jax.planning.codesign_config import load_sweep
-from prfaas_jax.planning.prefill_cost import flop_profile, prefill_flops, scale_profile
+from prfaas_jax.planning.prefill_cost import (
+    flop_profile,
+    prefill_flops,
+    prefill_flops_by_part,
+    scale_profile,
+)
 from prfaas_jax.policy.profiles import Profile
-from prfaas_jax.state_bytes import state_nbytes
+from prfaas_jax.state_bytes import layer_nbytes, state_nbytes
 from prfaas_jax.wire_precision import WirePrecision
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -198,6 +203,15 @@ def test_state_bytes_are_prfaas_kv_and_bfloat16_states_halve_the_recurrent_part(
             "axes.full_mixer[0]",
         ),
         ('[model]\nbase = "prfaas-1t"\n[toy.quick]\nstep = 3\n', "toy.quick.step: unknown key"),
+        ('[model]\nbase = "prfaas-1t"\n[toy.large]\nstep = 3\n', "toy.large.step: unknown key"),
+        (
+            '[model]\nbase = "prfaas-1t"\n[axes]\nplacement = ["middle"]\n',
+            "axes.placement[0]: 'middle' is not one of early, even, late",
+        ),
+        (
+            '[model]\nbase = "prfaas-1t"\n[toy]\nlr_grid = [1e-3, 0.0]\n',
+            "toy.lr_grid: learning rates must be positive",
+        ),
         (
             '[model]\nbase = "prfaas-1t"\n[axes]\nstate_dtype = ["float8"]\n',
             "state_dtype must be one of",
@@ -214,6 +228,16 @@ def test_bad_sweeps_are_one_line_errors_naming_the_key(tmp_path, capsys, body, k
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("prfaas codesign: error:"), err
     assert key in err[0]
+
+
+def test_a_toy_setting_the_sweep_lacks_is_a_one_line_error(tmp_path, capsys):
+    path = _sweep(tmp_path, '[model]\nbase = "prfaas-1t"\n[toy]\nsteps = 3\n')
+    assert main(["codesign", "--config", str(path), "--toy", "large"]) == 2
+    (err,) = capsys.readouterr().err.strip().splitlines()
+    assert err.endswith("toy.large: the sweep has no [toy.large]")
+    assert main(["codesign", "--config", str(path), "--no-recall", "--seeds", "0"]) == 2
+    assert "--seeds must be at least 1" in capsys.readouterr().err
+    assert load_sweep(KIMI).toy_setting("large").num_layers == 16
 
 
 def test_all_linear_has_no_growing_state_and_no_attention_time(tmp_path):
@@ -248,3 +272,40 @@ def test_linear_mixer_axis_changes_the_recurrent_state_by_hand(tmp_path):
     # outweighs its cheaper recurrence: more FLOPs per token, a slower prefill, a smaller Λ_max.
     by_mixer = {row.point.linear_mixer.value: row.plan.best.lambda_max for row in rows}
     assert by_mixer["lightning"] < by_mixer["kda"]
+
+
+def test_placement_moves_the_full_blocks_and_only_the_exposed_transfer(tmp_path):
+    body = (
+        '[model]\nbase = "prfaas-1t"\nplacement = "kimi"\n[axes]\nratio = ["3:1"]\n'
+        'placement = ["early", "even", "late"]\n'
+    )
+    path = tmp_path / "placement.toml"
+    path.write_text(
+        f'[deployment]\nplan = "{PLAN}"\nkv_lengths = [1024, 131072]\negress_gbps = 25\n{body}'
+    )
+    sweep = load_sweep(path)
+    base = load_model_config("prfaas-1t")
+    early, even, late = run_codesign(sweep, base, measure=_formula)
+    mla = [[k is LayerKind.MLA for k in row.layout.layers] for row in (early, even, late)]
+    assert mla[0] == [True] * 15 + [False] * 42 and mla[2] == mla[0][::-1]
+    assert even.layout.layers == base.layers
+    toy_base = load_model_config("tiny")
+    toys = [sweep.toy_layout(sweep.toy, toy_base, base, p) for p in sweep.points()]
+    # 8 toy blocks at 3:1, Kimi placement: MLA at blocks 3 and 7; early 0 and 1; late 6 and 7.
+    assert [[i for i, k in enumerate(t.layers) if k is LayerKind.MLA] for t in toys] == [
+        [0, 1],
+        [3, 7],
+        [6, 7],
+    ]
+    # The same bytes and FLOPs, so the same plan; the exposed transfer is what moves.
+    assert early.kv == even.kv == late.kv and early.plan == even.plan == late.plan
+    n = 131072
+    assert early.exposed_s(n) < even.exposed_s(n) <= late.exposed_s(n)
+    # Early: every MLA cache leaves while the 42 KDA layers compute; what is left after the
+    # prefill is the last KDA layer's state (6.25 Gbps: 25 over 4 PrfaaS instances), less the
+    # LM head's compute, which follows that layer.
+    assert early.link_share_gbps == 25 / early.plan.best.num_prfaas == 6.25
+    flops = prefill_flops_by_part(early.layout, n)
+    head_s = early.prfaas_prefill_s(n) * flops.head / flops.total
+    last_kda = layer_nbytes(early.layout, LayerKind.KDA, n)
+    assert early.exposed_s(n) == pytest.approx(8 * last_kda / 6.25e9 - head_s, rel=1e-9)

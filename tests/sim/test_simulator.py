@@ -431,3 +431,42 @@ def test_a_round_trip_replaces_the_latency_by_half_of_it():
     assert LinkSpec(schedule, latency_s=0.004, rtt_ms=40.0).one_way_s == pytest.approx(0.020)
     with pytest.raises(ValueError, match="rtt_ms"):
         LinkSpec(schedule, rtt_ms=-1.0)
+
+
+def test_adaptive_wire_narrows_the_states_that_start_while_the_link_runs_hot(tmp_path):
+    # Two 50K-token requests 0.1 s apart on one PrfaaS instance and a 2 Gbps link: the first
+    # state (1 GB: 4 s of link) fills the link from its prefill's start (layer-wise), so when
+    # the second's prefill starts (after the first's, 2.7 s) the link has run at capacity since
+    # the first control tick, and the second crosses in int8.
+    _trace(tmp_path, [(0.0, 50_000), (100.0, 50_000)])
+    body = f"""
+[workload]
+arrivals = "trace"
+path = "{tmp_path / "trace.jsonl"}"
+[link]
+schedule = [[0, 2]]
+[wire]
+window_s = 1.0
+options = [{{ precision = "int8", byte_ratio = 0.5, recall_loss = 0.002 }}]
+[deployments.native]
+prfaas = 1
+pd_prefill = 1
+pd_decode = 1
+threshold = 20000
+controller = false
+[deployments.adaptive]
+prfaas = 1
+pd_prefill = 1
+pd_decode = 1
+threshold = 20000
+controller = false
+adaptive_wire = true
+"""
+    config = load_sim_config(_write(tmp_path, body))
+    native, adaptive = (Simulator(config, d).run() for d in config.deployments)
+    full = config.profiles.kv_size_mib(50_000) * MIB
+    assert 1.0 < config.profiles.prfaas_prefill_s(50_000) < full / (2e9 / 8)
+    assert list(native.kv_bytes) == pytest.approx([full, full])
+    assert list(adaptive.kv_bytes) == pytest.approx([full, full / 2])
+    assert list(adaptive.recall_loss) == [0.0, 0.002] and not native.recall_loss.any()
+    assert adaptive.first_token[1] < native.first_token[1]

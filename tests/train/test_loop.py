@@ -18,7 +18,7 @@ from prfaas_jax.config import LayerKind, MlpKind, load_model_config
 from prfaas_jax.errors import UserError
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.train.checkpoints import RunDir
-from prfaas_jax.train.loop import TrainConfig, Trainer, initial_state
+from prfaas_jax.train.loop import TrainConfig, Trainer, eval_set, initial_state
 from prfaas_jax.train.tasks import TaskSpec
 
 CFG = dataclasses.replace(
@@ -132,3 +132,22 @@ def test_both_trainable_ops_train_the_same_run():
     np.testing.assert_allclose(
         [r.loss for r in scans.history], [r.loss for r in chunks.history], rtol=1e-4
     )
+
+
+def test_a_recall_measurement_reproduces_bit_for_bit_from_its_seed():
+    # What `prfaas codesign --seeds` runs per seed: training, held-out and validation accuracy.
+    from prfaas_jax.train.recall_probe import measure_recall, validation_set
+
+    first = measure_recall(CFG, SPEC, CONFIG, [32, 64])
+    again = measure_recall(CFG, SPEC, CONFIG, [32, 64])
+    assert (first.accuracy, first.validation, first.final_loss) == (
+        again.accuracy,
+        again.validation,
+        again.final_loss,
+    )
+    assert _same(first.params, again.params)
+    _, state = _run()  # the training loop's own run of the same flags
+    assert _same(first.params, state.params)
+    # The validation split is drawn apart from the held-out examples.
+    held_out = eval_set(SPEC, CONFIG)
+    assert not np.array_equal(validation_set(SPEC, CONFIG).tokens, held_out.tokens)

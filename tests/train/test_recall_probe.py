@@ -23,9 +23,10 @@ def test_all_full_point_of_the_quick_setting_recalls(tmp_path, capsys):
     lines = ['[model]\nbase = "prfaas-1t"\nplacement = "kimi"\n[axes]\nratio = ["all-full"]\n']
     lines.append('wire = ["native", "int8"]\n')
     lines.append(f'[deployment]\nplan = "{ROOT / "configs" / "plans" / "case-study-1t.toml"}"\n')
-    lines.append(
-        "[toy]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in toy.items() if k != "quick")
-    )
+    # One training run: the sweep's settings but its learning-rate grid (--seeds and lr_grid
+    # are tests/planning/test_recall_runs.py's) and its other settings' sub-tables.
+    kept = {k: v for k, v in toy.items() if k not in ("quick", "large", "lr_grid")}
+    lines.append("[toy]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in kept.items()))
     lines.append("[toy.quick]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in quick.items()))
     path = tmp_path / "all-full.toml"
     path.write_text("".join(lines))
