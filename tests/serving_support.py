@@ -20,6 +20,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
+from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
@@ -143,6 +145,46 @@ def fake_config(path: pathlib.Path, **overrides: dict) -> pathlib.Path:
         sections.setdefault(name, {}).update(keys)
     path.write_text(toml(sections))
     return path
+
+
+class Stream:
+    """A router `Generate` call read on its own thread: tokens as they come, then its report or
+    error and when it ended. `expected` is the fake engines' output for it (the preset of
+    `fake_config`)."""
+
+    def __init__(self, stub: pb_grpc.RouterStub, tokens: list[int], n: int, wait_s: float) -> None:
+        self.prompt, self.n, self.wait_s = tokens, n, wait_s
+        self.tokens: list[int] = []
+        self.report: pb.RequestReport | None = None
+        self.error: grpc.RpcError | None = None
+        self.ended_at = 0.0
+        request = pb.GenerateRequest(prompt_token_ids=tokens, max_new_tokens=n)
+        self._call = stub.Generate(request, timeout=wait_s)
+        self._thread = threading.Thread(target=self._read)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self._call:
+                self.tokens.extend(message.token_ids)
+                if message.finished:
+                    self.report = message.report
+        except grpc.RpcError as err:
+            self.error = err
+        self.ended_at = time.monotonic()
+
+    def join(self) -> None:
+        self._thread.join(self.wait_s)
+        assert not self._thread.is_alive(), "the stream neither finished nor failed"
+
+    @property
+    def expected(self) -> list[int]:
+        return fake_tokens(self.prompt, self.n, load_model_config("tiny").vocab_size)
+
+
+def child(cluster, name: str) -> subprocess.Popen:
+    """The process of `name` in a `ClusterProcesses` (the router, or a worker's first)."""
+    return next(c.popen for c in cluster.children if c.name == name)
 
 
 @dataclasses.dataclass
