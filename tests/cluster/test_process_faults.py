@@ -89,7 +89,7 @@ def wait_for_a_state(channel: grpc.Channel) -> tuple[float, grpc.RpcError | None
     """A decode call for a state nobody pushes: when it ended, and how."""
     request = pb.DecodeRequest(request_id="never-pushed", prompt_len=24, max_new_tokens=4)
     try:
-        list(pb_grpc.DecodeWorkerStub(channel).Generate(request, timeout=WAIT_S))
+        list(pb_grpc.DecodeWorkerStub(channel).Generate(request, timeout=REQUEST_TIMEOUT_S + 15))
     except grpc.RpcError as err:
         return time.monotonic(), err
     return time.monotonic(), None
