@@ -16,6 +16,10 @@ start, its prefill included, so it must exceed the longest prefill here (2.4 s).
   than the grace (`STOP_GRACE_S`) finishes there, in one attempt; the one that needs more is cut
   at the end of the grace and the router prefills it again (locally: no PrfaaS worker is left);
   the worker exits 0.
+- The rebalancer's drain timing out: a PD-prefill queue makes it drain a decode node to switch
+  it to prefill, but the node's stream outlasts `drain_timeout_s`; the change is abandoned once
+  the timeout expires (the stream still running), the node keeps its role, and every request
+  finishes with its tokens.
 - SIGTERM to the HTTP front door (`prfaas openai`, its own process) with a streamed completion
   in flight: the stream ends with every token and ``[DONE]``, a new connection is refused, the
   process exits 0.
@@ -49,8 +53,8 @@ from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.server import STOP_GRACE_S
 
 VOCAB = load_model_config("tiny").vocab_size  # fake_config's preset
-STALL_S, REQUEST_TIMEOUT_S = 4.0, 8.0
-PREFILL_S_PER_TOKEN = 0.005
+STALL_S, REQUEST_TIMEOUT_S, DRAIN_TIMEOUT_S = 4.0, 8.0, 1.0
+PREFILL_S_PER_TOKEN, DECODE_STEP_S = 0.005, 0.02
 DECODERS = ("pd-1", "pd-2")
 WAIT_S = 60.0  # bounds a broken run only
 
@@ -66,9 +70,23 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("process-faults")
     path = fake_config(
         root / "cluster.toml",
-        fake={"decode_step_s": 0.02, "prefill_s_per_token": PREFILL_S_PER_TOKEN},
+        fake={"decode_step_s": DECODE_STEP_S, "prefill_s_per_token": PREFILL_S_PER_TOKEN},
         instances={"prfaas_prefill": 1, "pd_prefill": 1, "pd_decode": len(DECODERS)},
         router={"stall_timeout_s": STALL_S, "request_timeout_s": REQUEST_TIMEOUT_S},
+        # Moves a decode node to prefill only under a PD-prefill queue (the drain test makes
+        # one); its drain gives up after `DRAIN_TIMEOUT_S`.
+        rebalancer={
+            "enabled": True,
+            "period_s": 0.25,
+            "consecutive": 2,
+            "min_samples": 8,
+            "drain_timeout_s": DRAIN_TIMEOUT_S,
+        },
+        profile={
+            "prfaas_prefill_s": [0.0, PREFILL_S_PER_TOKEN],
+            "pd_prefill_s": [0.0, PREFILL_S_PER_TOKEN],
+            "decode_step_s": DECODE_STEP_S,
+        },
     )
     with (
         ClusterProcesses(path, log_dir=root / "logs") as cluster,
@@ -219,6 +237,39 @@ def test_sigterm_to_the_front_door_with_a_stream_in_flight(served, tmp_path):
         if door.poll() is None:
             door.kill()
             door.wait()
+
+
+def test_a_drain_that_outlasts_its_timeout_is_abandoned(served):
+    _, _, stub, controls, _ = served
+    # A stream on each decode node (the router fills the emptier one): 150 steps, 3 s.
+    streams = [Stream(stub, prompt(24, 10 + k), 150, WAIT_S) for k in range(len(DECODERS))]
+    assert wait_for(lambda: all(len(s.tokens) >= 3 for s in streams), WAIT_S), "no tokens"
+    for name, control in controls.items():
+        assert control.GetStats(pb.GetStatsRequest(), timeout=5).active_slots == 1, name
+    # PD prefill (48 tokens: 0.24 s each on the one PD prefill node) at 8 per second.
+    burst: list[Stream] = []
+    for k in range(24):
+        burst.append(Stream(stub, prompt(48, 100 + k), 2, WAIT_S))
+        if stub.GetStats(pb.GetStatsRequest(), timeout=5).draining:
+            break
+        time.sleep(0.125)
+    assert wait_for(lambda: stub.GetStats(pb.GetStatsRequest(), timeout=5).draining, WAIT_S)
+    began = time.monotonic()
+    (node,) = stub.GetStats(pb.GetStatsRequest(), timeout=5).draining
+    assert wait_for(lambda: not stub.GetStats(pb.GetStatsRequest(), timeout=5).draining, WAIT_S)
+    drained_s = time.monotonic() - began
+    assert not any(s.ended_at for s in streams), "a stream ended before the drain gave up"
+    assert controls[node].GetStats(pb.GetStatsRequest(), timeout=5).active_slots >= 1
+    assert drained_s <= DRAIN_TIMEOUT_S + 1.0  # gave up on its timeout, not on the stream
+    stats = stub.GetStats(pb.GetStatsRequest(), timeout=5)
+    assert stats.role_changes == 0
+    assert {w.name: w.role for w in stats.workers if w.name in DECODERS} == dict.fromkeys(
+        DECODERS, pb.ROLE_PD_DECODE
+    )
+    for stream in streams + burst:
+        stream.join()
+        assert stream.error is None, stream.error
+        assert stream.tokens == stream.expected
 
 
 def test_a_decode_worker_waits_for_a_state_as_long_as_its_config_says(served):
