@@ -122,6 +122,17 @@ def holder(controls: dict[str, pb_grpc.WorkerControlStub]) -> str:
     return busy[0]
 
 
+def stop_the_holder(
+    cluster: ClusterProcesses, controls: dict[str, pb_grpc.WorkerControlStub]
+) -> tuple[str, int]:
+    """SIGSTOP the decode worker with the stream under way: its name and pid."""
+    name = holder(controls)
+    pid = cluster.worker_pid(name)
+    assert pid is not None, f"{name} is not running"
+    os.kill(pid, signal.SIGSTOP)
+    return name, pid
+
+
 def start(stub: pb_grpc.RouterStub, tokens: list[int], n: int) -> Stream:
     stream = Stream(stub, tokens, n, WAIT_S)
     assert wait_for(lambda: len(stream.tokens) >= 3 or stream.error, WAIT_S), "no tokens"
@@ -132,9 +143,7 @@ def start(stub: pb_grpc.RouterStub, tokens: list[int], n: int) -> Stream:
 def test_a_decode_process_stopped_briefly_finishes_its_stream_in_place(served):
     cluster, _, stub, controls, _ = served
     stream = start(stub, prompt(24, 1), 50)
-    name = holder(controls)
-    pid = cluster.worker_pid(name)
-    os.kill(pid, signal.SIGSTOP)
+    name, pid = stop_the_holder(cluster, controls)
     try:
         time.sleep(0.3)  # what was already on the wire arrives
         frozen = len(stream.tokens)
@@ -151,9 +160,7 @@ def test_a_decode_process_stopped_briefly_finishes_its_stream_in_place(served):
 def test_a_decode_process_left_stopped_is_bypassed_after_the_stall_timeout(served):
     cluster, _, stub, controls, _ = served
     stream = start(stub, prompt(24, 2), 30)
-    name = holder(controls)
-    pid = cluster.worker_pid(name)
-    os.kill(pid, signal.SIGSTOP)
+    name, pid = stop_the_holder(cluster, controls)
     stopped = time.monotonic()
     try:
         stream.join()
@@ -217,14 +224,8 @@ def test_sigterm_to_the_front_door_with_a_stream_in_flight(served, tmp_path):
         client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
         model = client.models.list().data[0].id
         text, n = "Stop me, gently.", 60  # under t: the PD route
-        stream = client.completions.create(
-            model=model,
-            prompt=text,
-            max_tokens=n,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
+        knobs = {"max_tokens": n, "temperature": 0, "extra_body": {"ignore_eos": True}}
+        stream = client.completions.create(model=model, prompt=text, stream=True, **knobs)
         pieces = [next(stream).choices[0].text]
         door.send_signal(signal.SIGTERM)
         pieces += [chunk.choices[0].text for chunk in stream if chunk.choices]
