@@ -39,6 +39,7 @@ from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.core import RouterCore, RouterService
 from prfaas_jax.serving.transfer.data_path import DataListener
 from prfaas_jax.serving.transfer.faults import FaultInjector
+from prfaas_jax.serving.transfer.increments import build_decode_kv_cache
 from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
@@ -267,6 +268,7 @@ def serve_in_process(
     state_timeout_s: float = 30.0,
     push_timeout_s: float = 30.0,
     prefix_caches: bool = False,
+    decode_kv_caches: bool = False,
 ) -> Iterator[InProcessCluster]:
     """Each instance of `engines` (name → role and engine) as a `PrefillService` or
     `DecodeService` on a loopback server of its own, and the router's `Router` service over
@@ -275,7 +277,9 @@ def serve_in_process(
     a `WorkerControl` servicer to serve beside it (without one, the router's liveness probe gets
     UNIMPLEMENTED, which never takes an instance out of routing). With `prefix_caches`, each
     prefill instance has the prefix cache `[prefix_cache]` describes and serves it, as a worker
-    process does. The router's control loop is not started: it only renders `GetStats`."""
+    process does; with `decode_kv_caches`, each decode instance keeps the KV it receives, so
+    PrfaaS pushes ship increments (serving/transfer/increments.py). The router's control loop is
+    not started: it only renders `GetStats`."""
     cfg = serving_model_config(config)
     shapers, faults, controls = shapers or {}, faults or {}, controls or {}
     prefill: dict[str, PrefillService] = {}
@@ -319,6 +323,7 @@ def serve_in_process(
                 max_len=config.engine.max_len,
                 admit=lambda context: None,
                 state_timeout_s=state_timeout_s,
+                kv_cache=build_decode_kv_cache(cfg, config) if decode_kv_caches else None,
                 data_path=listeners[name],
             )
         servers[name] = serve_workers(

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SUBSET = (
     "tests/model/test_hybrid_invariants.py::test_chunked_ops_match_reference_ops[tiny]",
-    "tests/serving/test_wire_precision_serving.py",
+    "tests/serving/test_wire_precision_serving.py::test_the_link_carries_the_configured_precision",
 )
 DEFAULT_COMPILER = {
     "JAX_DISABLE_MOST_OPTIMIZATIONS": "0",
