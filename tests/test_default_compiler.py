@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SUBSET = (
     "tests/model/test_hybrid_invariants.py::test_chunked_ops_match_reference_ops[tiny]",
@@ -37,6 +39,7 @@ DEFAULT_COMPILER = {
 }
 
 
+@pytest.mark.slow  # every program compiled afresh with full optimisation: 30-50 s on 2 cores
 def test_a_subset_passes_with_the_default_compiler(tmp_path):
     # Nothing of this run's compiler settings, caches or pytest-xdist worker identity reaches
     # the child: it starts as a user's `python -m pytest` would, with the default flags.

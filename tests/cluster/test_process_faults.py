@@ -157,6 +157,7 @@ def test_a_decode_process_stopped_briefly_finishes_its_stream_in_place(served):
     assert (stream.report.attempts, stream.report.decode_instance) == (1, name)
 
 
+@pytest.mark.slow  # the module's processes run ~25 s on 2 cores: started with the long files
 def test_a_decode_process_left_stopped_is_bypassed_after_the_stall_timeout(served):
     cluster, _, stub, controls, _ = served
     stream = start(stub, prompt(24, 2), 30)
