@@ -12,7 +12,8 @@ pytest processes share two cores and costs ~6 % of the suite's CPU time in per-p
 Both variables are set before JAX is imported, so every process a test starts compiles the
 same way; ``JAX_DISABLE_MOST_OPTIMIZATIONS=0`` and an ``XLA_FLAGS`` that names
 ``--xla_cpu_use_fusion_emitters=true`` (which leaves the split count alone too) run the suite
-with the compiler users get. Child
+with the compiler users get (tests/test_default_compiler.py runs a subset
+so in every run; the report header's ``compiler:`` line names the settings a run used). Child
 processes (``prfaas`` subprocesses, cluster workers, the sharding runs) share one persistent
 compilation cache with the pytest processes, made for the session
 (``child_cache_home``): the first process to compile a program stores it and the others load
@@ -167,6 +168,15 @@ def child_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]
         patch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
         patch.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
         yield home
+
+
+def pytest_report_header() -> str:
+    """The compiler settings this run's processes use (a run with the compiler users get says
+    so: tests/test_default_compiler.py reads this line)."""
+    reduced = jax.config.read("jax_disable_most_optimizations")
+    return (
+        f"compiler: jax_disable_most_optimizations={reduced}, XLA_FLAGS={os.environ['XLA_FLAGS']}"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

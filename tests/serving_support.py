@@ -21,6 +21,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
+from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
@@ -39,6 +41,7 @@ from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.core import RouterCore, RouterService
 from prfaas_jax.serving.transfer.data_path import DataListener, DataSender
 from prfaas_jax.serving.transfer.faults import FaultInjector
+from prfaas_jax.serving.transfer.increments import build_decode_kv_cache
 from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
@@ -147,6 +150,46 @@ def fake_config(path: pathlib.Path, **overrides: dict) -> pathlib.Path:
     return path
 
 
+class Stream:
+    """A router `Generate` call read on its own thread: tokens as they come, then its report or
+    error and when it ended. `expected` is the fake engines' output for it (the preset of
+    `fake_config`)."""
+
+    def __init__(self, stub: pb_grpc.RouterStub, tokens: list[int], n: int, wait_s: float) -> None:
+        self.prompt, self.n, self.wait_s = tokens, n, wait_s
+        self.tokens: list[int] = []
+        self.report: pb.RequestReport | None = None
+        self.error: grpc.RpcError | None = None
+        self.ended_at = 0.0
+        request = pb.GenerateRequest(prompt_token_ids=tokens, max_new_tokens=n)
+        self._call = stub.Generate(request, timeout=wait_s)
+        self._thread = threading.Thread(target=self._read)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self._call:
+                self.tokens.extend(message.token_ids)
+                if message.finished:
+                    self.report = message.report
+        except grpc.RpcError as err:
+            self.error = err
+        self.ended_at = time.monotonic()
+
+    def join(self) -> None:
+        self._thread.join(self.wait_s)
+        assert not self._thread.is_alive(), "the stream neither finished nor failed"
+
+    @property
+    def expected(self) -> list[int]:
+        return fake_tokens(self.prompt, self.n, load_model_config("tiny").vocab_size)
+
+
+def child(cluster, name: str) -> subprocess.Popen:
+    """The process of `name` in a `ClusterProcesses` (the router, or a worker's first)."""
+    return next(c.popen for c in cluster.children if c.name == name)
+
+
 @dataclasses.dataclass
 class Reply:
     tokens: list[int]
@@ -227,6 +270,7 @@ def serve_in_process(
     state_timeout_s: float = 30.0,
     push_timeout_s: float = 30.0,
     prefix_caches: bool = False,
+    decode_kv_caches: bool = False,
 ) -> Iterator[InProcessCluster]:
     """Each instance of `engines` (name → role and engine) as a `PrefillService` or
     `DecodeService` on a loopback server of its own, and the router's `Router` service over
@@ -235,7 +279,9 @@ def serve_in_process(
     a `WorkerControl` servicer to serve beside it (without one, the router's liveness probe gets
     UNIMPLEMENTED, which never takes an instance out of routing). With `prefix_caches`, each
     prefill instance has the prefix cache `[prefix_cache]` describes and serves it, as a worker
-    process does. The router's control loop is not started: it only renders `GetStats`."""
+    process does; with `decode_kv_caches`, each decode instance keeps the KV it receives, so
+    PrfaaS pushes ship increments (serving/transfer/increments.py). The router's control loop is
+    not started: it only renders `GetStats`."""
     cfg = serving_model_config(config)
     shapers, faults, controls = shapers or {}, faults or {}, controls or {}
     prefill: dict[str, PrefillService] = {}
@@ -279,6 +325,7 @@ def serve_in_process(
                 max_len=config.engine.max_len,
                 admit=lambda context: None,
                 state_timeout_s=state_timeout_s,
+                kv_cache=build_decode_kv_cache(cfg, config) if decode_kv_caches else None,
                 data_path=listeners[name],
             )
         servers[name] = serve_workers(

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import threading
 import time
 
 import grpc
 import pytest
-from serving_support import fake_config, wait_for
+from serving_support import Stream, child, fake_config, wait_for
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
@@ -47,49 +45,11 @@ def prompt(n: int, offset: int) -> list[int]:
     return [(offset + 11 * i) % VOCAB for i in range(n)]
 
 
-class Stream:
-    """A `Generate` call read on its own thread: tokens as they come, then its report or error
-    and when it ended."""
-
-    def __init__(self, stub: pb_grpc.RouterStub, tokens: list[int], n: int) -> None:
-        self.prompt, self.n = tokens, n
-        self.tokens: list[int] = []
-        self.report: pb.RequestReport | None = None
-        self.error: grpc.RpcError | None = None
-        self.ended_at = 0.0
-        request = pb.GenerateRequest(prompt_token_ids=tokens, max_new_tokens=n)
-        self._call = stub.Generate(request, timeout=WAIT_S)
-        self._thread = threading.Thread(target=self._read)
-        self._thread.start()
-
-    def _read(self) -> None:
-        try:
-            for message in self._call:
-                self.tokens.extend(message.token_ids)
-                if message.finished:
-                    self.report = message.report
-        except grpc.RpcError as err:
-            self.error = err
-        self.ended_at = time.monotonic()
-
-    def join(self) -> None:
-        self._thread.join(WAIT_S)
-        assert not self._thread.is_alive(), "the stream neither finished nor failed"
-
-    @property
-    def expected(self) -> list[int]:
-        return fake_tokens(self.prompt, self.n, VOCAB)
-
-
-def child(cluster: ClusterProcesses, name: str) -> subprocess.Popen:
-    return next(c.popen for c in cluster.children if c.name == name)
-
-
 def start_streams(stub: pb_grpc.RouterStub) -> tuple[Stream, Stream]:
     """A long stream, then a short one, both under way on the decode worker."""
-    long = Stream(stub, prompt(24, 1), LONG)
+    long = Stream(stub, prompt(24, 1), LONG, WAIT_S)
     assert wait_for(lambda: len(long.tokens) >= 5, WAIT_S), "the long stream never started"
-    short = Stream(stub, prompt(24, 2), SHORT)
+    short = Stream(stub, prompt(24, 2), SHORT, WAIT_S)
     assert wait_for(lambda: len(short.tokens) >= 1, WAIT_S), "the short stream never started"
     return long, short
 
