@@ -37,6 +37,7 @@ from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.core import RouterCore, RouterService
 from prfaas_jax.serving.transfer.data_path import DataListener
 from prfaas_jax.serving.transfer.faults import FaultInjector
+from prfaas_jax.serving.transfer.increments import build_decode_kv_cache
 from prfaas_jax.serving.transfer.state_chunks import add_decode_worker_servicer
 from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
@@ -241,8 +242,10 @@ def serve_in_process(
     servers: dict[str, ServingServer] = {}
     prefixes: dict[str, PrefixService] = {}
     listeners: dict[str, DataListener | None] = {}
+    # Decode-aware: a decode node serves its own prefix pool too, and keeps what it receives in it.
+    decode_pools = config.router.decode_aware
     for name, (role, engine) in engines.items():
-        if role.is_prefill and prefix_caches:
+        if prefix_caches and (role.is_prefill or decode_pools):
             prefixes[name] = PrefixService(
                 cfg=cfg,
                 cache=build_prefix_cache(cfg, config),
@@ -278,6 +281,9 @@ def serve_in_process(
                 admit=lambda context: None,
                 state_timeout_s=state_timeout_s,
                 data_path=listeners[name],
+                kv_cache=build_decode_kv_cache(cfg, config, prefixes[name].cache)
+                if name in prefixes
+                else None,
             )
         servers[name] = serve_workers(
             prefill.get(name), decode.get(name), controls.get(name), prefixes.get(name)

@@ -222,6 +222,10 @@ class RouterSection:
     # Count a prefix as copied to whichever instance of its cluster is picked, so a hot prefix
     # spreads by load (policy/routing.py, hot-prefix replication); false: by own cache only.
     replicate_prefixes: bool = True
+    # Decode-aware routing (policy/routing.py): decode workers keep the states they receive,
+    # checkpoints included, in their node's prefix pool, and the threshold rule counts their
+    # prefixes as local ones; false: their cache only trims the bytes a transfer ships.
+    decode_aware: bool = False
     control_period_s: float = 0.5
     request_timeout_s: float = 120.0
     max_attempts: int = 4  # per request: the first attempt and up to 3 retries after faults

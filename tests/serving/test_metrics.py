@@ -81,6 +81,7 @@ FAMILIES = {
     "prfaas_prompt_tokens_total": "counter",
     "prfaas_cached_tokens_total": "counter",
     "prfaas_prefix_moves_total": "counter",
+    "prfaas_decode_cache_local_total": "counter",
     "prfaas_prefix_cache_bytes": "gauge",
     "prfaas_prefix_cache_capacity_bytes": "gauge",
     "prfaas_prefix_cache_lookups_total": "counter",
@@ -109,6 +110,7 @@ SCALARS = {
     "prfaas_prompt_tokens_total": "prompt_tokens",
     "prfaas_cached_tokens_total": "cached_tokens",
     "prfaas_prefix_moves_total": "prefix_moves",
+    "prfaas_decode_cache_local_total": "decode_cache_local",
     "prfaas_router_cpu_seconds_total": "router_cpu_s",
 }
 
@@ -158,6 +160,7 @@ def full_snapshot(instance: str = "pd-0") -> RouterSnapshot:
         prompt_tokens=1200,
         cached_tokens=900,
         prefix_moves=1,
+        decode_cache_local=3,
         retries=6,
         resumed=7,
         rejected=8,

@@ -39,6 +39,7 @@ escaped as the format says); this module only says which families the router's n
     prfaas_prompt_tokens_total                   counter  prompt tokens of finished requests
     prfaas_cached_tokens_total                   counter  of those, reused from a cached prefix
     prfaas_prefix_moves_total                    counter  prefixes fetched from another instance
+    prfaas_decode_cache_local_total              counter  kept off the link by a decode prefix
     prfaas_prefix_cache_bytes{instance}          gauge    bytes held (KV blocks + checkpoints)
     prfaas_prefix_cache_capacity_bytes{instance} gauge
     prfaas_prefix_cache_lookups_total{instance}  counter  prefills that consulted the cache
@@ -120,6 +121,7 @@ class RouterSnapshot:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     prefix_moves: int = 0
+    decode_cache_local: int = 0
     retries: int = 0
     resumed: int = 0
     rejected: int = 0
@@ -323,6 +325,12 @@ def _prefix_families(s: RouterSnapshot) -> Iterator[Metric]:
         "prfaas_prefix_moves_total",
         "Requests whose reused prefix was fetched from another instance.",
         s.prefix_moves,
+    )
+    yield _counter(
+        "prfaas_decode_cache_local_total",
+        "Requests prefilled locally because a decode worker holds their prefix (kept off the "
+        "link).",
+        s.decode_cache_local,
     )
     caches = sorted(s.prefix_cache.items())
     for kind, name, help_text, field in (
