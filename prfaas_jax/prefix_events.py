@@ -11,7 +11,10 @@ holds is therefore described by
     BlockStored(key, parent)      CheckpointStored(block, tail)
     BlockEvicted(key)             CheckpointEvicted(block, tail)
 
-and an index fed these events in order answers "how long a prefix of this prompt would that
+A checkpoint event names its tier: ``"host"`` (host memory, its KV blocks stored as blocks) or
+``"disk"`` (a file of the cache's disk tier holding the whole prefix, its KV included, so it
+needs no block events: the block key already names every token before the tail). An index fed
+these events in order answers "how long a prefix of this prompt would that
 cache reuse" without asking it (policy/cache_index.py). The cache evicts only leaves — a block
 with no child and no checkpoint — so the events never leave a checkpoint or a block without the
 path to it.
@@ -55,16 +58,22 @@ class BlockEvicted:
     key: bytes
 
 
+HOST, DISK = "host", "disk"  # the tiers a checkpoint lives in
+TIERS = (HOST, DISK)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointStored:
     block: bytes  # the block it hangs off (ROOT: none)
     tail: tuple[int, ...]  # the tokens after that block; its length is depth · bs + len(tail)
+    tier: str = HOST
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointEvicted:
     block: bytes
     tail: tuple[int, ...]
+    tier: str = HOST
 
 
 CacheEvent = BlockStored | BlockEvicted | CheckpointStored | CheckpointEvicted

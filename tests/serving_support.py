@@ -248,7 +248,7 @@ def serve_in_process(
         if prefix_caches and (role.is_prefill or decode_pools):
             prefixes[name] = PrefixService(
                 cfg=cfg,
-                cache=build_prefix_cache(cfg, config),
+                cache=build_prefix_cache(cfg, config, name),
                 max_len=config.engine.max_len,
                 frame_bytes=config.engine.frame_bytes,
                 shaper=shapers.get(name),

@@ -297,9 +297,14 @@ class PrefixCacheSection:
     capacity_mib: float = 64.0  # host-memory budget per prefill worker, KV and states together
     block_size: int = 16  # tokens per KV block (the match granularity of attention layers)
     checkpoint_every: int = 4  # linear-state checkpoint every this many blocks, and at prompt end
+    # The disk tier (engine/prefix_disk.py): what host memory evicts spills to files under
+    # <disk_dir>/<instance>, at most disk_capacity_mib per worker; "" : no disk tier.
+    disk_dir: str = ""
+    disk_capacity_mib: float = 1024.0
 
     def __post_init__(self) -> None:
         _check(self.capacity_mib >= 0, "prefix_cache.capacity_mib", "must be ≥ 0")
+        _check(self.disk_capacity_mib >= 0, "prefix_cache.disk_capacity_mib", "must be ≥ 0")
         _check(self.block_size >= 1, "prefix_cache.block_size", "must be ≥ 1")
         _check(self.checkpoint_every >= 1, "prefix_cache.checkpoint_every", "must be ≥ 1")
 

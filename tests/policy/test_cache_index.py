@@ -17,7 +17,16 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.policy.cache_index import CacheIndex
-from prfaas_jax.prefix_events import BlockEvicted, BlockStored, EventLog, block_hashes
+from prfaas_jax.prefix_events import (
+    DISK,
+    HOST,
+    BlockEvicted,
+    BlockStored,
+    CheckpointEvicted,
+    CheckpointStored,
+    EventLog,
+    block_hashes,
+)
 
 CFG = load_model_config("tiny")
 BLOCK = 4
@@ -172,3 +181,22 @@ def test_the_hash_chain_is_the_caches():
     _insert(cache, tokens)
     stored = [e.key for _, e in cache.events_since(0) if isinstance(e, BlockStored)]
     assert stored == block_hashes(tokens, BLOCK)
+
+
+def test_a_disk_checkpoint_counts_without_its_blocks_and_names_its_tier():
+    tokens = list(range(11))  # blocks of 4: two full blocks, a tail of 3
+    keys = block_hashes(tokens, BLOCK)
+    index = CacheIndex(BLOCK)
+    index.reset("a", 0, [BlockStored(keys[0], b""), CheckpointStored(keys[0], ())])
+    index.reset("b", 0, [CheckpointStored(keys[1], (8, 9, 10), DISK)])  # no block at all
+    prompt = [*tokens, 99]
+    assert index.cached_tiers(prompt) == {"a": (4, HOST), "b": (11, DISK)}
+    assert index.cached_lengths(prompt) == {"a": 4, "b": 11}
+    # The same length in both tiers: host memory (no read to pay).
+    index.apply("a", 1, BlockStored(keys[1], keys[0]))
+    index.apply("a", 2, CheckpointStored(keys[1], (8, 9, 10), DISK))
+    index.apply("a", 3, CheckpointStored(keys[1], (8, 9, 10)))
+    assert index.cached_tiers(prompt)["a"] == (11, HOST)
+    index.apply("b", 1, CheckpointEvicted(keys[1], (8, 9, 10), DISK))
+    assert index.cached_tiers(prompt)["b"] == (0, HOST)
+    assert index.stats().checkpoint_entries == 3

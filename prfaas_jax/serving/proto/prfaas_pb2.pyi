@@ -477,7 +477,7 @@ class PrefixEventsRequest(_message.Message):
     def __init__(self, after: _Optional[int] = ...) -> None: ...
 
 class PrefixEvent(_message.Message):
-    __slots__ = ("kind", "key", "parent", "tail")
+    __slots__ = ("kind", "key", "parent", "tail", "tier")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[PrefixEvent.Kind]
@@ -490,15 +490,23 @@ class PrefixEvent(_message.Message):
     BLOCK_EVICTED: PrefixEvent.Kind
     CHECKPOINT_STORED: PrefixEvent.Kind
     CHECKPOINT_EVICTED: PrefixEvent.Kind
+    class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TIER_HOST: _ClassVar[PrefixEvent.Tier]
+        TIER_DISK: _ClassVar[PrefixEvent.Tier]
+    TIER_HOST: PrefixEvent.Tier
+    TIER_DISK: PrefixEvent.Tier
     KIND_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     TAIL_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     kind: PrefixEvent.Kind
     key: bytes
     parent: bytes
     tail: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, kind: _Optional[_Union[PrefixEvent.Kind, str]] = ..., key: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., tail: _Optional[_Iterable[int]] = ...) -> None: ...
+    tier: PrefixEvent.Tier
+    def __init__(self, kind: _Optional[_Union[PrefixEvent.Kind, str]] = ..., key: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., tail: _Optional[_Iterable[int]] = ..., tier: _Optional[_Union[PrefixEvent.Tier, str]] = ...) -> None: ...
 
 class PrefixEventBatch(_message.Message):
     __slots__ = ("snapshot", "last_seq", "block_size", "events")

@@ -117,7 +117,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         # The cache lives as long as the process: a PD node switched to decode and back keeps it.
         self.prefixes = PrefixService(
             cfg=cfg,
-            cache=build_prefix_cache(cfg, config),
+            cache=build_prefix_cache(cfg, config, name),
             max_len=engine.max_len,
             frame_bytes=engine.frame_bytes,
             shaper=self.shaper,
