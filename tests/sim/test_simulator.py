@@ -431,3 +431,70 @@ def test_a_round_trip_replaces_the_latency_by_half_of_it():
     assert LinkSpec(schedule, latency_s=0.004, rtt_ms=40.0).one_way_s == pytest.approx(0.020)
     with pytest.raises(ValueError, match="rtt_ms"):
         LinkSpec(schedule, rtt_ms=-1.0)
+
+
+def _trace_config(tmp_path, lines, cache: str, deployment: str, router: str = ""):
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    body = f"""
+[workload]
+arrivals = "trace"
+path = "{tmp_path / "trace.jsonl"}"
+[cache]
+block_len = 512
+{cache}
+[router]
+{router}
+[deployments.d]
+{deployment}
+"""
+    return load_sim_config(_write(tmp_path, body))
+
+
+@pytest.mark.parametrize("decode_aware", [False, True])
+def test_a_prefix_on_the_decode_pool_keeps_the_next_turn_local_when_decode_aware(
+    tmp_path, decode_aware
+):
+    first = list(range(1, 60))  # 30,000 tokens: 58 complete blocks, one partial
+    lines = [
+        {"timestamp": 0, "input_length": 30000, "output_length": 4, "hash_ids": first},
+        {"timestamp": 1e6, "input_length": 32000, "output_length": 4, "hash_ids": first + [99]},
+    ]
+    config = _trace_config(
+        tmp_path,
+        lines,
+        "prfaas_blocks = 1000\npd_blocks = 1000\ndecode_blocks = 1000",
+        "prfaas = 1\npd_prefill = 1\npd_decode = 1\nthreshold = 19400\ncontroller = false",
+        f"decode_aware = {str(decode_aware).lower()}",
+    )
+    result = Simulator(config, config.deployments[0]).run()
+    # 32,000 − 0 (the PD prefill pool never saw it) > t: across the link, reusing PrfaaS's
+    # 58 blocks; decode-aware, 32,000 − 29,696 (the decode pool's) ≤ t: local.
+    assert result.offloaded.tolist() == [True, not decode_aware]
+    assert result.decode_local.tolist() == [False, decode_aware]
+    assert result.cached_len.tolist() == [0, 58 * 512]
+    assert result.uncached_len.tolist() == [30000, 32000 - 58 * 512]
+
+
+def test_a_prefix_read_back_from_the_disk_tier_pays_the_read(tmp_path):
+    a, b = list(range(1, 10)), list(range(20, 29))  # 9 blocks each
+    lines = [
+        {"timestamp": 0, "input_length": 4700, "output_length": 4, "hash_ids": a},
+        {"timestamp": 1e6, "input_length": 4700, "output_length": 4, "hash_ids": b},
+        {"timestamp": 2e6, "input_length": 5000, "output_length": 4, "hash_ids": a + [99]},
+    ]
+    config = _trace_config(
+        tmp_path,
+        lines,
+        "prfaas_blocks = 0\npd_blocks = 10\npd_disk_blocks = 100\ndisk_gb_per_s = 1.0",
+        "pd_prefill = 1\npd_decode = 1",
+    )
+    result = Simulator(config, config.deployments[0]).run()
+    # b's 9 blocks push 8 of a's to disk; the third request reuses all 9 of a's, 8 from disk.
+    assert result.cached_len.tolist() == [0, 0, 9 * 512]
+    assert result.disk_cached_len.tolist() == [0, 0, 8 * 512]
+    profiles = config.profiles
+    read_s = profiles.kv_size_mib(8 * 512) * MIB / 1e9
+    rdma_s = profiles.kv_size_mib(5000) * MIB / (800e9 / 8)
+    ttft = result.first_token[2] - result.arrival[2]
+    prefill_s = incremental_prefill_s(profiles.pd_prefill_s, 5000, 9 * 512)
+    assert ttft == pytest.approx(read_s + prefill_s + rdma_s)
