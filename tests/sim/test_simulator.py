@@ -457,7 +457,7 @@ def test_a_prefix_on_the_decode_pool_keeps_the_next_turn_local_when_decode_aware
     first = list(range(1, 60))  # 30,000 tokens: 58 complete blocks, one partial
     lines = [
         {"timestamp": 0, "input_length": 30000, "output_length": 4, "hash_ids": first},
-        {"timestamp": 1e6, "input_length": 32000, "output_length": 4, "hash_ids": first + [99]},
+        {"timestamp": 1e6, "input_length": 32000, "output_length": 4, "hash_ids": [*first, 99]},
     ]
     config = _trace_config(
         tmp_path,
@@ -480,7 +480,7 @@ def test_a_prefix_read_back_from_the_disk_tier_pays_the_read(tmp_path):
     lines = [
         {"timestamp": 0, "input_length": 4700, "output_length": 4, "hash_ids": a},
         {"timestamp": 1e6, "input_length": 4700, "output_length": 4, "hash_ids": b},
-        {"timestamp": 2e6, "input_length": 5000, "output_length": 4, "hash_ids": a + [99]},
+        {"timestamp": 2e6, "input_length": 5000, "output_length": 4, "hash_ids": [*a, 99]},
     ]
     config = _trace_config(
         tmp_path,
