@@ -5,61 +5,44 @@ from __future__ import annotations
 import random
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
-from conftest import PRESETS, jit_prefill, preset
+from conftest import PRESETS, preset
+from prefix_support import absorb, random_prompt
 
 from prfaas_jax.engine.prefix_cache import PrefixCache, block_hashes
 from prfaas_jax.model import init_state
 
-BLOCK, SEG, CAPACITY = 8, 16, 96
-
-
-def _absorb(params, cfg, tokens, state):
-    """Prefill ``tokens`` in segments padded to SEG (one compiled shape); all logits, state."""
-    outs = []
-    for start in range(0, len(tokens), SEG):
-        seg = tokens[start : start + SEG]
-        padded = jnp.asarray([seg + [0] * (SEG - len(seg))], jnp.int32)
-        logits, state = jit_prefill(
-            params, cfg, padded, state, valid_len=jnp.array([len(seg)], jnp.int32)
-        )
-        outs.append(logits[0, : len(seg)])
-    return jnp.concatenate(outs), state
+BLOCK, CAPACITY = 8, 96
 
 
 def _fill(cache, params, cfg, tokens):
     """Prefill ``tokens`` and hand the cache a state at every checkpoint length."""
     state, done = init_state(cfg, 1, CAPACITY), 0
     for length in cache.checkpoint_lengths(len(tokens)):
-        _, state = _absorb(params, cfg, tokens[done:length], state)
+        _, state = absorb(params, cfg, tokens[done:length], state)
         cache.insert(tokens[:length], state)
         done = length
-
-
-def _prompt(seed, n, vocab):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_cached_prefix_gives_the_same_logits(name):
     cfg, params = preset(name)
     cache = PrefixCache(cfg, capacity_bytes=1 << 30, block_size=BLOCK, checkpoint_every=2)
-    first = _prompt(1, 45, cfg.vocab_size)
+    first = random_prompt(1, 45, cfg.vocab_size)
     _fill(cache, params, cfg, first)
-    follow_up = first[:37] + _prompt(2, 12, cfg.vocab_size)
+    follow_up = first[:37] + random_prompt(2, 12, cfg.vocab_size)
 
     hit = cache.match(follow_up)
     assert hit is not None and hit.length == 32  # the last checkpoint (every 2 blocks) ≤ 37
-    reused, _ = _absorb(params, cfg, follow_up[32:], cache.build_state(hit, CAPACITY))
-    fresh, _ = _absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
+    reused, _ = absorb(params, cfg, follow_up[32:], cache.build_state(hit, CAPACITY))
+    fresh, _ = absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
     assert float(jnp.max(jnp.abs(reused - fresh[32:]))) <= 1e-4
 
 
 def test_linear_state_only_reused_at_its_exact_length():
     cfg, params = preset("tiny")
     cache = PrefixCache(cfg, capacity_bytes=1 << 30, block_size=BLOCK, checkpoint_every=100)
-    prompt = _prompt(3, 30, cfg.vocab_size)
+    prompt = random_prompt(3, 30, cfg.vocab_size)
     _fill(cache, params, cfg, prompt)  # one checkpoint, at 30; KV blocks up to 24
     assert cache.match([*prompt[:29], 1, 2]) is None  # KV for 24 tokens, but no state there
     assert cache.match(prompt) is None  # a full hit would leave nothing to prefill
@@ -80,11 +63,11 @@ def test_eviction_keeps_checkpoints_reachable_and_within_budget():
     # A budget for a few prompts only: inserting many forces evictions.
     cache = PrefixCache(cfg, capacity_bytes=60_000, block_size=BLOCK, checkpoint_every=1)
     rng = random.Random(0)
-    base = _prompt(4, 40, cfg.vocab_size)
+    base = random_prompt(4, 40, cfg.vocab_size)
     prompts = []
     for i in range(8):
         keep = rng.choice([0, 8, 16, 24])
-        prompts.append(base[:keep] + _prompt(10 + i, rng.choice([9, 20, 33]), cfg.vocab_size))
+        prompts.append(base[:keep] + random_prompt(10 + i, rng.choice([9, 20, 33]), cfg.vocab_size))
         _fill(cache, params, cfg, prompts[-1])
         assert cache.stats.used_bytes <= cache.stats.capacity_bytes
 
@@ -109,8 +92,8 @@ def test_eviction_keeps_checkpoints_reachable_and_within_budget():
         if hit is None:
             continue
         extension = [*prompt, 1]
-        reused, _ = _absorb(params, cfg, extension[hit.length :], cache.build_state(hit, CAPACITY))
-        fresh, _ = _absorb(params, cfg, extension, init_state(cfg, 1, CAPACITY))
+        reused, _ = absorb(params, cfg, extension[hit.length :], cache.build_state(hit, CAPACITY))
+        fresh, _ = absorb(params, cfg, extension, init_state(cfg, 1, CAPACITY))
         assert float(jnp.max(jnp.abs(reused - fresh[hit.length :]))) <= 1e-4
 
 

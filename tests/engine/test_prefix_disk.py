@@ -6,8 +6,8 @@ corrupt file is never used, and the directory stays under its bound in LRU order
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
-from conftest import jit_prefill, preset
+from conftest import preset
+from prefix_support import absorb, random_prompt
 
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.engine.prefix_disk import DiskTier, entry_name
@@ -15,24 +15,7 @@ from prfaas_jax.model import init_state
 from prfaas_jax.policy.cache_index import CacheIndex
 from prfaas_jax.prefix_events import DISK, HOST, CheckpointEvicted, CheckpointStored
 
-BLOCK, SEG, CAPACITY, LONG = 8, 16, 96, 1 << 30
-
-
-def absorb(params, cfg, tokens, state):
-    """Prefill ``tokens`` in segments padded to SEG (one compiled shape); all logits, state."""
-    outs = []
-    for start in range(0, len(tokens), SEG):
-        seg = tokens[start : start + SEG]
-        padded = jnp.asarray([seg + [0] * (SEG - len(seg))], jnp.int32)
-        logits, state = jit_prefill(
-            params, cfg, padded, state, valid_len=jnp.array([len(seg)], jnp.int32)
-        )
-        outs.append(logits[0, : len(seg)])
-    return jnp.concatenate(outs), state
-
-
-def prompt(seed, n, vocab):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
+BLOCK, CAPACITY, LONG = 8, 96, 1 << 30
 
 
 def pool(cfg, directory, *, host_bytes, disk_bytes=LONG):
@@ -50,14 +33,14 @@ def keep(cache, params, cfg, tokens):
 
 def test_a_spilled_prefix_hits_from_disk_before_and_after_a_restart(tmp_path):
     cfg, params = preset("tiny")
-    a, b = prompt(1, 40, cfg.vocab_size), prompt(2, 40, cfg.vocab_size)
+    a, b = random_prompt(1, 40, cfg.vocab_size), random_prompt(2, 40, cfg.vocab_size)
     one = PrefixCache(cfg, capacity_bytes=LONG, block_size=BLOCK)
     keep(one, params, cfg, a)
     # Room for one prompt: keeping b evicts a's checkpoint, which spills.
     cache = pool(cfg, tmp_path, host_bytes=one.stats.used_bytes + 64)
     keep(cache, params, cfg, a)
     keep(cache, params, cfg, b)
-    follow_up = a + prompt(3, 9, cfg.vocab_size)
+    follow_up = a + random_prompt(3, 9, cfg.vocab_size)
     stored = [e for _, e in cache.events_since(0) if isinstance(e, CheckpointStored)]
     assert [e.tier for e in stored] == [HOST, HOST, DISK] and cache.stats.spills == 1
     assert cache.disk.holds(a) and (tmp_path / entry_name(a)).exists()
@@ -93,7 +76,7 @@ def flip_byte(path, offset_from_end):
 
 def test_a_corrupt_file_is_dropped_and_the_prefix_recomputed(tmp_path):
     cfg, params = preset("tiny")
-    a, b = prompt(4, 24, cfg.vocab_size), prompt(5, 24, cfg.vocab_size)
+    a, b = random_prompt(4, 24, cfg.vocab_size), random_prompt(5, 24, cfg.vocab_size)
     cache = pool(cfg, tmp_path, host_bytes=0)  # nothing stays in host memory: all spills
     keep(cache, params, cfg, a)
     keep(cache, params, cfg, b)
@@ -118,7 +101,7 @@ def test_a_corrupt_file_is_dropped_and_the_prefix_recomputed(tmp_path):
 
 def test_the_directory_stays_under_its_bound_in_lru_order(tmp_path):
     cfg, params = preset("tiny")
-    prompts = [prompt(10 + i, 24, cfg.vocab_size) for i in range(4)]
+    prompts = [random_prompt(10 + i, 24, cfg.vocab_size) for i in range(4)]
     cache = pool(cfg, tmp_path, host_bytes=0, disk_bytes=LONG)
     keep(cache, params, cfg, prompts[0])
     size = cache.disk.stats.used_bytes  # one 24-token prefix's file

@@ -13,20 +13,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from prfaas_jax import prefix_events as ev
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.policy.cache_index import CacheIndex
-from prfaas_jax.prefix_events import (
-    DISK,
-    HOST,
-    BlockEvicted,
-    BlockStored,
-    CheckpointEvicted,
-    CheckpointStored,
-    EventLog,
-    block_hashes,
-)
+from prfaas_jax.prefix_events import BlockEvicted, BlockStored, EventLog, block_hashes
 
 CFG = load_model_config("tiny")
 BLOCK = 4
@@ -187,16 +179,16 @@ def test_a_disk_checkpoint_counts_without_its_blocks_and_names_its_tier():
     tokens = list(range(11))  # blocks of 4: two full blocks, a tail of 3
     keys = block_hashes(tokens, BLOCK)
     index = CacheIndex(BLOCK)
-    index.reset("a", 0, [BlockStored(keys[0], b""), CheckpointStored(keys[0], ())])
-    index.reset("b", 0, [CheckpointStored(keys[1], (8, 9, 10), DISK)])  # no block at all
+    index.reset("a", 0, [BlockStored(keys[0], b""), ev.CheckpointStored(keys[0], ())])
+    index.reset("b", 0, [ev.CheckpointStored(keys[1], (8, 9, 10), ev.DISK)])  # no block at all
     prompt = [*tokens, 99]
-    assert index.cached_tiers(prompt) == {"a": (4, HOST), "b": (11, DISK)}
+    assert index.cached_tiers(prompt) == {"a": (4, ev.HOST), "b": (11, ev.DISK)}
     assert index.cached_lengths(prompt) == {"a": 4, "b": 11}
     # The same length in both tiers: host memory (no read to pay).
     index.apply("a", 1, BlockStored(keys[1], keys[0]))
-    index.apply("a", 2, CheckpointStored(keys[1], (8, 9, 10), DISK))
-    index.apply("a", 3, CheckpointStored(keys[1], (8, 9, 10)))
-    assert index.cached_tiers(prompt)["a"] == (11, HOST)
-    index.apply("b", 1, CheckpointEvicted(keys[1], (8, 9, 10), DISK))
-    assert index.cached_tiers(prompt)["b"] == (0, HOST)
+    index.apply("a", 2, ev.CheckpointStored(keys[1], (8, 9, 10), ev.DISK))
+    index.apply("a", 3, ev.CheckpointStored(keys[1], (8, 9, 10)))
+    assert index.cached_tiers(prompt)["a"] == (11, ev.HOST)
+    index.apply("b", 1, ev.CheckpointEvicted(keys[1], (8, 9, 10), ev.DISK))
+    assert index.cached_tiers(prompt)["b"] == (0, ev.HOST)
     assert index.stats().checkpoint_entries == 3

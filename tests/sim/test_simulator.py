@@ -433,7 +433,12 @@ def test_a_round_trip_replaces_the_latency_by_half_of_it():
         LinkSpec(schedule, rtt_ms=-1.0)
 
 
-def _trace_config(tmp_path, lines, cache: str, deployment: str, router: str = ""):
+def _trace_config(tmp_path, turns, cache: str, deployment: str, router: str = ""):
+    """A config replaying ``turns``: (ms, input length, hash_ids), 4 output tokens each."""
+    lines = [
+        {"timestamp": ms, "input_length": n, "output_length": 4, "hash_ids": ids}
+        for ms, n, ids in turns
+    ]
     (tmp_path / "trace.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     body = f"""
 [workload]
@@ -455,13 +460,9 @@ def test_a_prefix_on_the_decode_pool_keeps_the_next_turn_local_when_decode_aware
     tmp_path, decode_aware
 ):
     first = list(range(1, 60))  # 30,000 tokens: 58 complete blocks, one partial
-    lines = [
-        {"timestamp": 0, "input_length": 30000, "output_length": 4, "hash_ids": first},
-        {"timestamp": 1e6, "input_length": 32000, "output_length": 4, "hash_ids": [*first, 99]},
-    ]
     config = _trace_config(
         tmp_path,
-        lines,
+        [(0, 30000, first), (1e6, 32000, [*first, 99])],
         "prfaas_blocks = 1000\npd_blocks = 1000\ndecode_blocks = 1000",
         "prfaas = 1\npd_prefill = 1\npd_decode = 1\nthreshold = 19400\ncontroller = false",
         f"decode_aware = {str(decode_aware).lower()}",
@@ -477,14 +478,9 @@ def test_a_prefix_on_the_decode_pool_keeps_the_next_turn_local_when_decode_aware
 
 def test_a_prefix_read_back_from_the_disk_tier_pays_the_read(tmp_path):
     a, b = list(range(1, 10)), list(range(20, 29))  # 9 blocks each
-    lines = [
-        {"timestamp": 0, "input_length": 4700, "output_length": 4, "hash_ids": a},
-        {"timestamp": 1e6, "input_length": 4700, "output_length": 4, "hash_ids": b},
-        {"timestamp": 2e6, "input_length": 5000, "output_length": 4, "hash_ids": [*a, 99]},
-    ]
     config = _trace_config(
         tmp_path,
-        lines,
+        [(0, 4700, a), (1e6, 4700, b), (2e6, 5000, [*a, 99])],
         "prfaas_blocks = 0\npd_blocks = 10\npd_disk_blocks = 100\ndisk_gb_per_s = 1.0",
         "pd_prefill = 1\npd_decode = 1",
     )
