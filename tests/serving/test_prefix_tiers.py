@@ -25,7 +25,7 @@ FIRST = [(7 * i + 3) % CFG.vocab_size for i in range(40)]
 def run(config, prompt):
     with serve_in_process(config, fake_instances(CFG), prefix_caches=True) as running:
         reply = generate(running.router, prompt, REPLY)
-        stats = running.prefixes["pd-0"].cache.stats
+        stats = running.prefixes["pd-0"].stats()  # as GetStats reports it
     assert reply.tokens == fake_tokens(prompt, REPLY, CFG.vocab_size)
     assert (reply.report.route, reply.report.attempts) == ("pd", 1)
     return reply, stats
@@ -46,17 +46,19 @@ def test_a_restarted_worker_reuses_its_disk_tier_and_drops_a_damaged_file(tmp_pa
     )
     config = load_cluster_config(path)
     first, stats = run(config, FIRST)
-    assert stats.spills == 1 and (disk / "pd-0" / entry_name(FIRST)).exists()
+    assert (stats.spills, stats.disk_entries, stats.disk_dropped) == (1, 1, 0)
+    assert stats.disk_used_bytes == (disk / "pd-0" / entry_name(FIRST)).stat().st_size
     second = FIRST + first.tokens + [5] * 10
 
     reply, stats = run(config, second)  # restarted: host memory empty, the disk tier warm
     assert (reply.report.cached_len, reply.report.uncached_len) == (40, 14)
-    assert stats.disk_hits == 1
+    assert (stats.disk_hits, stats.hits) == (1, 1)
 
     spilled = disk / "pd-0" / entry_name(FIRST)
     data = bytearray(spilled.read_bytes())
     data[-100] ^= 0x01
     spilled.write_bytes(bytes(data))
-    reply, _ = run(config, second)
+    reply, stats = run(config, second)
     assert (reply.report.cached_len, reply.report.uncached_len) == (0, 54)
+    assert stats.disk_dropped == 1
     assert not spilled.exists()

@@ -45,6 +45,9 @@ escaped as the format says); this module only says which families the router's n
     prfaas_prefix_cache_lookups_total{instance}  counter  prefills that consulted the cache
     prfaas_prefix_cache_hits_total{instance}     counter  of those, with a reusable prefix
     prfaas_prefix_cache_evictions_total{instance} counter
+    prfaas_prefix_cache_disk_bytes{instance}     gauge    bytes in the disk tier
+    prfaas_prefix_cache_spills_total{instance}   counter  checkpoints spilled to the disk tier
+    prfaas_prefix_cache_disk_hits_total{instance} counter hits promoted from the disk tier
     prfaas_prefill_tokens_total{instance, kind}  counter  "reused" or "computed" prompt tokens
     prfaas_prefix_transfer_bytes_total{instance, direction}  counter  "export" | "import" state
 
@@ -339,6 +342,9 @@ def _prefix_families(s: RouterSnapshot) -> Iterator[Metric]:
         (C, "prfaas_prefix_cache_lookups_total", "Prefills that consulted the cache.", "lookups"),
         (C, "prfaas_prefix_cache_hits_total", "Prefills that reused a prefix.", "hits"),
         (C, "prfaas_prefix_cache_evictions_total", "Blocks and checkpoints evicted.", "evictions"),
+        (G, "prfaas_prefix_cache_disk_bytes", "Prefix cache disk tier bytes.", "disk_used_bytes"),
+        (C, "prfaas_prefix_cache_spills_total", "Checkpoints spilled to disk.", "spills"),
+        (C, "prfaas_prefix_cache_disk_hits_total", "Hits promoted from disk.", "disk_hits"),
     ):
         yield _family(kind, name, help_text, ("instance",), [((i,), c[field]) for i, c in caches])
     yield _family(

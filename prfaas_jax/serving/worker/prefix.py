@@ -270,4 +270,9 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
             out.capacity_bytes, out.used_bytes = pool.capacity_bytes, pool.used_bytes
             out.blocks, out.checkpoints = pool.blocks, pool.checkpoints
             out.lookups, out.hits, out.evictions = pool.lookups, pool.hits, pool.evictions
+            out.spills, out.disk_hits = pool.spills, pool.disk_hits
+            if cache.disk is not None:
+                disk = cache.disk.stats
+                out.disk_capacity_bytes, out.disk_used_bytes = disk.capacity_bytes, disk.used_bytes
+                out.disk_entries, out.disk_dropped = disk.entries, disk.dropped
         return out
