@@ -31,8 +31,9 @@ with the KV of its whole prefix, as one verified file, before it leaves host mem
 finds the longest prefix in either tier and promotes a disk entry longer than the host hit (read,
 checked, stored again in host memory) before returning it, so the rest of the cache code sees
 host memory only. Disk entries are events too (``tier = "disk"``), in ``snapshot`` as well, so a
-restarted worker's reloaded directory reaches the index with its first snapshot. ``probe``
-answers the length a prefill would reuse without promoting anything.
+restarted worker's reloaded directory reaches the index with its first snapshot. ``prefetch``
+promotes ahead of the match (a prefill reads its prefix back while it waits for the engine);
+``probe`` answers the length a prefill would reuse without promoting anything.
 
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
@@ -82,6 +83,7 @@ class _Checkpoint:
     fixed: list[np.ndarray]  # recurrent states, conv tails, SWA windows at exactly `length`
     nbytes: int
     last_used: int
+    from_disk: bool = False  # promoted from the disk tier and not yet hit since
 
 
 @dataclasses.dataclass(eq=False)
@@ -221,7 +223,6 @@ class PrefixCache:
             promoted = None if entry is None else self._promote(entry)
             if promoted is not None:
                 best = promoted
-                self.stats.disk_hits += record
             if self.events.last_seq != seq:
                 self._changed.notify_all()
             if not record:
@@ -232,9 +233,23 @@ class PrefixCache:
                 for block in best.blocks:
                     block.last_used = now
                 best.checkpoint.last_used = now
+                self.stats.disk_hits += best.checkpoint.from_disk
+                best.checkpoint.from_disk = False
                 self.stats.hits += 1
                 self.stats.hit_tokens += best.length
             return best
+
+    def prefetch(self, tokens: Sequence[int]) -> int:
+        """Promote the disk tier's prefix of ``tokens`` into host memory now if it is longer
+        than the host hit (a prefill waiting for its engine reads it meanwhile); the length
+        promoted, 0 when none."""
+        with self._lock:
+            seq = self.events.last_seq
+            entry = self._disk_longer(tokens, self._find(tokens))
+            promoted = None if entry is None else self._promote(entry)
+            if self.events.last_seq != seq:
+                self._changed.notify_all()
+            return 0 if promoted is None else promoted.length
 
     def probe(self, tokens: Sequence[int]) -> int:
         """The length ``match`` would reuse, from either tier, changing nothing."""
@@ -265,9 +280,14 @@ class PrefixCache:
             return None
         length, arrays = canonical_arrays(state, self.cfg, 0)
         self._insert(entry.tokens, length, arrays)
+        hit = self._find([*entry.tokens, 0])
+        if hit is not None and hit.length == length:  # host memory kept it
+            hit.checkpoint.from_disk = True
+            return hit
         growing = [a for spec, a in arrays if _is_growing(spec)]
         fixed = [a for spec, a in arrays if not _is_growing(spec)]
-        return PrefixHit(length, (), _Checkpoint(length, growing, fixed, 0, next(self._clock)))
+        now = next(self._clock)
+        return PrefixHit(length, (), _Checkpoint(length, growing, fixed, 0, now, from_disk=True))
 
     def _entry_key(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]]:
         """The (block, tail) a checkpoint of exactly ``tokens`` hangs off."""

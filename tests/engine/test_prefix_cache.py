@@ -178,8 +178,13 @@ def test_a_spilled_prefix_hits_from_disk_before_and_after_a_restart(tmp_path):
     assert restarted.disk.stats.entries >= 1 and restarted.disk.stats.dropped == 0
     index.reset("w", *restarted.snapshot())
     assert index.cached_tiers(follow_up) == {"w": (40, DISK)}
+    # Read back ahead of the prefill (as a request waiting for its engine does): the match then
+    # hits host memory, with no second read, and counts the hit as the disk tier's.
+    assert restarted.prefetch(follow_up) == 40 and restarted.disk.stats.loads == 1
     hit = restarted.match(follow_up)
     assert hit is not None and hit.length == 40
+    assert restarted.disk.stats.loads == 1 and restarted.stats.disk_hits == 1
+    assert restarted.match(follow_up).length == 40 and restarted.stats.disk_hits == 1
     reused, _ = absorb(params, cfg, follow_up[40:], restarted.build_state(hit, CAPACITY))
     assert float(jnp.max(jnp.abs(reused - fresh[40:]))) <= 1e-4
 

@@ -160,6 +160,12 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
 
     # --- the holder's side ----------------------------------------------------------------
 
+    def prefetch(self, tokens: Sequence[int]) -> None:
+        """Read the disk tier's prefix of ``tokens`` back into host memory (engine/
+        prefix_cache.py), before the prefill waits for its engine."""
+        if self.cache is not None:
+            self.cache.prefetch(tokens)
+
     def Lookup(  # noqa: N802
         self, request: pb.PrefixLookupRequest, context: grpc.ServicerContext
     ) -> pb.PrefixLookupReply:
