@@ -309,6 +309,8 @@ class PrefixCache:
             return
         state = self.build_state(PrefixHit(len(tokens), tuple(path), checkpoint), len(tokens))
         evicted = self.disk.put(tokens, state)
+        if evicted is None:  # not written (the file system refused): the prefix is gone
+            return
         self.stats.spills += 1
         if all(entry.tokens != tuple(tokens) for entry in evicted):
             self.events.append(CheckpointStored(*self._entry_key(tokens), DISK))

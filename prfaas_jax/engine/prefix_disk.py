@@ -63,6 +63,7 @@ class DiskStats:
     used_bytes: int = 0
     entries: int = 0
     writes: int = 0  # spills written
+    write_failures: int = 0  # spills the file system refused (full, read-only): not kept
     loads: int = 0  # entries read back and verified
     evictions: int = 0  # entries deleted for room
     dropped: int = 0  # files that failed a check (at start or on load), deleted
@@ -182,10 +183,11 @@ class DiskTier:
         # The file's time is the order a restarted worker reloads in (module docstring).
         os.utime(self.directory / name)
 
-    def put(self, tokens: Sequence[int], state: ModelState) -> list[DiskEntry]:
+    def put(self, tokens: Sequence[int], state: ModelState) -> list[DiskEntry] | None:
         """Write the state of ``tokens`` (row 0 of ``state``) as an entry, then delete least
         recently used entries until the tier fits its bound: the entries deleted (the new one
-        among them when it alone is over the bound)."""
+        among them when it alone is over the bound); None when the file could not be written
+        (the prefix is then simply not kept: a spill never fails the prefill that caused it)."""
         tokens = tuple(tokens)
         frames = [
             pack_prompt(tokens),
@@ -193,8 +195,13 @@ class DiskTier:
         ]
         path = self.directory / entry_name(tokens)
         temporary = path.with_name(path.name + ".tmp")
-        size = codec.write_file(temporary, frames)
-        os.replace(temporary, path)
+        try:
+            size = codec.write_file(temporary, frames)
+            os.replace(temporary, path)
+        except OSError:
+            temporary.unlink(missing_ok=True)
+            self.stats.write_failures += 1
+            return None
         if path.name in self._entries:  # rewritten: the new file replaced the old one
             self._forget(self._entries[path.name])
         self._add(DiskEntry(tokens, size))

@@ -7,13 +7,16 @@ programs the others compile.)"""
 
 from __future__ import annotations
 
+import errno
 import random
+from pathlib import Path
 
 import jax.numpy as jnp
 import pytest
 from conftest import PRESETS, preset
 from prefix_support import absorb, random_prompt
 
+from prfaas_jax.engine import codec
 from prfaas_jax.engine.prefix_cache import PrefixCache, block_hashes
 from prfaas_jax.engine.prefix_disk import DiskTier, entry_name
 from prfaas_jax.model import init_state
@@ -220,7 +223,7 @@ def test_a_corrupt_file_is_dropped_and_the_prefix_recomputed(tmp_path):
     assert not list(tmp_path.iterdir()) and restarted.snapshot()[1] == []
 
 
-def test_the_directory_stays_under_its_bound_in_lru_order(tmp_path):
+def test_the_directory_stays_under_its_bound_in_lru_order(tmp_path, monkeypatch):
     cfg, params = preset("tiny")
     prompts = [random_prompt(10 + i, 24, cfg.vocab_size) for i in range(4)]
     cache = pool(cfg, tmp_path, host_bytes=0, disk_bytes=LONG)
@@ -237,3 +240,17 @@ def test_the_directory_stays_under_its_bound_in_lru_order(tmp_path):
     assert sorted(p.name for p in (tmp_path / "bounded").iterdir()) == sorted(
         entry_name(p) for p in held
     )
+
+    # A full disk: the spill is dropped, the insert (the prefill that caused it) still succeeds.
+    def full(path, frames):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(codec, "write_file", full)
+    seq = cache.events.last_seq
+    keep(cache, params, cfg, prompts[3])
+    assert cache.disk.stats.write_failures == 1 and not cache.disk.holds(prompts[3])
+    assert sorted(p.name for p in (tmp_path / "bounded").iterdir()) == sorted(
+        entry_name(p) for p in held
+    )
+    assert not any(e.tier == DISK for _, e in cache.events_since(seq) if hasattr(e, "tier"))
