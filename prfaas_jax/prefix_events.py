@@ -1,5 +1,5 @@
-"""A prefix cache as a cluster-wide index sees it: `block_hashes`, the four events that change
-a cache, and `EventLog`, the sequence-numbered record of them.
+"""A prefix cache as a cluster-wide index sees it: `block_hashes` (and `checkpoint_key`), the
+four events that change a cache, and `EventLog`, the sequence-numbered record of them.
 
 A cache (engine/prefix_cache.py) keeps growing KV in fixed-size token blocks keyed by a hash
 chain, ``h_i = blake2b(h_{i−1} ‖ tokens_i)`` with ``h_0 = b""`` (the root), so a block's key names
@@ -45,6 +45,12 @@ def block_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
         previous = hashlib.blake2b(previous + block, digest_size=16).digest()
         hashes.append(previous)
     return hashes
+
+
+def checkpoint_key(tokens: Sequence[int], block_size: int) -> tuple[bytes, tuple[int, ...]]:
+    """The (block, tail) a checkpoint of exactly ``tokens`` hangs off."""
+    keys = block_hashes(tokens, block_size)
+    return (keys[-1] if keys else ROOT), tuple(tokens[len(keys) * block_size :])
 
 
 @dataclasses.dataclass(frozen=True)

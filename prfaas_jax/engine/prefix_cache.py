@@ -69,6 +69,7 @@ from prfaas_jax.prefix_events import (
     CheckpointStored,
     EventLog,
     block_hashes,
+    checkpoint_key,
 )
 
 
@@ -276,7 +277,7 @@ class PrefixCache:
         assert self.disk is not None
         state = self.disk.load(entry)
         if state is None:
-            self.events.append(CheckpointEvicted(*self._entry_key(entry.tokens), DISK))
+            self.events.append(self._disk_event(CheckpointEvicted, entry.tokens))
             return None
         length, arrays = canonical_arrays(state, self.cfg, 0)
         self._insert(entry.tokens, length, arrays)
@@ -289,10 +290,9 @@ class PrefixCache:
         now = next(self._clock)
         return PrefixHit(length, (), _Checkpoint(length, growing, fixed, 0, now, from_disk=True))
 
-    def _entry_key(self, tokens: Sequence[int]) -> tuple[bytes, tuple[int, ...]]:
-        """The (block, tail) a checkpoint of exactly ``tokens`` hangs off."""
-        keys = block_hashes(tokens, self.block_size)
-        return (keys[-1] if keys else ROOT), tuple(tokens[len(keys) * self.block_size :])
+    def _disk_event(self, kind: type, tokens: Sequence[int]) -> CacheEvent:
+        """The disk tier's stored or evicted event for its entry of ``tokens``."""
+        return kind(*checkpoint_key(tokens, self.block_size), DISK)
 
     def _spill(self, node: _Block, tail: tuple[int, ...]) -> None:
         """Write the checkpoint (``node``, ``tail``) with its prefix's KV to the disk tier."""
@@ -312,11 +312,11 @@ class PrefixCache:
         if evicted is None:  # not written (the file system refused): the prefix is gone
             return
         self.stats.spills += 1
-        if all(entry.tokens != tuple(tokens) for entry in evicted):
-            self.events.append(CheckpointStored(*self._entry_key(tokens), DISK))
-        for entry in evicted:
-            if entry.tokens != tuple(tokens):
-                self.events.append(CheckpointEvicted(*self._entry_key(entry.tokens), DISK))
+        others = [entry.tokens for entry in evicted if entry.tokens != tuple(tokens)]
+        if len(others) == len(evicted):  # the new entry itself fits the bound
+            self.events.append(self._disk_event(CheckpointStored, tokens))
+        for other in others:
+            self.events.append(self._disk_event(CheckpointEvicted, other))
 
     def kv_prefix(self, tokens: Sequence[int]) -> KvPrefix:
         """The KV rows of the longest run of cached full blocks that starts ``tokens``, short of
@@ -404,10 +404,8 @@ class PrefixCache:
                 stored.extend(CheckpointStored(node.key, tail) for tail in node.checkpoints)
                 stack.extend(node.children.values())
             if self.disk is not None:
-                stored.extend(
-                    CheckpointStored(*self._entry_key(entry.tokens), DISK)
-                    for entry in self.disk.entries()
-                )
+                disk = self.disk.entries()
+                stored.extend(self._disk_event(CheckpointStored, e.tokens) for e in disk)
             return self.events.last_seq, stored
 
     # --- budget -----------------------------------------------------------------------------

@@ -21,7 +21,13 @@ from prfaas_jax.engine.prefix_cache import PrefixCache, block_hashes
 from prfaas_jax.engine.prefix_disk import DiskTier, entry_name
 from prfaas_jax.model import init_state
 from prfaas_jax.policy.cache_index import CacheIndex
-from prfaas_jax.prefix_events import DISK, HOST, CheckpointEvicted, CheckpointStored
+from prfaas_jax.prefix_events import (
+    DISK,
+    HOST,
+    CheckpointEvicted,
+    CheckpointStored,
+    checkpoint_key,
+)
 
 BLOCK, CAPACITY, LONG = 8, 96, 1 << 30
 
@@ -211,7 +217,7 @@ def test_a_corrupt_file_is_dropped_and_the_prefix_recomputed(tmp_path):
     assert cache.match([*a, 1]) is None  # recomputed, never used
     assert not (tmp_path / entry_name(a)).exists() and cache.disk.stats.dropped == 1
     assert [e for _, e in cache.events_since(seq)] == [
-        CheckpointEvicted(*cache._entry_key(a), DISK)
+        CheckpointEvicted(*checkpoint_key(a, BLOCK), DISK)
     ]
     # b's file is whole: it hits, though host memory keeps nothing.
     hit = cache.match([*b, 1])
