@@ -1,5 +1,5 @@
-"""A prefix cache as a cluster-wide index sees it: `block_hashes`, the four events that change
-a cache, and `EventLog`, the sequence-numbered record of them.
+"""A prefix cache as a cluster-wide index sees it: `block_hashes` (and `checkpoint_key`), the
+four events that change a cache, and `EventLog`, the sequence-numbered record of them.
 
 A cache (engine/prefix_cache.py) keeps growing KV in fixed-size token blocks keyed by a hash
 chain, ``h_i = blake2b(h_{i−1} ‖ tokens_i)`` with ``h_0 = b""`` (the root), so a block's key names
@@ -11,7 +11,10 @@ holds is therefore described by
     BlockStored(key, parent)      CheckpointStored(block, tail)
     BlockEvicted(key)             CheckpointEvicted(block, tail)
 
-and an index fed these events in order answers "how long a prefix of this prompt would that
+A checkpoint event names its tier: ``"host"`` (host memory, its KV blocks stored as blocks) or
+``"disk"`` (a file of the cache's disk tier holding the whole prefix, its KV included, so it
+needs no block events: the block key already names every token before the tail). An index fed
+these events in order answers "how long a prefix of this prompt would that
 cache reuse" without asking it (policy/cache_index.py). The cache evicts only leaves — a block
 with no child and no checkpoint — so the events never leave a checkpoint or a block without the
 path to it.
@@ -44,6 +47,12 @@ def block_hashes(tokens: Sequence[int], block_size: int) -> list[bytes]:
     return hashes
 
 
+def checkpoint_key(tokens: Sequence[int], block_size: int) -> tuple[bytes, tuple[int, ...]]:
+    """The (block, tail) a checkpoint of exactly ``tokens`` hangs off."""
+    keys = block_hashes(tokens, block_size)
+    return (keys[-1] if keys else ROOT), tuple(tokens[len(keys) * block_size :])
+
+
 @dataclasses.dataclass(frozen=True)
 class BlockStored:
     key: bytes
@@ -55,16 +64,22 @@ class BlockEvicted:
     key: bytes
 
 
+HOST, DISK = "host", "disk"  # the tiers a checkpoint lives in
+TIERS = (HOST, DISK)
+
+
 @dataclasses.dataclass(frozen=True)
 class CheckpointStored:
     block: bytes  # the block it hangs off (ROOT: none)
     tail: tuple[int, ...]  # the tokens after that block; its length is depth · bs + len(tail)
+    tier: str = HOST
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointEvicted:
     block: bytes
     tail: tuple[int, ...]
+    tier: str = HOST
 
 
 CacheEvent = BlockStored | BlockEvicted | CheckpointStored | CheckpointEvicted

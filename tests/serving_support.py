@@ -289,11 +289,13 @@ def serve_in_process(
     servers: dict[str, ServingServer] = {}
     prefixes: dict[str, PrefixService] = {}
     listeners: dict[str, DataListener | None] = {}
+    # Decode-aware: a decode node serves its own prefix pool too, and keeps what it receives in it.
+    decode_pools = config.router.decode_aware
     for name, (role, engine) in engines.items():
-        if role.is_prefill and prefix_caches:
+        if prefix_caches and (role.is_prefill or decode_pools):
             prefixes[name] = PrefixService(
                 cfg=cfg,
-                cache=build_prefix_cache(cfg, config),
+                cache=build_prefix_cache(cfg, config, name),
                 max_len=config.engine.max_len,
                 frame_bytes=config.engine.frame_bytes,
                 shaper=shapers.get(name),
@@ -327,6 +329,9 @@ def serve_in_process(
                 state_timeout_s=state_timeout_s,
                 kv_cache=build_decode_kv_cache(cfg, config) if decode_kv_caches else None,
                 data_path=listeners[name],
+                kv_cache=build_decode_kv_cache(cfg, config, prefixes[name].cache)
+                if name in prefixes
+                else None,
             )
         servers[name] = serve_workers(
             prefill.get(name), decode.get(name), controls.get(name), prefixes.get(name)

@@ -63,8 +63,7 @@ class CachedPrefill:
 
     def cached_len(self, tokens: Sequence[int]) -> int:
         """Tokens of ``tokens`` a prefill now would reuse (a read-only probe)."""
-        hit = None if self.cache is None else self.cache.match(tokens, record=False)
-        return 0 if hit is None else hit.length
+        return 0 if self.cache is None else self.cache.probe(tokens)
 
     def _start(
         self, ids: list[int], imported: ModelState | None, max_len: int | None

@@ -26,6 +26,15 @@ next one), and ``snapshot`` gives the whole content as events (all under the loc
 cluster-wide index (policy/cache_index.py) needs to answer ``match``'s length without asking
 this cache.
 
+Tiers. With a ``disk`` (engine/prefix_disk.py), a checkpoint the budget evicts spills there
+with the KV of its whole prefix, as one verified file, before it leaves host memory; ``match``
+finds the longest prefix in either tier and promotes a disk entry longer than the host hit (read,
+checked, stored again in host memory) before returning it, so the rest of the cache code sees
+host memory only. Disk entries are events too (``tier = "disk"``), in ``snapshot`` as well, so a
+restarted worker's reloaded directory reaches the index with its first snapshot. ``prefetch``
+promotes ahead of the match (a prefill reads its prefix back while it waits for the engine);
+``probe`` answers the length a prefill would reuse without promoting anything.
+
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
 arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``.
@@ -48,8 +57,10 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     state_from_arrays,
 )
+from prfaas_jax.engine.prefix_disk import DiskEntry, DiskTier
 from prfaas_jax.model.state import ModelState
 from prfaas_jax.prefix_events import (
+    DISK,
     ROOT,
     BlockEvicted,
     BlockStored,
@@ -58,6 +69,7 @@ from prfaas_jax.prefix_events import (
     CheckpointStored,
     EventLog,
     block_hashes,
+    checkpoint_key,
 )
 
 
@@ -72,6 +84,7 @@ class _Checkpoint:
     fixed: list[np.ndarray]  # recurrent states, conv tails, SWA windows at exactly `length`
     nbytes: int
     last_used: int
+    from_disk: bool = False  # promoted from the disk tier and not yet hit since
 
 
 @dataclasses.dataclass(eq=False)
@@ -106,6 +119,8 @@ class CacheStats:
     hits: int = 0
     hit_tokens: int = 0
     evictions: int = 0
+    spills: int = 0  # evicted checkpoints written to the disk tier
+    disk_hits: int = 0  # hits promoted from the disk tier
 
 
 class PrefixCache:
@@ -118,7 +133,9 @@ class PrefixCache:
         capacity_bytes: int,
         block_size: int = 64,
         checkpoint_every: int = 4,
+        disk: DiskTier | None = None,
     ):
+        """``disk``: the tier evicted checkpoints spill to (module docstring); None: none."""
         if block_size < 1 or checkpoint_every < 1 or capacity_bytes < 0:
             raise ValueError("block_size and checkpoint_every must be ≥ 1, capacity_bytes ≥ 0")
         self.cfg = cfg
@@ -130,6 +147,7 @@ class PrefixCache:
         self._changed = threading.Condition(self._lock)  # notified when events are appended
         self._root = _Block(ROOT, depth=0, tokens=(), kv=[], parent=None, nbytes=0, last_used=0)
         self.events = EventLog()
+        self.disk = disk
 
     # --- what to save -----------------------------------------------------------------------
 
@@ -195,11 +213,19 @@ class PrefixCache:
     def match(self, tokens: Sequence[int], *, record: bool = True) -> PrefixHit | None:
         """The longest reusable prefix of ``tokens`` shorter than ``tokens``, or None.
 
-        ``record=False`` is a read-only probe (a router asking where a prompt would hit): it
-        neither refreshes the hit's LRU position nor counts in ``stats``.
+        ``record=False`` (an export) neither refreshes the hit's LRU position nor counts in
+        ``stats``. Either way a longer prefix in the disk tier is promoted first; ``probe`` is
+        the read-only question.
         """
         with self._lock:
+            seq = self.events.last_seq
             best = self._find(tokens)
+            entry = self._disk_longer(tokens, best)
+            promoted = None if entry is None else self._promote(entry)
+            if promoted is not None:
+                best = promoted
+            if self.events.last_seq != seq:
+                self._changed.notify_all()
             if not record:
                 return best
             self.stats.lookups += 1
@@ -208,9 +234,89 @@ class PrefixCache:
                 for block in best.blocks:
                     block.last_used = now
                 best.checkpoint.last_used = now
+                self.stats.disk_hits += best.checkpoint.from_disk
+                best.checkpoint.from_disk = False
                 self.stats.hits += 1
                 self.stats.hit_tokens += best.length
             return best
+
+    def prefetch(self, tokens: Sequence[int]) -> int:
+        """Promote the disk tier's prefix of ``tokens`` into host memory now if it is longer
+        than the host hit (a prefill waiting for its engine reads it meanwhile); the length
+        promoted, 0 when none."""
+        with self._lock:
+            seq = self.events.last_seq
+            entry = self._disk_longer(tokens, self._find(tokens))
+            promoted = None if entry is None else self._promote(entry)
+            if self.events.last_seq != seq:
+                self._changed.notify_all()
+            return 0 if promoted is None else promoted.length
+
+    def probe(self, tokens: Sequence[int]) -> int:
+        """The length ``match`` would reuse, from either tier, changing nothing."""
+        with self._lock:
+            best = self._find(tokens)
+            entry = self._disk_longer(tokens, best)
+            if entry is not None:
+                return len(entry.tokens)
+            return 0 if best is None else best.length
+
+    def _disk_longer(self, tokens: Sequence[int], best: PrefixHit | None) -> DiskEntry | None:
+        """The disk tier's longest entry for ``tokens`` if longer than the host hit."""
+        if self.disk is None:
+            return None
+        entry = self.disk.longest(tokens, len(tokens) - 1)
+        if entry is None or len(entry.tokens) <= (0 if best is None else best.length):
+            return None
+        return entry
+
+    def _promote(self, entry: DiskEntry) -> PrefixHit | None:
+        """Read a disk entry back into host memory, and the hit on it (its own arrays, valid
+        even when the host budget cannot keep it); None (and the entry gone: a corrupt file is
+        never used) when it fails its checks."""
+        assert self.disk is not None
+        state = self.disk.load(entry)
+        if state is None:
+            self.events.append(self._disk_event(CheckpointEvicted, entry.tokens))
+            return None
+        length, arrays = canonical_arrays(state, self.cfg, 0)
+        self._insert(entry.tokens, length, arrays)
+        hit = self._find([*entry.tokens, 0])
+        if hit is not None and hit.length == length:  # host memory kept it
+            hit.checkpoint.from_disk = True
+            return hit
+        growing = [a for spec, a in arrays if _is_growing(spec)]
+        fixed = [a for spec, a in arrays if not _is_growing(spec)]
+        now = next(self._clock)
+        return PrefixHit(length, (), _Checkpoint(length, growing, fixed, 0, now, from_disk=True))
+
+    def _disk_event(self, kind: type, tokens: Sequence[int]) -> CacheEvent:
+        """The disk tier's stored or evicted event for its entry of ``tokens``."""
+        return kind(*checkpoint_key(tokens, self.block_size), DISK)
+
+    def _spill(self, node: _Block, tail: tuple[int, ...]) -> None:
+        """Write the checkpoint (``node``, ``tail``) with its prefix's KV to the disk tier."""
+        assert self.disk is not None
+        path = []
+        while node is not self._root:
+            path.append(node)
+            node = node.parent
+        path.reverse()
+        checkpoint = (path[-1] if path else self._root).checkpoints[tail]
+        tokens = [t for block in path for t in block.tokens] + list(tail)
+        if self.disk.holds(tokens):  # promoted from there earlier and unchanged since
+            self.disk.touch(tokens)
+            return
+        state = self.build_state(PrefixHit(len(tokens), tuple(path), checkpoint), len(tokens))
+        evicted = self.disk.put(tokens, state)
+        if evicted is None:  # not written (the file system refused): the prefix is gone
+            return
+        self.stats.spills += 1
+        others = [entry.tokens for entry in evicted if entry.tokens != tuple(tokens)]
+        if len(others) == len(evicted):  # the new entry itself fits the bound
+            self.events.append(self._disk_event(CheckpointStored, tokens))
+        for other in others:
+            self.events.append(self._disk_event(CheckpointEvicted, other))
 
     def kv_prefix(self, tokens: Sequence[int]) -> KvPrefix:
         """The KV rows of the longest run of cached full blocks that starts ``tokens``, short of
@@ -297,6 +403,9 @@ class PrefixCache:
                     stored.append(BlockStored(node.key, node.parent.key))
                 stored.extend(CheckpointStored(node.key, tail) for tail in node.checkpoints)
                 stack.extend(node.children.values())
+            if self.disk is not None:
+                disk = self.disk.entries()
+                stored.extend(self._disk_event(CheckpointStored, e.tokens) for e in disk)
             return self.events.last_seq, stored
 
     # --- budget -----------------------------------------------------------------------------
@@ -329,6 +438,8 @@ class PrefixCache:
                 return
             if isinstance(victim, tuple):
                 node, tail = victim
+                if self.disk is not None:
+                    self._spill(node, tail)
                 self._account(-node.checkpoints.pop(tail).nbytes, checkpoints=-1)
                 self.events.append(CheckpointEvicted(node.key, tail))
             else:

@@ -11,6 +11,11 @@ It keeps, per block key, the instances holding that block, and per (block, tail)
 holding that checkpoint, so a lookup walks the prompt's hash chain once — its cost grows with
 the prompt and the checkpoints on its path, not with the number of instances.
 
+A checkpoint in the disk tier (``tier = "disk"``: a file holding the whole prefix, its KV
+included) needs no blocks: its block key names every token before its tail. Such checkpoints
+are kept apart and count whatever blocks the instance holds; ``cached_tiers`` says which tier
+each instance's answer comes from (a disk hit costs a read and is promoted to host memory).
+
 An instance's events must arrive in order: ``apply`` takes the next number only. A gap (an
 event lost, the log overrun) marks the instance *stale*; a stale or never-synchronised instance
 is left out of the answers until ``reset`` installs a snapshot, so the caller asks that instance
@@ -28,6 +33,8 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 
 from prfaas_jax.prefix_events import (
+    DISK,
+    HOST,
     ROOT,
     BlockEvicted,
     BlockStored,
@@ -43,7 +50,7 @@ class _Instance:
     seq: int = 0  # the last event applied
     stale: bool = True  # no snapshot yet, or a gap since
     blocks: set[bytes] = dataclasses.field(default_factory=set)
-    checkpoints: set[tuple[bytes, tuple[int, ...]]] = dataclasses.field(default_factory=set)
+    checkpoints: set[tuple[bytes, tuple[int, ...], str]] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +72,11 @@ class CacheIndex:
         self.block_size = block_size
         self._instances: dict[str, _Instance] = {}
         self._block_holders: dict[bytes, set[str]] = collections.defaultdict(set)
-        # block key → tail → instances holding that checkpoint
-        self._tails: dict[bytes, dict[tuple[int, ...], set[str]]] = collections.defaultdict(dict)
+        # per tier: block key → tail → instances holding that checkpoint
+        self._tiers: dict[str, dict[bytes, dict[tuple[int, ...], set[str]]]] = {
+            tier: collections.defaultdict(dict) for tier in (HOST, DISK)
+        }
+        self._tails = self._tiers[HOST]
 
     # --- keeping it -------------------------------------------------------------------------
 
@@ -98,11 +108,8 @@ class CacheIndex:
             return
         for key in state.blocks:
             self._discard(self._block_holders, key, instance)
-        for block, tail in state.checkpoints:
-            tails = self._tails[block]
-            self._discard(tails, tail, instance)
-            if not tails:
-                del self._tails[block]
+        for block, tail, tier in state.checkpoints:
+            self._discard_checkpoint(self._tiers[tier], block, tail, instance)
 
     def _apply(self, instance: str, state: _Instance, event: CacheEvent) -> None:
         match event:
@@ -112,17 +119,22 @@ class CacheIndex:
             case BlockEvicted(key=key):
                 state.blocks.discard(key)
                 self._discard(self._block_holders, key, instance)
-            case CheckpointStored(block=block, tail=tail):
-                state.checkpoints.add((block, tail))
-                self._tails[block].setdefault(tail, set()).add(instance)
-            case CheckpointEvicted(block=block, tail=tail):
-                state.checkpoints.discard((block, tail))
-                tails = self._tails.get(block, {})
-                self._discard(tails, tail, instance)
-                if not tails:
-                    self._tails.pop(block, None)
+            case CheckpointStored(block=block, tail=tail, tier=tier):
+                state.checkpoints.add((block, tail, tier))
+                self._tiers[tier][block].setdefault(tail, set()).add(instance)
+            case CheckpointEvicted(block=block, tail=tail, tier=tier):
+                state.checkpoints.discard((block, tail, tier))
+                self._discard_checkpoint(self._tiers[tier], block, tail, instance)
             case _:
                 raise TypeError(f"not a cache event: {event!r}")
+
+    def _discard_checkpoint(
+        self, tier: dict, block: bytes, tail: tuple[int, ...], instance: str
+    ) -> None:
+        tails = tier.get(block, {})
+        self._discard(tails, tail, instance)
+        if not tails:
+            tier.pop(block, None)
 
     @staticmethod
     def _discard(holders: dict, key, instance: str) -> None:
@@ -146,26 +158,33 @@ class CacheIndex:
     def cached_lengths(self, tokens: Sequence[int]) -> dict[str, int]:
         """For every synchronised instance, the length of the prefix of ``tokens`` its cache
         would reuse (``PrefixCache.match``: KV blocks and a checkpoint at exactly that length,
-        at most ``len(tokens) − 1``); 0 for one that holds none."""
+        or a disk-tier checkpoint, at most ``len(tokens) − 1``); 0 for one that holds none."""
+        return {name: length for name, (length, _) in self.cached_tiers(tokens).items()}
+
+    def cached_tiers(self, tokens: Sequence[int]) -> dict[str, tuple[int, str]]:
+        """`cached_lengths` with the tier each length comes from (host memory on a tie; a
+        length 0 is ``"host"``)."""
         current = {name for name, state in self._instances.items() if not state.stale}
-        best = dict.fromkeys(current, 0)
+        best = dict.fromkeys(current, (0, HOST))
         limit, bs = len(tokens) - 1, self.block_size
         if limit < 1:
             return best
         holding = set(current)  # instances holding every block of the path so far
+        disk = self._tiers[DISK]
         path = [ROOT, *block_hashes(tokens[:limit], bs)]
         for depth, key in enumerate(path):
             if depth:
                 holding &= self._block_holders.get(key, set())
-            if not holding:
+            if not holding and not disk:
                 break
-            start = depth * bs
-            for tail, holders in self._tails.get(key, {}).items():
-                end = start + len(tail)
-                if end > limit or tuple(tokens[start:end]) != tail:
-                    continue
-                for name in holders & holding:
-                    best[name] = max(best[name], end)
+            for tier, tails, allowed in ((HOST, self._tails, holding), (DISK, disk, current)):
+                for tail, holders in tails.get(key, {}).items():
+                    end = depth * bs + len(tail)
+                    if end > limit or tuple(tokens[depth * bs : end]) != tail:
+                        continue
+                    for name in holders & allowed:
+                        if end > best[name][0]:
+                            best[name] = (end, tier)
         return best
 
     def stats(self) -> IndexStats:
@@ -174,6 +193,8 @@ class CacheIndex:
             stale=sum(state.stale for state in self._instances.values()),
             block_keys=len(self._block_holders),
             block_entries=sum(len(h) for h in self._block_holders.values()),
-            checkpoint_keys=sum(len(t) for t in self._tails.values()),
-            checkpoint_entries=sum(len(h) for t in self._tails.values() for h in t.values()),
+            checkpoint_keys=sum(len(t) for tier in self._tiers.values() for t in tier.values()),
+            checkpoint_entries=sum(
+                len(h) for tier in self._tiers.values() for t in tier.values() for h in t.values()
+            ),
         )

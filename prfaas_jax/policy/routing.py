@@ -16,6 +16,14 @@ l_prfaas, l_pd the longest prefix cached in each cluster:
         l_total − l_prefix ≤ t → PD-P  else → PrfaaS; the prefix moves across clusters when the
         instance holding it is in the other cluster (`Decision.prefix_source`)
 
+Decode-aware (Dynamo's effective input length, llm-d's decode-first scheduling): the PD
+cluster's decode workers keep prefix caches too (`ClusterView.decode`), and a prefix one of them
+holds is as good a local prefix as a PD prefill instance's — it moves inside the cluster, never
+across the link. So the local side's cached length is the best of (PD prefill instance, decode
+worker): l_pd above is ``max(l_pd_prefill, l_decode)`` in both rules. A request that goes local
+only because of a decode worker's prefix — its uncached length against the PD prefill caches
+alone is above t — is decided with `RouteReason.DECODE_CACHE`: one request kept off the link.
+
 Which of the two rules applies is chosen per request (`choose_abundant`): moving the prefix
 pays when the link has room (utilisation under a bound) and carrying its state over the spare
 capacity takes less time than recomputing the tokens the other cluster would otherwise
@@ -75,6 +83,8 @@ class RouteReason(enum.StrEnum):
     QUEUE_GUARD = "queue_guard"  # bound for PrfaaS, kept local: every PrfaaS queue is full
     NO_PRFAAS = "no_prfaas"  # no PrfaaS instance can take it
     NO_PD_PREFILL = "no_pd_prefill"  # no PD prefill instance can take it
+    # Local by the threshold only because a decode worker holds a longer prefix: kept off the link.
+    DECODE_CACHE = "decode_cache"
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,9 @@ class ClusterView:
     # Weigh every instance of the chosen cluster as holding the prefix the request will reuse:
     # it is copied to whichever instance is picked (hot-prefix replication, module docstring).
     replicate_prefixes: bool = False
+    # The PD cluster's decode workers, each with its cached prefix of this request (loads unused):
+    # a local prefix source like a PD prefill instance's (module docstring, decode-aware).
+    decode: tuple[InstanceLoad, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.pd_prefill and not self.prfaas:
@@ -177,27 +190,32 @@ def route(prompt_len: int, view: ClusterView, now: float) -> Decision:
         source = None if prefix is None else prefix.name
         return Decision(cluster, target.name, source, cached, prompt_len - cached, why, now)
 
+    # The local cluster's best prefix: a PD prefill instance's, or a decode worker's if longer.
+    best_local = _best_cached([*view.pd_prefill, *view.decode])
     if not view.prfaas:
-        best = _best_cached(view.pd_prefill)
-        return decide(ClusterKind.PD, view.pd_prefill, best, RouteReason.NO_PRFAAS)
+        return decide(ClusterKind.PD, view.pd_prefill, best_local, RouteReason.NO_PRFAAS)
     if not view.pd_prefill:
         best = _best_cached(view.prfaas)
         return decide(ClusterKind.PRFAAS, view.prfaas, best, RouteReason.NO_PD_PREFILL)
 
     best_prfaas, best_pd = _best_cached(view.prfaas), _best_cached(view.pd_prefill)
-    assert best_prfaas is not None and best_pd is not None
+    assert best_prfaas is not None and best_pd is not None and best_local is not None
     l_prfaas, l_pd = min(best_prfaas.cached_len, cap), min(best_pd.cached_len, cap)
+    l_local = min(best_local.cached_len, cap)
     if view.bandwidth_abundant:
-        prefix = best_prfaas if l_prfaas > l_pd else best_pd
-        goes_local = prompt_len - max(l_prfaas, l_pd) <= view.threshold
+        prefix = best_prfaas if l_prfaas > l_local else best_local
+        goes_local = prompt_len - max(l_prfaas, l_local) <= view.threshold
+        without_decode = prompt_len - max(l_prfaas, l_pd) <= view.threshold
         local_prefix = remote_prefix = prefix
     else:
-        goes_local = prompt_len - l_pd <= view.threshold
-        local_prefix, remote_prefix = best_pd, best_prfaas
+        goes_local = prompt_len - l_local <= view.threshold
+        without_decode = prompt_len - l_pd <= view.threshold
+        local_prefix, remote_prefix = best_local, best_prfaas
     if goes_local:
-        return decide(ClusterKind.PD, view.pd_prefill, local_prefix, RouteReason.THRESHOLD)
+        why = RouteReason.THRESHOLD if without_decode else RouteReason.DECODE_CACHE
+        return decide(ClusterKind.PD, view.pd_prefill, local_prefix, why)
     if all(inst.queue_depth >= view.prfaas_max_queue for inst in view.prfaas):
-        return decide(ClusterKind.PD, view.pd_prefill, best_pd, RouteReason.QUEUE_GUARD)
+        return decide(ClusterKind.PD, view.pd_prefill, best_local, RouteReason.QUEUE_GUARD)
     open_prfaas = [inst for inst in view.prfaas if inst.queue_depth < view.prfaas_max_queue]
     return decide(ClusterKind.PRFAAS, open_prfaas, remote_prefix, RouteReason.THRESHOLD)
 

@@ -239,6 +239,10 @@ class RouterSection:
     # Count a prefix as copied to whichever instance of its cluster is picked, so a hot prefix
     # spreads by load (policy/routing.py, hot-prefix replication); false: by own cache only.
     replicate_prefixes: bool = True
+    # Decode-aware routing (policy/routing.py): decode workers keep the states they receive,
+    # checkpoints included, in their node's prefix pool, and the threshold rule counts their
+    # prefixes as local ones; false: their cache only trims the bytes a transfer ships.
+    decode_aware: bool = False
     control_period_s: float = 0.5
     request_timeout_s: float = 120.0
     max_attempts: int = 4  # per request: the first attempt and up to 3 retries after faults
@@ -310,9 +314,14 @@ class PrefixCacheSection:
     capacity_mib: float = 64.0  # host-memory budget per prefill worker, KV and states together
     block_size: int = 16  # tokens per KV block (the match granularity of attention layers)
     checkpoint_every: int = 4  # linear-state checkpoint every this many blocks, and at prompt end
+    # The disk tier (engine/prefix_disk.py): what host memory evicts spills to files under
+    # <disk_dir>/<instance>, at most disk_capacity_mib per worker; "" : no disk tier.
+    disk_dir: str = ""
+    disk_capacity_mib: float = 1024.0
 
     def __post_init__(self) -> None:
         _check(self.capacity_mib >= 0, "prefix_cache.capacity_mib", "must be ≥ 0")
+        _check(self.disk_capacity_mib >= 0, "prefix_cache.disk_capacity_mib", "must be ≥ 0")
         _check(self.block_size >= 1, "prefix_cache.block_size", "must be ≥ 1")
         _check(self.checkpoint_every >= 1, "prefix_cache.checkpoint_every", "must be ≥ 1")
 

@@ -13,8 +13,9 @@ model leaves out. Sections (docs/simulator.md explains every key):
     [link]          schedule = [[time_s, gbps], …], latency_s or rtt_ms, handoff_s, layerwise,
                     chunks, rdma_gbps
     [decode]        step_fixed_fraction
-    [cache]         block_len, prfaas_blocks, pd_blocks           (optional: prefix caches)
-    [router]        prfaas_max_queue, bandwidth_abundant, control_period_s
+    [cache]         block_len, prfaas_blocks, pd_blocks, prfaas_disk_blocks, pd_disk_blocks,
+                    disk_gb_per_s, decode_blocks                  (optional: prefix caches)
+    [router]        prfaas_max_queue, bandwidth_abundant, control_period_s, decode_aware
     [controller]    threshold_step, window, rate_memory_s, every `ControllerConfig` field
     [rebalancer]    period_s, switch_s, drain_timeout_s, every `RebalancerConfig` field
     [saturation]    requests, probes, backlog_scale               (optional: capacity search)
@@ -93,10 +94,23 @@ class CacheSpec:
     prfaas_blocks: int
     pd_blocks: int
     block_len: int = 512  # tokens per hash_id (Mooncake's traces use 512)
+    # The disk tier below each cluster's host pool (0: none), and the rate a prefix is read back.
+    prfaas_disk_blocks: int = 0
+    pd_disk_blocks: int = 0
+    disk_gb_per_s: float = 2.0
+    # The decode workers' pool of received states (0: they share the PD pool, one per cluster).
+    decode_blocks: int = 0
 
     def __post_init__(self) -> None:
-        if self.block_len < 1 or min(self.prfaas_blocks, self.pd_blocks) < 0:
-            raise ValueError("need block_len ≥ 1 and capacities ≥ 0")
+        capacities = (
+            self.prfaas_blocks,
+            self.pd_blocks,
+            self.prfaas_disk_blocks,
+            self.pd_disk_blocks,
+            self.decode_blocks,
+        )
+        if self.block_len < 1 or min(capacities) < 0 or not self.disk_gb_per_s > 0:
+            raise ValueError("need block_len ≥ 1, capacities ≥ 0 and disk_gb_per_s > 0")
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,8 @@ class RouterSpec:
     prfaas_max_queue: int = 4
     bandwidth_abundant: bool = False
     control_period_s: float = 1.0
+    # Decode-aware routing (policy/routing.py): the decode pool's prefixes count as local ones.
+    decode_aware: bool = False
 
     def __post_init__(self) -> None:
         if self.prfaas_max_queue < 1 or not self.control_period_s > 0:

@@ -165,6 +165,9 @@ def deployment_summary(run: DeploymentRun, *, series: bool = True) -> dict[str, 
             for r in result.role_changes
         ],
         "cache_hit_rate": dict(result.cache_hit_rate),
+        "cached_tokens": int(result.cached_len[: result.num_arrived].sum()),
+        "disk_cached_tokens": int(result.disk_cached_len[: result.num_arrived].sum()),
+        "decode_kept_local": int(result.decode_local[: result.num_arrived].sum()),
     }
     if run.saturation is not None:
         summary["saturation"] = {
@@ -282,6 +285,13 @@ def format_run(run: SimulationRun) -> str:
             "cache hits PrfaaS / PD",
             lambda s: " / ".join(f"{v:.0%}" for v in s["cache_hit_rate"].values()) or "—",
         )
+    if any(s["disk_cached_tokens"] for s in summaries):
+        row(
+            "cached tokens (from disk)",
+            lambda s: f"{s['cached_tokens']:,} ({s['disk_cached_tokens']:,})",
+        )
+    if any(s["decode_kept_local"] for s in summaries):
+        row("kept off the link by a decode prefix", lambda s: f"{s['decode_kept_local']:,}")
 
     headers = ["", *(d.spec.name for d in run.deployments)]
     workload = run.config.workload

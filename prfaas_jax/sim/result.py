@@ -2,13 +2,15 @@
 with `Sample` (one row of the time series) and `RoleChangeRecord`.
 
 Per request (indexed by request id): arrival, prefill end, first token, finish, whether it was
-offloaded to PrfaaS, its uncached length, its output length and the bytes its state took to
-decode. Every `bin_s` of simulated time a `Sample`: the link's cumulative bytes offered and sent,
-its capacity, the threshold t, requests outstanding at PrfaaS and PD prefill, requests waiting
-for a decode slot and the PD prefill/decode split. Plus every threshold change (the controller's
-`ThresholdUpdate`s), every role change (applied or abandoned), the prefix caches' token hit
-rates, and — for a run that stops at its last arrival — the backlog then. The simulator hands
-it these values; the result never reads the simulator.
+offloaded to PrfaaS, its uncached length, its output length, the bytes its state took to
+decode, its cached prefix (and how much of it was read back from a disk tier) and whether a
+decode worker's prefix kept it local. Every `bin_s` of simulated time a `Sample`: the link's
+cumulative bytes offered and sent, its capacity, the threshold t, requests outstanding at
+PrfaaS and PD prefill, requests waiting for a decode slot and the PD prefill/decode split.
+Plus every threshold change (the controller's `ThresholdUpdate`s), every role change (applied
+or abandoned), the prefix caches' token hit rates, and — for a run that stops at its last
+arrival — the backlog then. The simulator hands it these values; the result never reads the
+simulator.
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class SimResult:
     output_len: np.ndarray
     kv_bytes: np.ndarray
     recall_loss: np.ndarray  # what each request's wire precision cost (0: native)
+    cached_len: np.ndarray  # prompt tokens reused from a cached prefix
+    disk_cached_len: np.ndarray  # of those, read back from a disk tier
+    decode_local: np.ndarray  # kept off the link by a decode worker's prefix (decode-aware)
     series: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SERIES})
     threshold_updates: list[ThresholdUpdate] = field(default_factory=list)
     role_changes: list[RoleChangeRecord] = field(default_factory=list)
@@ -91,6 +96,9 @@ class SimResult:
             output_len=np.zeros(num_requests, dtype=np.int64),
             kv_bytes=np.zeros(num_requests),
             recall_loss=np.zeros(num_requests),
+            cached_len=np.zeros(num_requests, dtype=np.int64),
+            disk_cached_len=np.zeros(num_requests, dtype=np.int64),
+            decode_local=np.zeros(num_requests, dtype=bool),
         )
 
     def routed(self, req: Request, now: float) -> None:
@@ -99,6 +107,12 @@ class SimResult:
         self.offloaded[i] = req.offloaded
         self.uncached_len[i] = req.uncached_len
         self.output_len[i] = req.output_len
+
+    def cached(self, rid: int, cached_len: int, disk_len: int, decode_local: bool) -> None:
+        """What request ``rid`` reuses, how much of it from disk, and whether a decode
+        worker's prefix kept it local."""
+        self.cached_len[rid], self.disk_cached_len[rid] = cached_len, disk_len
+        self.decode_local[rid] = decode_local
 
     def completed(self, req: Request, now: float) -> None:
         i = req.rid

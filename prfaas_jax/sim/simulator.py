@@ -12,6 +12,12 @@ A request's life, with the router's policy objects from `prfaas_jax/policy/` dec
            contended) ─ first token
     first token ── decode slot (BS_max per instance, L_out steps) ── done
 
+Prefix caches (`[cache]`): one `CacheModel` per cluster, with a disk tier below host memory when
+configured (a prefix read back from disk delays the prefill by its KV bytes over
+`disk_gb_per_s`). With `decode_blocks`, the decode workers keep the states they receive in a
+pool of their own; decode-aware routing (`[router] decode_aware`) hands its prefix to `route` as
+`ClusterView.decode`, so a request kept local by it (`RouteReason.DECODE_CACHE`) is counted.
+
 TTFT is arrival → first token: queueing, prefill and the state's arrival at the decode instance.
 KV shipped for an offloaded request is S_kv(l) less the length-dependent part of the prefix the
 PD cluster already holds, S_kv(c_pd) − S_kv(0): the recurrent state always travels.
@@ -28,7 +34,15 @@ from collections.abc import Callable
 
 from prfaas_jax.policy.live_model import ClusterShape
 from prfaas_jax.policy.rebalancer import StageObservation
-from prfaas_jax.policy.routing import ClusterKind, ClusterView, Role, pick_decode, route
+from prfaas_jax.policy.routing import (
+    ClusterKind,
+    ClusterView,
+    InstanceLoad,
+    Role,
+    RouteReason,
+    pick_decode,
+    route,
+)
 from prfaas_jax.policy.threshold_controller import LinkObservation
 from prfaas_jax.policy.wire_choice import AdaptiveWire
 from prfaas_jax.sim.cache_model import CacheModel
@@ -87,12 +101,15 @@ class Simulator:
         self.link = LinkModel(loop, config.link.schedule)
         self.ingress = LinkModel(loop, config.link.schedule)  # PD → PrfaaS prefix moves
         self.caches = None
+        self.decode_cache: CacheModel | None = None
         if config.cache is not None:
             c = config.cache
             self.caches = {
-                ClusterKind.PRFAAS: CacheModel(c.prfaas_blocks, c.block_len),
-                ClusterKind.PD: CacheModel(c.pd_blocks, c.block_len),
+                ClusterKind.PRFAAS: CacheModel(c.prfaas_blocks, c.block_len, c.prfaas_disk_blocks),
+                ClusterKind.PD: CacheModel(c.pd_blocks, c.block_len, c.pd_disk_blocks),
             }
+            if c.decode_blocks:
+                self.decode_cache = CacheModel(c.decode_blocks, c.block_len)
         self.abundant = (
             config.router.bandwidth_abundant
             if deployment.bandwidth_abundant is None
@@ -216,24 +233,30 @@ class Simulator:
         self.n_arrived += 1
         if self.progress is not None and self.n_arrived % PROGRESS_EVERY == 0:
             self.progress(self.n_arrived)
-        cached_prfaas = cached_pd = 0
+        cached_prfaas = cached_pd = cached_decode = 0
         if self.caches is not None and req.hash_ids:
             cached_prfaas = self.caches[ClusterKind.PRFAAS].match(req.hash_ids, req.prompt_len)
             cached_pd = self.caches[ClusterKind.PD].match(req.hash_ids, req.prompt_len)
-        req.cached_pd = cached_pd
+            if self.decode_cache is not None:
+                cached_decode = self.decode_cache.match(req.hash_ids, req.prompt_len)
+        # What the decode side holds of the prompt: the increment a transfer leaves out.
+        req.cached_pd = cached_pd if self.decode_cache is None else cached_decode
         prfaas = self._serving_prfaas or self.prfaas
         pd_prefill = self._serving_pd or ([] if prfaas else self.pd_prefill)
+        decoders = self._serving_decode or self.decoders
+        decode_view = ()
+        if self.config.router.decode_aware and cached_decode:
+            decode_view = tuple(InstanceLoad(d.name, cached_len=cached_decode) for d in decoders)
         view = ClusterView(
             self.threshold,
             tuple([i.load(cached_prfaas) for i in prfaas]),
             tuple([i.load(cached_pd) for i in pd_prefill]),
             prfaas_max_queue=self.max_queue,
             bandwidth_abundant=self.abundant,
+            decode=decode_view,
         )
         decision = route(req.prompt_len, view, now)
-        decoder = self._decode_by_name[
-            pick_decode([d.load() for d in self._serving_decode or self.decoders])
-        ]
+        decoder = self._decode_by_name[pick_decode([d.load() for d in decoders])]
         inst = self._by_name[decision.instance]
         req.prefill, req.decode = inst, decoder
         req.uncached_len = decision.uncached_len
@@ -244,13 +267,31 @@ class Simulator:
             self.control.traffic.record(now, decision.uncached_len, req.output_len)
         self.result.routed(req, now)
         source = decision.prefix_source
-        if source is not None and self._by_name[source].role.cluster is not decision.cluster:
+        from_decode = source in self._decode_by_name
+        source_cluster = ClusterKind.PD if from_decode else None
+        if source is not None and not from_decode:
+            source_cluster = self._by_name[source].role.cluster
+        disk_tokens = 0
+        if self.caches is not None and source is not None and not from_decode:
+            disk_tokens = min(self.caches[source_cluster].last_disk_tokens, decision.cached_len)
+        self.result.cached(
+            req.rid, decision.cached_len, disk_tokens, decision.reason is RouteReason.DECODE_CACHE
+        )
+        job = (req, decision.cached_len)
+        if source is not None and source_cluster is not decision.cluster:
             # The prefix is reused from the other cluster: it crosses the link first.
             link = self.ingress if req.offloaded else self.link
             moved = self.kv_mib(decision.cached_len) * BYTES_PER_MIB
-            link.send(moved, self._submit_prefill, (req, decision.cached_len))
+            link.send(moved, self._submit_prefill, job)
+        elif disk_tokens:
+            # Read back from the disk tier first (its KV bytes at the disk's rate).
+            assert self.config.cache is not None
+            read_s = (
+                self.kv_mib(disk_tokens) * BYTES_PER_MIB / (self.config.cache.disk_gb_per_s * 1e9)
+            )
+            self.loop.schedule(now + read_s, self._submit_prefill, job)
         else:
-            self._submit_prefill((req, decision.cached_len))
+            self._submit_prefill(job)
         self._schedule_next_arrival()
 
     def _submit_prefill(self, job: tuple[Request, int]) -> None:
@@ -311,7 +352,8 @@ class Simulator:
         req.first_token = self.loop.now
         if req.offloaded and self.caches is not None and req.hash_ids:
             # The decode side's pool keeps the state it received.
-            self.caches[ClusterKind.PD].insert(req.hash_ids, req.prompt_len)
+            pool = self.caches[ClusterKind.PD] if self.decode_cache is None else self.decode_cache
+            pool.insert(req.hash_ids, req.prompt_len)
         req.decode.submit(req.output_len, self._finished, req)
 
     def _finished(self, req: Request) -> None:

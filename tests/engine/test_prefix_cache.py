@@ -1,65 +1,65 @@
-"""Hybrid prefix cache: reuse changes no output, exact-length linear checkpoints, safe eviction."""
+"""Hybrid prefix cache: reuse changes no output, exact-length linear checkpoints, safe eviction;
+and its disk tier (engine/prefix_disk.py): a checkpoint host memory evicts spills to a file, a
+hit there is promoted and gives the logits a cold prefill gives, a restarted worker reloads the
+directory (and the index learns it from the snapshot), a corrupt file is never used, and the
+directory stays under its bound in LRU order. (One file: the disk tier's tests reuse the
+programs the others compile.)"""
 
 from __future__ import annotations
 
+import errno
 import random
+from pathlib import Path
 
 import jax.numpy as jnp
-import numpy as np
 import pytest
-from conftest import PRESETS, jit_prefill, preset
+from conftest import PRESETS, preset
+from prefix_support import absorb, random_prompt
 
+from prfaas_jax.engine import codec
 from prfaas_jax.engine.prefix_cache import PrefixCache, block_hashes
+from prfaas_jax.engine.prefix_disk import DiskTier, entry_name
 from prfaas_jax.model import init_state
+from prfaas_jax.policy.cache_index import CacheIndex
+from prfaas_jax.prefix_events import (
+    DISK,
+    HOST,
+    CheckpointEvicted,
+    CheckpointStored,
+    checkpoint_key,
+)
 
-BLOCK, SEG, CAPACITY = 8, 16, 96
-
-
-def _absorb(params, cfg, tokens, state):
-    """Prefill ``tokens`` in segments padded to SEG (one compiled shape); all logits, state."""
-    outs = []
-    for start in range(0, len(tokens), SEG):
-        seg = tokens[start : start + SEG]
-        padded = jnp.asarray([seg + [0] * (SEG - len(seg))], jnp.int32)
-        logits, state = jit_prefill(
-            params, cfg, padded, state, valid_len=jnp.array([len(seg)], jnp.int32)
-        )
-        outs.append(logits[0, : len(seg)])
-    return jnp.concatenate(outs), state
+BLOCK, CAPACITY, LONG = 8, 96, 1 << 30
 
 
 def _fill(cache, params, cfg, tokens):
     """Prefill ``tokens`` and hand the cache a state at every checkpoint length."""
     state, done = init_state(cfg, 1, CAPACITY), 0
     for length in cache.checkpoint_lengths(len(tokens)):
-        _, state = _absorb(params, cfg, tokens[done:length], state)
+        _, state = absorb(params, cfg, tokens[done:length], state)
         cache.insert(tokens[:length], state)
         done = length
-
-
-def _prompt(seed, n, vocab):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, n)]
 
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_cached_prefix_gives_the_same_logits(name):
     cfg, params = preset(name)
     cache = PrefixCache(cfg, capacity_bytes=1 << 30, block_size=BLOCK, checkpoint_every=2)
-    first = _prompt(1, 45, cfg.vocab_size)
+    first = random_prompt(1, 45, cfg.vocab_size)
     _fill(cache, params, cfg, first)
-    follow_up = first[:37] + _prompt(2, 12, cfg.vocab_size)
+    follow_up = first[:37] + random_prompt(2, 12, cfg.vocab_size)
 
     hit = cache.match(follow_up)
     assert hit is not None and hit.length == 32  # the last checkpoint (every 2 blocks) ≤ 37
-    reused, _ = _absorb(params, cfg, follow_up[32:], cache.build_state(hit, CAPACITY))
-    fresh, _ = _absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
+    reused, _ = absorb(params, cfg, follow_up[32:], cache.build_state(hit, CAPACITY))
+    fresh, _ = absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
     assert float(jnp.max(jnp.abs(reused - fresh[32:]))) <= 1e-4
 
 
 def test_linear_state_only_reused_at_its_exact_length():
     cfg, params = preset("tiny")
     cache = PrefixCache(cfg, capacity_bytes=1 << 30, block_size=BLOCK, checkpoint_every=100)
-    prompt = _prompt(3, 30, cfg.vocab_size)
+    prompt = random_prompt(3, 30, cfg.vocab_size)
     _fill(cache, params, cfg, prompt)  # one checkpoint, at 30; KV blocks up to 24
     assert cache.match([*prompt[:29], 1, 2]) is None  # KV for 24 tokens, but no state there
     assert cache.match(prompt) is None  # a full hit would leave nothing to prefill
@@ -80,11 +80,11 @@ def test_eviction_keeps_checkpoints_reachable_and_within_budget():
     # A budget for a few prompts only: inserting many forces evictions.
     cache = PrefixCache(cfg, capacity_bytes=60_000, block_size=BLOCK, checkpoint_every=1)
     rng = random.Random(0)
-    base = _prompt(4, 40, cfg.vocab_size)
+    base = random_prompt(4, 40, cfg.vocab_size)
     prompts = []
     for i in range(8):
         keep = rng.choice([0, 8, 16, 24])
-        prompts.append(base[:keep] + _prompt(10 + i, rng.choice([9, 20, 33]), cfg.vocab_size))
+        prompts.append(base[:keep] + random_prompt(10 + i, rng.choice([9, 20, 33]), cfg.vocab_size))
         _fill(cache, params, cfg, prompts[-1])
         assert cache.stats.used_bytes <= cache.stats.capacity_bytes
 
@@ -109,8 +109,8 @@ def test_eviction_keeps_checkpoints_reachable_and_within_budget():
         if hit is None:
             continue
         extension = [*prompt, 1]
-        reused, _ = _absorb(params, cfg, extension[hit.length :], cache.build_state(hit, CAPACITY))
-        fresh, _ = _absorb(params, cfg, extension, init_state(cfg, 1, CAPACITY))
+        reused, _ = absorb(params, cfg, extension[hit.length :], cache.build_state(hit, CAPACITY))
+        fresh, _ = absorb(params, cfg, extension, init_state(cfg, 1, CAPACITY))
         assert float(jnp.max(jnp.abs(reused - fresh[hit.length :]))) <= 1e-4
 
 
@@ -138,3 +138,125 @@ def test_kv_prefix_returns_the_cached_blocks_rows_without_needing_a_checkpoint()
     assert cache.kv_prefix([*tokens[:12], 0, *tokens[13:]]).length == 8  # diverges in block 2
     assert cache.kv_prefix([5, *tokens]) == type(hit)(0, {})
     assert cache.match(tokens) is None  # no checkpoint: nothing for a prefill to reuse
+
+
+# --- the disk tier ----------------------------------------------------------------------------
+
+
+def pool(cfg, directory, *, host_bytes, disk_bytes=LONG):
+    disk = DiskTier(directory, disk_bytes, cfg)
+    # Checkpoints at each prompt's end only: one per prompt, the unit that spills.
+    return PrefixCache(
+        cfg, capacity_bytes=host_bytes, block_size=BLOCK, checkpoint_every=100, disk=disk
+    )
+
+
+def keep(cache, params, cfg, tokens):
+    _, state = absorb(params, cfg, tokens, init_state(cfg, 1, CAPACITY))
+    cache.insert(tokens, state)
+
+
+def test_a_spilled_prefix_hits_from_disk_before_and_after_a_restart(tmp_path):
+    cfg, params = preset("tiny")
+    a, b = random_prompt(1, 40, cfg.vocab_size), random_prompt(2, 40, cfg.vocab_size)
+    one = PrefixCache(cfg, capacity_bytes=LONG, block_size=BLOCK)
+    keep(one, params, cfg, a)
+    # Room for one prompt: keeping b evicts a's checkpoint, which spills.
+    cache = pool(cfg, tmp_path, host_bytes=one.stats.used_bytes + 64)
+    keep(cache, params, cfg, a)
+    keep(cache, params, cfg, b)
+    follow_up = a + random_prompt(3, 9, cfg.vocab_size)
+    stored = [e for _, e in cache.events_since(0) if isinstance(e, CheckpointStored)]
+    assert [e.tier for e in stored] == [HOST, HOST, DISK] and cache.stats.spills == 1
+    assert cache.disk.holds(a) and (tmp_path / entry_name(a)).exists()
+
+    # The index fed the events sees a's prefix on disk, as the cache's probe does.
+    index = CacheIndex(BLOCK)
+    index.reset("w", *cache.snapshot())
+    assert index.cached_tiers(follow_up) == {"w": (40, DISK)}
+    assert cache.probe(follow_up) == 40 and cache.stats.disk_hits == 0
+
+    fresh, _ = absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
+    hit = cache.match(follow_up)  # promoted: read, checked, in host memory again
+    assert hit is not None and hit.length == 40 and cache.stats.disk_hits == 1
+    reused, _ = absorb(params, cfg, follow_up[40:], cache.build_state(hit, CAPACITY))
+    assert float(jnp.max(jnp.abs(reused - fresh[40:]))) <= 1e-4
+
+    # A restarted worker: a new pool over the same directory, host memory empty.
+    restarted = pool(cfg, tmp_path, host_bytes=one.stats.used_bytes + 64)
+    assert restarted.disk.stats.entries >= 1 and restarted.disk.stats.dropped == 0
+    index.reset("w", *restarted.snapshot())
+    assert index.cached_tiers(follow_up) == {"w": (40, DISK)}
+    # Read back ahead of the prefill (as a request waiting for its engine does): the match then
+    # hits host memory, with no second read, and counts the hit as the disk tier's.
+    assert restarted.prefetch(follow_up) == 40 and restarted.disk.stats.loads == 1
+    hit = restarted.match(follow_up)
+    assert hit is not None and hit.length == 40
+    assert restarted.disk.stats.loads == 1 and restarted.stats.disk_hits == 1
+    assert restarted.match(follow_up).length == 40 and restarted.stats.disk_hits == 1
+    reused, _ = absorb(params, cfg, follow_up[40:], restarted.build_state(hit, CAPACITY))
+    assert float(jnp.max(jnp.abs(reused - fresh[40:]))) <= 1e-4
+
+
+def flip_byte(path, offset_from_end):
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_file_is_dropped_and_the_prefix_recomputed(tmp_path):
+    cfg, params = preset("tiny")
+    a, b = random_prompt(4, 24, cfg.vocab_size), random_prompt(5, 24, cfg.vocab_size)
+    cache = pool(cfg, tmp_path, host_bytes=0)  # nothing stays in host memory: all spills
+    keep(cache, params, cfg, a)
+    keep(cache, params, cfg, b)
+    assert cache.disk.holds(a) and cache.disk.holds(b)
+    # Damaged after the scan (a byte inside the state's last data frame): caught on load.
+    flip_byte(tmp_path / entry_name(a), 200)
+    seq = cache.events.last_seq
+    assert cache.match([*a, 1]) is None  # recomputed, never used
+    assert not (tmp_path / entry_name(a)).exists() and cache.disk.stats.dropped == 1
+    assert [e for _, e in cache.events_since(seq)] == [
+        CheckpointEvicted(*checkpoint_key(a, BLOCK), DISK)
+    ]
+    # b's file is whole: it hits, though host memory keeps nothing.
+    hit = cache.match([*b, 1])
+    assert hit is not None and hit.length == 24 and cache.stats.disk_hits == 1
+    # Damaged while the worker was down: dropped by the restart's scan.
+    flip_byte(tmp_path / entry_name(b), 200)
+    restarted = pool(cfg, tmp_path, host_bytes=0)
+    assert restarted.disk.stats.dropped == 1 and restarted.disk.stats.entries == 0
+    assert not list(tmp_path.iterdir()) and restarted.snapshot()[1] == []
+
+
+def test_the_directory_stays_under_its_bound_in_lru_order(tmp_path, monkeypatch):
+    cfg, params = preset("tiny")
+    prompts = [random_prompt(10 + i, 24, cfg.vocab_size) for i in range(4)]
+    cache = pool(cfg, tmp_path, host_bytes=0, disk_bytes=LONG)
+    keep(cache, params, cfg, prompts[0])
+    size = cache.disk.stats.used_bytes  # one 24-token prefix's file
+    cache = pool(cfg, tmp_path / "bounded", host_bytes=0, disk_bytes=2 * size)
+    keep(cache, params, cfg, prompts[0])
+    keep(cache, params, cfg, prompts[1])
+    cache.match([*prompts[0], 1])  # prompts[0] used last (promoted, then spilled again)
+    keep(cache, params, cfg, prompts[2])
+    held = [p for p in prompts if cache.disk.holds(p)]
+    assert held == [prompts[0], prompts[2]]
+    assert cache.disk.stats.used_bytes <= 2 * size and cache.disk.stats.evictions == 1
+    assert sorted(p.name for p in (tmp_path / "bounded").iterdir()) == sorted(
+        entry_name(p) for p in held
+    )
+
+    # A full disk: the spill is dropped, the insert (the prefill that caused it) still succeeds.
+    def full(path, frames):
+        Path(path).write_bytes(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(codec, "write_file", full)
+    seq = cache.events.last_seq
+    keep(cache, params, cfg, prompts[3])
+    assert cache.disk.stats.write_failures == 1 and not cache.disk.holds(prompts[3])
+    assert sorted(p.name for p in (tmp_path / "bounded").iterdir()) == sorted(
+        entry_name(p) for p in held
+    )
+    assert not any(e.tier == DISK for _, e in cache.events_since(seq) if hasattr(e, "tier"))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
+from prfaas_jax import prefix_events as ev
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.codec.layout import canonical_tensors
 from prfaas_jax.engine.prefix_cache import PrefixCache
@@ -172,3 +173,22 @@ def test_the_hash_chain_is_the_caches():
     _insert(cache, tokens)
     stored = [e.key for _, e in cache.events_since(0) if isinstance(e, BlockStored)]
     assert stored == block_hashes(tokens, BLOCK)
+
+
+def test_a_disk_checkpoint_counts_without_its_blocks_and_names_its_tier():
+    tokens = list(range(11))  # blocks of 4: two full blocks, a tail of 3
+    keys = block_hashes(tokens, BLOCK)
+    index = CacheIndex(BLOCK)
+    index.reset("a", 0, [BlockStored(keys[0], b""), ev.CheckpointStored(keys[0], ())])
+    index.reset("b", 0, [ev.CheckpointStored(keys[1], (8, 9, 10), ev.DISK)])  # no block at all
+    prompt = [*tokens, 99]
+    assert index.cached_tiers(prompt) == {"a": (4, ev.HOST), "b": (11, ev.DISK)}
+    assert index.cached_lengths(prompt) == {"a": 4, "b": 11}
+    # The same length in both tiers: host memory (no read to pay).
+    index.apply("a", 1, BlockStored(keys[1], keys[0]))
+    index.apply("a", 2, ev.CheckpointStored(keys[1], (8, 9, 10), ev.DISK))
+    index.apply("a", 3, ev.CheckpointStored(keys[1], (8, 9, 10)))
+    assert index.cached_tiers(prompt)["a"] == (11, ev.HOST)
+    index.apply("b", 1, ev.CheckpointEvicted(keys[1], (8, 9, 10), ev.DISK))
+    assert index.cached_tiers(prompt)["b"] == (0, ev.HOST)
+    assert index.stats().checkpoint_entries == 3

@@ -242,3 +242,52 @@ def test_a_prefix_moves_when_the_spare_link_carries_it_faster_than_it_is_recompu
     assert not choose(0.0, 0.0) and not choose(0.0, 1.0, capacity=0.0)
     empty = LinkView(1e7, 0.0)
     assert not choose_abundant(move_bytes=0, recompute_s=1.0, link=empty, max_utilization=0.85)
+
+
+@pytest.mark.parametrize("prompt_len", [65, 100, 128, 129, 200])
+@pytest.mark.parametrize("on_decode", [0, 36, 64, 100, 300])
+def test_a_prefix_only_on_a_decode_worker_counts_for_the_local_side(prompt_len, on_decode):
+    # The pure rule: effective uncached = prompt − min(decode prefix, prompt − 1); local iff ≤ t.
+    effective = prompt_len - min(on_decode, prompt_len - 1)
+    decision = route(prompt_len, view(decode=(InstanceLoad("d0", cached_len=on_decode),)), 0.0)
+    local = effective <= T
+    assert decision.cluster is (ClusterKind.PD if local else ClusterKind.PRFAAS)
+    if local:
+        # Every prompt here is above t: local only thanks to the decode worker's prefix, which
+        # moves to the PD prefill instance inside the cluster.
+        assert decision.reason is RouteReason.DECODE_CACHE
+        assert (decision.instance, decision.prefix_source) == ("p0", "d0")
+        assert decision.moves_prefix and decision.uncached_len == effective
+    else:
+        assert decision.reason is RouteReason.THRESHOLD
+        assert decision.prefix_source is None and decision.uncached_len == prompt_len
+
+
+def test_decode_prefix_against_the_prefill_side_caches():
+    # 300 − 250 = 50 ≤ 64 with the decode worker's prefix; 300 − 200 = 100 > 64 without.
+    decode = (InstanceLoad("d0", cached_len=120), InstanceLoad("d1", cached_len=250))
+    pd = (InstanceLoad("p0", cached_len=200),)
+    d = route(300, view(pd=pd, decode=decode), 0.0)
+    assert (d.cluster, d.reason, d.prefix_source, d.uncached_len) == (
+        ClusterKind.PD,
+        RouteReason.DECODE_CACHE,
+        "d1",
+        50,
+    )
+    # The PD prefill instance's own prefix is enough already: a plain threshold decision,
+    # reusing its own prefix when it is as long.
+    pd = (InstanceLoad("p0", cached_len=250),)
+    d = route(300, view(pd=pd, decode=decode), 0.0)
+    assert (d.reason, d.prefix_source, d.moves_prefix) == (RouteReason.THRESHOLD, "p0", False)
+    # Abundant: a PrfaaS prefix of 240 alone would keep it local; the decode prefix is longer.
+    prfaas = (InstanceLoad("r0", cached_len=240),)
+    d = route(300, view(prfaas=prfaas, decode=decode, bandwidth_abundant=True), 0.0)
+    assert (d.cluster, d.reason, d.prefix_source, d.uncached_len) == (
+        ClusterKind.PD,
+        RouteReason.THRESHOLD,
+        "d1",
+        50,
+    )
+    # A decode prefix too short to bring it under t changes nothing: PrfaaS recomputes it all.
+    d = route(300, view(decode=(InstanceLoad("d0", cached_len=200),)), 0.0)
+    assert (d.cluster, d.prefix_source, d.uncached_len) == (ClusterKind.PRFAAS, None, 300)

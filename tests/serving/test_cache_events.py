@@ -26,6 +26,7 @@ from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.cache_index import CacheIndex
 from prfaas_jax.prefix_events import (
+    DISK,
     ROOT,
     BlockEvicted,
     BlockStored,
@@ -63,10 +64,13 @@ def test_every_event_kind_round_trips():
         CheckpointStored(KEY, ()),
         CheckpointEvicted(OTHER, (3,)),
         BlockEvicted(OTHER),
+        CheckpointStored(OTHER, (5,), DISK),
+        CheckpointEvicted(OTHER, (5,), DISK),
     ]
     message = batch_to_proto(events, snapshot=False, last_seq=9, block_size=BLOCK)
     batch = _read(pb.PrefixEventBatch.FromString(message.SerializeToString()))
-    assert (batch.snapshot, batch.last_seq, batch.first_seq, batch.events) == (False, 9, 4, events)
+    assert (batch.snapshot, batch.last_seq, batch.first_seq, batch.events) == (False, 9, 2, events)
+    assert [event.tier for event in message.events[6:]] == [pb.PrefixEvent.TIER_DISK] * 2
     stored = events[:4]
     snapshot = _read(batch_to_proto(stored, snapshot=True, last_seq=0, block_size=BLOCK))
     assert (snapshot.snapshot, snapshot.last_seq, snapshot.events) == (True, 0, stored)
@@ -77,6 +81,8 @@ BAD_EVENTS = [
     (pb.PrefixEvent(kind=Kind.BLOCK_STORED, key=ROOT, parent=ROOT), "0 bytes"),
     (pb.PrefixEvent(kind=Kind.BLOCK_STORED, key=KEY, parent=KEY + b"x"), "17 bytes"),
     (pb.PrefixEvent(kind=Kind.BLOCK_STORED, key=KEY, tail=[1]), "no tail"),
+    (pb.PrefixEvent(kind=Kind.BLOCK_STORED, key=KEY, tier=1), "no tier"),
+    (pb.PrefixEvent(kind=Kind.CHECKPOINT_STORED, key=KEY, tier=7), "unknown checkpoint tier"),
     (pb.PrefixEvent(kind=Kind.BLOCK_EVICTED, key=KEY, parent=OTHER), "no parent"),
     (pb.PrefixEvent(kind=Kind.CHECKPOINT_STORED, key=KEY, tail=[0] * BLOCK), "tail of 4"),
     (pb.PrefixEvent(kind=Kind.CHECKPOINT_STORED, key=KEY, tail=[CFG.vocab_size]), "outside"),

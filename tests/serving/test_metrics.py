@@ -42,6 +42,9 @@ CACHE_FIELDS = {
     "lookups": 5,
     "hits": 4,
     "evictions": 2,
+    "disk_used_bytes": 8192,
+    "spills": 3,
+    "disk_hits": 1,
     "reused_tokens": 900,
     "computed_tokens": 300,
     "export_bytes": 0,
@@ -81,11 +84,15 @@ FAMILIES = {
     "prfaas_prompt_tokens_total": "counter",
     "prfaas_cached_tokens_total": "counter",
     "prfaas_prefix_moves_total": "counter",
+    "prfaas_decode_cache_local_total": "counter",
     "prfaas_prefix_cache_bytes": "gauge",
     "prfaas_prefix_cache_capacity_bytes": "gauge",
     "prfaas_prefix_cache_lookups_total": "counter",
     "prfaas_prefix_cache_hits_total": "counter",
     "prfaas_prefix_cache_evictions_total": "counter",
+    "prfaas_prefix_cache_disk_bytes": "gauge",
+    "prfaas_prefix_cache_spills_total": "counter",
+    "prfaas_prefix_cache_disk_hits_total": "counter",
     "prfaas_prefill_tokens_total": "counter",
     "prfaas_prefix_transfer_bytes_total": "counter",
 }
@@ -109,6 +116,7 @@ SCALARS = {
     "prfaas_prompt_tokens_total": "prompt_tokens",
     "prfaas_cached_tokens_total": "cached_tokens",
     "prfaas_prefix_moves_total": "prefix_moves",
+    "prfaas_decode_cache_local_total": "decode_cache_local",
     "prfaas_router_cpu_seconds_total": "router_cpu_s",
 }
 
@@ -158,6 +166,7 @@ def full_snapshot(instance: str = "pd-0") -> RouterSnapshot:
         prompt_tokens=1200,
         cached_tokens=900,
         prefix_moves=1,
+        decode_cache_local=3,
         retries=6,
         resumed=7,
         rejected=8,
@@ -232,6 +241,9 @@ def test_render_prefix_cache():
     assert sample(samples, "prfaas_prefix_moves_total") == 1
     assert sample(samples, "prfaas_prefix_cache_hits_total", instance="pd-0") == 4
     assert sample(samples, "prfaas_prefix_cache_evictions_total", instance="pd-0") == 2
+    assert sample(samples, "prfaas_prefix_cache_disk_bytes", instance="pd-0") == 8192
+    assert sample(samples, "prfaas_prefix_cache_spills_total", instance="pd-0") == 3
+    assert sample(samples, "prfaas_prefix_cache_disk_hits_total", instance="pd-0") == 1
     assert sample(samples, "prfaas_prefill_tokens_total", instance="pd-0", kind="computed") == 300
     transfer = "prfaas_prefix_transfer_bytes_total"
     assert sample(samples, transfer, instance="pd-0", direction="import") == 57600

@@ -470,3 +470,66 @@ adaptive_wire = true
     assert list(adaptive.kv_bytes) == pytest.approx([full, full / 2])
     assert list(adaptive.recall_loss) == [0.0, 0.002] and not native.recall_loss.any()
     assert adaptive.first_token[1] < native.first_token[1]
+
+
+def _trace_config(tmp_path, turns, cache: str, deployment: str, router: str = ""):
+    """A config replaying ``turns``: (ms, input length, hash_ids), 4 output tokens each."""
+    lines = [
+        {"timestamp": ms, "input_length": n, "output_length": 4, "hash_ids": ids}
+        for ms, n, ids in turns
+    ]
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    body = f"""
+[workload]
+arrivals = "trace"
+path = "{tmp_path / "trace.jsonl"}"
+[cache]
+block_len = 512
+{cache}
+[router]
+{router}
+[deployments.d]
+{deployment}
+"""
+    return load_sim_config(_write(tmp_path, body))
+
+
+@pytest.mark.parametrize("decode_aware", [False, True])
+def test_a_prefix_on_the_decode_pool_keeps_the_next_turn_local_when_decode_aware(
+    tmp_path, decode_aware
+):
+    first = list(range(1, 60))  # 30,000 tokens: 58 complete blocks, one partial
+    config = _trace_config(
+        tmp_path,
+        [(0, 30000, first), (1e6, 32000, [*first, 99])],
+        "prfaas_blocks = 1000\npd_blocks = 1000\ndecode_blocks = 1000",
+        "prfaas = 1\npd_prefill = 1\npd_decode = 1\nthreshold = 19400\ncontroller = false",
+        f"decode_aware = {str(decode_aware).lower()}",
+    )
+    result = Simulator(config, config.deployments[0]).run()
+    # 32,000 − 0 (the PD prefill pool never saw it) > t: across the link, reusing PrfaaS's
+    # 58 blocks; decode-aware, 32,000 − 29,696 (the decode pool's) ≤ t: local.
+    assert result.offloaded.tolist() == [True, not decode_aware]
+    assert result.decode_local.tolist() == [False, decode_aware]
+    assert result.cached_len.tolist() == [0, 58 * 512]
+    assert result.uncached_len.tolist() == [30000, 32000 - 58 * 512]
+
+
+def test_a_prefix_read_back_from_the_disk_tier_pays_the_read(tmp_path):
+    a, b = list(range(1, 10)), list(range(20, 29))  # 9 blocks each
+    config = _trace_config(
+        tmp_path,
+        [(0, 4700, a), (1e6, 4700, b), (2e6, 5000, [*a, 99])],
+        "prfaas_blocks = 0\npd_blocks = 10\npd_disk_blocks = 100\ndisk_gb_per_s = 1.0",
+        "pd_prefill = 1\npd_decode = 1",
+    )
+    result = Simulator(config, config.deployments[0]).run()
+    # b's 9 blocks push 8 of a's to disk; the third request reuses all 9 of a's, 8 from disk.
+    assert result.cached_len.tolist() == [0, 0, 9 * 512]
+    assert result.disk_cached_len.tolist() == [0, 0, 8 * 512]
+    profiles = config.profiles
+    read_s = profiles.kv_size_mib(8 * 512) * MIB / 1e9
+    rdma_s = profiles.kv_size_mib(5000) * MIB / (800e9 / 8)
+    ttft = result.first_token[2] - result.arrival[2]
+    prefill_s = incremental_prefill_s(profiles.pd_prefill_s, 5000, 9 * 512)
+    assert ttft == pytest.approx(read_s + prefill_s + rdma_s)

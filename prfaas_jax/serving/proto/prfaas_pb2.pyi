@@ -257,7 +257,7 @@ class WorkerStats(_message.Message):
     def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., data_path_pushes: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStats(_message.Message):
-    __slots__ = ("enabled", "block_size", "checkpoint_every", "capacity_bytes", "used_bytes", "blocks", "checkpoints", "lookups", "hits", "evictions", "prompt_tokens", "reused_tokens", "computed_tokens", "exports", "export_bytes", "imports", "import_bytes", "import_failures")
+    __slots__ = ("enabled", "block_size", "checkpoint_every", "capacity_bytes", "used_bytes", "blocks", "checkpoints", "lookups", "hits", "evictions", "prompt_tokens", "reused_tokens", "computed_tokens", "exports", "export_bytes", "imports", "import_bytes", "import_failures", "disk_capacity_bytes", "disk_used_bytes", "disk_entries", "spills", "disk_hits", "disk_dropped")
     ENABLED_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_EVERY_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +276,12 @@ class PrefixCacheStats(_message.Message):
     IMPORTS_FIELD_NUMBER: _ClassVar[int]
     IMPORT_BYTES_FIELD_NUMBER: _ClassVar[int]
     IMPORT_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    DISK_CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SPILLS_FIELD_NUMBER: _ClassVar[int]
+    DISK_HITS_FIELD_NUMBER: _ClassVar[int]
+    DISK_DROPPED_FIELD_NUMBER: _ClassVar[int]
     enabled: bool
     block_size: int
     checkpoint_every: int
@@ -294,7 +300,13 @@ class PrefixCacheStats(_message.Message):
     imports: int
     import_bytes: int
     import_failures: int
-    def __init__(self, enabled: _Optional[bool] = ..., block_size: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., checkpoints: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., exports: _Optional[int] = ..., export_bytes: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., import_failures: _Optional[int] = ...) -> None: ...
+    disk_capacity_bytes: int
+    disk_used_bytes: int
+    disk_entries: int
+    spills: int
+    disk_hits: int
+    disk_dropped: int
+    def __init__(self, enabled: _Optional[bool] = ..., block_size: _Optional[int] = ..., checkpoint_every: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., blocks: _Optional[int] = ..., checkpoints: _Optional[int] = ..., lookups: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., reused_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., exports: _Optional[int] = ..., export_bytes: _Optional[int] = ..., imports: _Optional[int] = ..., import_bytes: _Optional[int] = ..., import_failures: _Optional[int] = ..., disk_capacity_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_entries: _Optional[int] = ..., spills: _Optional[int] = ..., disk_hits: _Optional[int] = ..., disk_dropped: _Optional[int] = ...) -> None: ...
 
 class LinkState(_message.Message):
     __slots__ = ("bandwidth_bytes_per_s", "latency_s", "learned_bytes_per_s", "learned_samples", "tcp_counted", "tcp_out_segments", "tcp_retransmitted_segments", "measured_rtt_s", "rtt_samples", "data_retransmitted_segments")
@@ -477,7 +489,7 @@ class PrefixEventsRequest(_message.Message):
     def __init__(self, after: _Optional[int] = ...) -> None: ...
 
 class PrefixEvent(_message.Message):
-    __slots__ = ("kind", "key", "parent", "tail")
+    __slots__ = ("kind", "key", "parent", "tail", "tier")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[PrefixEvent.Kind]
@@ -490,15 +502,23 @@ class PrefixEvent(_message.Message):
     BLOCK_EVICTED: PrefixEvent.Kind
     CHECKPOINT_STORED: PrefixEvent.Kind
     CHECKPOINT_EVICTED: PrefixEvent.Kind
+    class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TIER_HOST: _ClassVar[PrefixEvent.Tier]
+        TIER_DISK: _ClassVar[PrefixEvent.Tier]
+    TIER_HOST: PrefixEvent.Tier
+    TIER_DISK: PrefixEvent.Tier
     KIND_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     TAIL_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     kind: PrefixEvent.Kind
     key: bytes
     parent: bytes
     tail: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, kind: _Optional[_Union[PrefixEvent.Kind, str]] = ..., key: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., tail: _Optional[_Iterable[int]] = ...) -> None: ...
+    tier: PrefixEvent.Tier
+    def __init__(self, kind: _Optional[_Union[PrefixEvent.Kind, str]] = ..., key: _Optional[bytes] = ..., parent: _Optional[bytes] = ..., tail: _Optional[_Iterable[int]] = ..., tier: _Optional[_Union[PrefixEvent.Tier, str]] = ...) -> None: ...
 
 class PrefixEventBatch(_message.Message):
     __slots__ = ("snapshot", "last_seq", "block_size", "events")

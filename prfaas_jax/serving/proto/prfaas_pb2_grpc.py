@@ -5,7 +5,7 @@ import warnings
 
 from prfaas_jax.serving.proto import prfaas_pb2 as prfaas__jax_dot_serving_dot_proto_dot_prfaas__pb2
 
-GRPC_GENERATED_VERSION = '1.85.1'
+GRPC_GENERATED_VERSION = '1.85.4'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 

@@ -75,6 +75,7 @@ from prfaas_jax.policy.routing import (
     InstanceLoad,
     LinkView,
     Role,
+    RouteReason,
     pick_decode,
     route,
 )
@@ -144,6 +145,8 @@ class RouterCore:
         # Prefill end → first token, per route ("prfaas", "pd"): the transfer compute did not hide.
         self.exposed_transfer = {route: Histogram() for route in ("prfaas", "pd")}
         self.prefix_moves = self.prompt_tokens = self.cached_tokens = 0
+        # Requests a decode worker's cached prefix kept off the link (`RouteReason.DECODE_CACHE`).
+        self.decode_cache_local = 0
         self.retries = self.resumed = self.rejected = 0
         self.saved_bytes = 0  # state bytes increments kept off the link
         # The link as the control loop last saw it (serving/router/control.py), for the
@@ -194,8 +197,12 @@ class RouterCore:
             return {}
         start = time.perf_counter()
         with self.lock:
+            # Decode-aware: the decode workers' prefixes count too (policy/routing.py).
+            decode_aware = self.config.router.decode_aware
             stubs = {
-                w.name: w.prefix for w in self.workers.values() if w.role.is_prefill and not w.down
+                w.name: w.prefix
+                for w in self.workers.values()
+                if (w.role.is_prefill or decode_aware) and not w.down
             }
         if self.cache_feed is not None:
             cached = self.cache_feed.lookup(prompt, stubs)
@@ -251,6 +258,7 @@ class RouterCore:
                     request_len, prfaas, pd_prefill, self.link
                 ),
                 replicate_prefixes=self.config.router.replicate_prefixes,
+                decode=loads(Role.PD_DECODE) if self.config.router.decode_aware else (),
             )
             decision = route(request_len, view, now)
             slots = self.config.engine.max_slots
@@ -277,6 +285,7 @@ class RouterCore:
             prefill.outstanding_tokens += decision.uncached_len
             decode.assigned_decodes += 1
             self.prefix_moves += decision.moves_prefix
+            self.decode_cache_local += decision.reason is RouteReason.DECODE_CACHE
             self.traffic.record(now, decision.uncached_len, max_new_tokens)
         return decision, prefill, decode, threshold
 

@@ -123,6 +123,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             prompt_tokens=core.prompt_tokens,
             cached_tokens=core.cached_tokens,
             prefix_moves=core.prefix_moves,
+            decode_cache_local=core.decode_cache_local,
             retries=core.retries,
             resumed=core.resumed,
             rejected=core.rejected,

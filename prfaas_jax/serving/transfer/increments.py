@@ -11,6 +11,11 @@ worker stitches its rows onto what arrives (`codec.decode(base=…)`, `take`) an
 state's KV in turn (`keep`). A reservation is used once; one that no state claims within
 `hold_s` is dropped.
 
+Decode-aware routing (`[router] decode_aware`): the pool is the node's own prefix pool (the one
+its `PrefixCache` service serves and publishes the events of), and ``keep`` stores the received
+state's checkpoint too, so the router's index sees what the decode worker holds and a PD
+prefill instance can fetch it (`Export`) instead of the prompt crossing the link.
+
 The stitched rows were computed by an earlier prefill of the same tokens, so the state equals the
 one a full transfer would carry up to floating-point rounding of a different chunking; the
 prompt tokens — not the sender's word — decide which rows are reused.
@@ -40,8 +45,11 @@ class Reservation:
 class DecodeKvCache:
     """Received KV by prompt, and the reservations for states on their way (module docstring)."""
 
-    def __init__(self, cache: PrefixCache, *, hold_s: float = 120.0) -> None:
-        self.cache, self.hold_s = cache, hold_s
+    def __init__(
+        self, cache: PrefixCache, *, hold_s: float = 120.0, checkpoints: bool = False
+    ) -> None:
+        """``checkpoints``: keep each received state's fixed-size part too (decode-aware)."""
+        self.cache, self.hold_s, self.checkpoints = cache, hold_s, checkpoints
         self._lock = threading.Lock()
         self._reserved: dict[str, Reservation] = {}
 
@@ -63,14 +71,20 @@ class DecodeKvCache:
     def keep(self, reservation: Reservation, state: ModelState) -> None:
         """Cache the KV of a state received for ``reservation``'s prompt (what it saved the
         link is the router's count: `RequestReport.saved_bytes`)."""
-        self.cache.insert(reservation.tokens, state, kv_only=True)
+        self.cache.insert(reservation.tokens, state, kv_only=not self.checkpoints)
 
 
-def build_decode_kv_cache(cfg: ModelConfig, config: ClusterConfig) -> DecodeKvCache | None:
+def build_decode_kv_cache(
+    cfg: ModelConfig, config: ClusterConfig, node_pool: PrefixCache | None = None
+) -> DecodeKvCache | None:
     """A PD node's cache of received KV: `[prefix_cache]`'s budget and block size, its own pool
-    (None when the prefix cache is off)."""
+    (None when the prefix cache is off); with `[router] decode_aware`, ``node_pool`` (the node's
+    prefix pool) with checkpoints."""
     section = config.prefix_cache
     if not section.enabled:
         return None
+    hold_s = config.router.request_timeout_s
+    if config.router.decode_aware and node_pool is not None:
+        return DecodeKvCache(node_pool, hold_s=hold_s, checkpoints=True)
     pool = PrefixCache(cfg, capacity_bytes=section.capacity_bytes, block_size=section.block_size)
-    return DecodeKvCache(pool, hold_s=config.router.request_timeout_s)
+    return DecodeKvCache(pool, hold_s=hold_s)

@@ -4,8 +4,9 @@
 A batch is either a snapshot (the whole content as stored events, as of event ``last_seq``) or
 the events numbered ``last_seq − n + 1 … last_seq``. The reader checks everything before an
 event reaches its index: the kind, 16-byte keys (the root is the empty key, allowed only as a
-parent or a checkpoint's block), a tail shorter than a block of in-range token ids, a block
-size equal to the one the reader expects, and a snapshot that holds stored events only.
+parent or a checkpoint's block), a tail shorter than a block of in-range token ids, a known
+tier (checkpoints only), a block size equal to the one the reader expects, and a snapshot that
+holds stored events only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from collections.abc import Sequence
 
 from prfaas_jax.errors import UserError
 from prfaas_jax.prefix_events import (
+    DISK,
+    HOST,
     ROOT,
     BlockEvicted,
     BlockStored,
@@ -26,6 +29,8 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 KEY_BYTES = 16  # blake2b digest size of the hash chain (prefix_events.block_hashes)
 _Kind = pb.PrefixEvent.Kind
+_TIER_TO_PROTO = {HOST: pb.PrefixEvent.TIER_HOST, DISK: pb.PrefixEvent.TIER_DISK}
+_TIER_FROM_PROTO = {value: tier for tier, value in _TIER_TO_PROTO.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +51,12 @@ def event_to_proto(event: CacheEvent) -> pb.PrefixEvent:
             return pb.PrefixEvent(kind=_Kind.BLOCK_STORED, key=key, parent=parent)
         case BlockEvicted(key=key):
             return pb.PrefixEvent(kind=_Kind.BLOCK_EVICTED, key=key)
-        case CheckpointStored(block=block, tail=tail):
-            return pb.PrefixEvent(kind=_Kind.CHECKPOINT_STORED, key=block, tail=tail)
-        case CheckpointEvicted(block=block, tail=tail):
-            return pb.PrefixEvent(kind=_Kind.CHECKPOINT_EVICTED, key=block, tail=tail)
+        case CheckpointStored(block=block, tail=tail, tier=tier):
+            kind, tier_value = _Kind.CHECKPOINT_STORED, _TIER_TO_PROTO[tier]
+            return pb.PrefixEvent(kind=kind, key=block, tail=tail, tier=tier_value)
+        case CheckpointEvicted(block=block, tail=tail, tier=tier):
+            kind, tier_value = _Kind.CHECKPOINT_EVICTED, _TIER_TO_PROTO[tier]
+            return pb.PrefixEvent(kind=kind, key=block, tail=tail, tier=tier_value)
     raise TypeError(f"not a cache event: {event!r}")
 
 
@@ -74,8 +81,8 @@ def _key(value: bytes, what: str, *, root_ok: bool) -> bytes:
 def event_from_proto(message: pb.PrefixEvent, block_size: int, vocab_size: int) -> CacheEvent:
     kind = message.kind
     if kind in (_Kind.BLOCK_STORED, _Kind.BLOCK_EVICTED):
-        if message.tail:
-            raise UserError("a block event carries no tail")
+        if message.tail or message.tier:
+            raise UserError("a block event carries no tail and no tier")
         key = _key(message.key, "a block key", root_ok=False)
         if kind == _Kind.BLOCK_EVICTED:
             if message.parent:
@@ -93,9 +100,12 @@ def event_from_proto(message: pb.PrefixEvent, block_size: int, vocab_size: int) 
             raise UserError(f"a checkpoint tail holds a token outside [0, {vocab_size})")
         if block == ROOT and not tail:
             raise UserError("a checkpoint of the empty prefix")
+        tier = _TIER_FROM_PROTO.get(message.tier)
+        if tier is None:
+            raise UserError(f"unknown checkpoint tier {message.tier}")
         if kind == _Kind.CHECKPOINT_EVICTED:
-            return CheckpointEvicted(block, tail)
-        return CheckpointStored(block, tail)
+            return CheckpointEvicted(block, tail, tier)
+        return CheckpointStored(block, tail, tier)
     raise UserError(f"unknown prefix-cache event kind {kind}")
 
 

@@ -122,7 +122,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         # The cache lives as long as the process: a PD node switched to decode and back keeps it.
         self.prefixes = PrefixService(
             cfg=cfg,
-            cache=build_prefix_cache(cfg, config),
+            cache=build_prefix_cache(cfg, config, name),
             max_len=engine.max_len,
             frame_bytes=engine.frame_bytes,
             shaper=self.shaper,
@@ -156,7 +156,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             # The router admits at most max_in_flight requests; twice that leaves room for
             # attempts it gave up on whose cancellation has not arrived yet.
             max_waiting=2 * config.router.max_in_flight,
-            kv_cache=None if prfaas else build_decode_kv_cache(cfg, config),
+            kv_cache=None if prfaas else build_decode_kv_cache(cfg, config, self.prefixes.cache),
             data_path=data_path,
         )
 

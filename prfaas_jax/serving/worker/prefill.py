@@ -32,7 +32,8 @@ stay out of it (the header's base; docs/wire-format.md).
 Every prefill goes through the node's prefix cache (`prefixes`, serving/worker/prefix.py): only
 the part of the prompt no cached prefix covers is computed, checkpoints are saved from the same
 `on_chunk` calls, and a prefix the router says sits on another instance (`prefix_source`) is
-fetched before the engine is awaited. The reply's `cached_len` is what was reused.
+fetched before the engine is awaited (a prefix in this worker's disk tier is read back then too,
+`PrefixService.prefetch`). The reply's `cached_len` is what was reused.
 
 The queue is bounded: with `max_queue` requests already waiting for or on the engine (a prefix
 fetch counts), the next is refused at once with RESOURCE_EXHAUSTED, before any work.
@@ -218,6 +219,9 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 prefix = self.prefixes.fetch(
                     request.prefix_source, tokens, cross_cluster=request.prefix_cross_cluster
                 )
+            elif self.prefixes is not None:
+                # A prefix in the disk tier is read back while the request waits, likewise.
+                self.prefixes.prefetch(tokens)
             with self._engine_lock:
                 if push.stopped:  # cancelled while it waited: the engine goes to the next
                     raise _AbandonedError

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pathlib
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -42,6 +43,7 @@ from prfaas_jax.engine import codec
 from prfaas_jax.engine.api import PrefillEngineLike
 from prfaas_jax.engine.cached_prefill import CachedPrefill
 from prfaas_jax.engine.prefix_cache import PrefixCache
+from prfaas_jax.engine.prefix_disk import DiskTier
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.serving.cluster_config import ClusterConfig
@@ -57,18 +59,36 @@ log = logging.getLogger("prfaas.prefix")
 EVENTS_POLL_S = 0.5  # how often an idle event stream checks that its reader is still there
 
 
-def build_prefix_cache(cfg: ModelConfig, config: ClusterConfig) -> PrefixCache | None:
-    """The worker's pool from `[prefix_cache]` (None when disabled), and one log line saying
-    which prefixes can hit, so a cache that can never hit is visible at start."""
+def build_prefix_cache(
+    cfg: ModelConfig, config: ClusterConfig, name: str = "worker"
+) -> PrefixCache | None:
+    """The worker's pool from `[prefix_cache]` (None when disabled), with its disk tier under
+    ``disk_dir``/``name`` when set (reloaded and verified: what a previous process of this
+    instance left), and one log line saying which prefixes can hit, so a cache that can never
+    hit is visible at start."""
     section = config.prefix_cache
     if not section.enabled:
         log.info("prefix cache: disabled ([prefix_cache] enabled = false)")
         return None
+    disk = None
+    if section.disk_dir:
+        directory = pathlib.Path(section.disk_dir) / name
+        disk = DiskTier(directory, int(section.disk_capacity_mib * 2**20), cfg)
+        log.info(
+            "prefix cache disk tier: %s, %.1f MiB; reloaded %d entries (%d bytes), dropped %d "
+            "that failed their checks",
+            directory,
+            section.disk_capacity_mib,
+            disk.stats.entries,
+            disk.stats.used_bytes,
+            disk.stats.dropped,
+        )
     cache = PrefixCache(
         cfg,
         capacity_bytes=section.capacity_bytes,
         block_size=section.block_size,
         checkpoint_every=section.checkpoint_every,
+        disk=disk,
     )
     stride = section.block_size * section.checkpoint_every
     # Checkpoints are saved where a prefill chunk ends on the stride, and at each prompt's end.
@@ -139,6 +159,12 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
             reuse.prefill(engine, prompt, max_len=self.max_len)
 
     # --- the holder's side ----------------------------------------------------------------
+
+    def prefetch(self, tokens: Sequence[int]) -> None:
+        """Read the disk tier's prefix of ``tokens`` back into host memory (engine/
+        prefix_cache.py), before the prefill waits for its engine."""
+        if self.cache is not None:
+            self.cache.prefetch(tokens)
 
     def Lookup(  # noqa: N802
         self, request: pb.PrefixLookupRequest, context: grpc.ServicerContext
@@ -250,4 +276,9 @@ class PrefixService(pb_grpc.PrefixCacheServicer):
             out.capacity_bytes, out.used_bytes = pool.capacity_bytes, pool.used_bytes
             out.blocks, out.checkpoints = pool.blocks, pool.checkpoints
             out.lookups, out.hits, out.evictions = pool.lookups, pool.hits, pool.evictions
+            out.spills, out.disk_hits = pool.spills, pool.disk_hits
+            if cache.disk is not None:
+                disk = cache.disk.stats
+                out.disk_capacity_bytes, out.disk_used_bytes = disk.capacity_bytes, disk.used_bytes
+                out.disk_entries, out.disk_dropped = disk.entries, disk.dropped
         return out
