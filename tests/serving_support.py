@@ -327,10 +327,12 @@ def serve_in_process(
                 max_len=config.engine.max_len,
                 admit=lambda context: None,
                 state_timeout_s=state_timeout_s,
-                kv_cache=build_decode_kv_cache(cfg, config) if decode_kv_caches else None,
                 data_path=listeners[name],
-                kv_cache=build_decode_kv_cache(cfg, config, prefixes[name].cache)
-                if name in prefixes
+                # Its own pool when decode-aware (served above), else one of its own if asked.
+                kv_cache=build_decode_kv_cache(
+                    cfg, config, prefixes[name].cache if name in prefixes else None
+                )
+                if decode_kv_caches or name in prefixes
                 else None,
             )
         servers[name] = serve_workers(
