@@ -34,6 +34,7 @@ from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.worker.prefill_queue import PrefillQueue, QueuedPrefill
 
 CFG = load_model_config("tiny")
 VOCAB = CFG.vocab_size
@@ -190,3 +191,48 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
         alone = prefill.prefill(tokens, max_len=128)
         slot = decode.insert(alone.state, alone.first_token, max_new_tokens=NEW - 1)
         assert replies[index] == [alone.first_token, *decode_alone(decode, slot)], index
+
+
+def test_a_request_whose_own_part_fails_fails_alone():
+    """Straight on the queue: of three waiting requests, the one whose `start` raises (its push
+    could not open) and the one whose `row_done` raises (its stream failed) fail with their own
+    errors; the engine call and the third request go on."""
+    engine = GatedPrefill()
+    queue = PrefillQueue(max_rows=8, max_tokens=4096, max_len=512)
+    prompts = {name: prompt(10 + i, i) for i, name in enumerate(["first", "ok", "start", "row"])}
+    errors = {"start": RuntimeError("start"), "row": RuntimeError("row")}
+    outcomes: dict[str, object] = {}
+
+    def part(name: str, which: str) -> None:
+        if which == name and name in errors:
+            raise errors[name]
+
+    def run(name: str) -> None:
+        request = QueuedPrefill(
+            prompts[name],
+            GREEDY,
+            start=lambda: part(name, "start"),
+            alone=lambda: engine.prefill(prompts[name], max_len=512),
+            row_done=lambda _: part(name, "row"),
+            batchable=lambda: True,
+            stopped=lambda: False,
+        )
+        try:
+            outcomes[name] = queue.run(request, engine).first_token
+        except RuntimeError as err:
+            outcomes[name] = err
+
+    threads = {name: threading.Thread(target=run, args=(name,)) for name in prompts}
+    threads["first"].start()
+    assert engine.entered.wait(WAIT_S)
+    for name in ["ok", "start", "row"]:
+        threads[name].start()
+    assert wait_for(lambda: queue.waiting == 3, WAIT_S)
+    engine.gate.set()
+    for thread in threads.values():
+        thread.join(WAIT_S)
+    assert outcomes["start"] is errors["start"] and outcomes["row"] is errors["row"]
+    for name in ["first", "ok"]:
+        assert outcomes[name] == fake_tokens(prompts[name], 1, VOCAB)[0]
+    assert engine.calls[1:] == [[prompts["ok"], prompts["row"]]]  # "start" never reached it
+    assert queue.calls == {1: 1, 2: 1}

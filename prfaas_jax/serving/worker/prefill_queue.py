@@ -84,6 +84,12 @@ class PrefillQueue:
         self._busy = False
         self.calls: collections.Counter[int] = collections.Counter()  # rows -> engine calls
 
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for the engine, not yet taken."""
+        with self._cond:
+            return len(self._pending)
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         """The engine for something else (scoring a prompt), once no prefill holds it."""
