@@ -1,10 +1,9 @@
 """Time between tokens on a node that prefills and decodes (``MixedStep``) while prompts arrive,
 against the same decode batch alone.
 
-``--batch`` requests (prompts of ``--context`` tokens, ``--steps`` + 1 new tokens each, greedy)
-decode on one ``MixedStep`` (engine/mixed_step.py: a ``PrefillEngine`` whose ``chunk_len`` is
-``--budget`` prompt tokens per step, a ``DecodeEngine`` of ``--batch`` slots, capacity
-``--max-len``), twice:
+``--batch`` requests (prompts of ``--context`` tokens, greedy) decode on one ``MixedStep``
+(engine/mixed_step.py: a ``PrefillEngine`` whose ``chunk_len`` is ``--budget`` prompt tokens
+per step, a ``DecodeEngine`` of ``--batch`` slots, capacity ``--max-len``), twice:
 
     decode alone  nothing else arrives: every step is a decode step
     mixed         prompts of lengths drawn uniformly from ``[--min-len, --max-len-prompt]``
@@ -13,11 +12,14 @@ decode on one ``MixedStep`` (engine/mixed_step.py: a ``PrefillEngine`` whose ``c
                   the decode batch stays ``--batch``; each step carries the decode rows and at
                   most ``--budget`` tokens of the prompt at the head of the queue
 
-The time between tokens (ITL) is measured per row over the steps where every row decodes (from
-the last row's insert to the first row's end); the table gives its percentiles for both runs,
-the ratio of their P90s, the arriving prompts prefilled and their time to first token. The rows'
-tokens must be equal between the two runs (the script checks): mixing changes no token. Every
-shape compiles in an untimed pass first. Prints a table, or with ``--json`` the same numbers.
+Each row asks for enough tokens to decode ``--steps`` steps after the last row's insert (the
+rows' own prompts run chunk by chunk too, a decode step after each chunk, while the first rows
+decode). The time between tokens (ITL) is measured per row over the steps where every row
+decodes (from the last row's insert to the first row's end); the table gives its percentiles
+for both runs, the ratio of their P90s, the arriving prompts prefilled and their time to first
+token. The rows' tokens must be equal between the two runs (the script checks): mixing changes
+no token. Every shape compiles in an untimed pass first. Prints a table, or with ``--json`` the
+same numbers.
 
     python bench/mixed_step.py [--model tiny] [--batch 8] [--context 128] [--steps 128]
                                [--budget 32] [--rate 20] [--min-len 64] [--max-len-prompt 512]
@@ -68,7 +70,9 @@ def run(
 ) -> tuple[list[MixedRequest], list[MixedRequest]]:
     """The rows and the arriving requests of one run; arrivals at offsets (s) after every row
     decodes."""
-    rows = [mixed.submit(p, steps + 1) for p in prompts]
+    # Decode steps run while the rows' own prompts prefill, one per chunk: ask for those too.
+    lead = sum(-(-len(p) // mixed.budget) for p in prompts)
+    rows = [mixed.submit(p, steps + 1 + lead) for p in prompts]
     while mixed.waiting:  # every row prefilled and in its slot
         mixed.step()
     origin, pending, arrived = time.perf_counter(), list(arrivals), []
