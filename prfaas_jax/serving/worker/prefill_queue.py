@@ -8,11 +8,11 @@ A request's thread hands its `QueuedPrefill` to `PrefillQueue.run` and gets back
 output, or the exception its own part raised. Whoever finds the engine free takes it: its own
 request first, then — when that one is batchable — other batchable requests already waiting,
 in arrival order, while the batch stays within `max_rows` rows and `max_tokens` prompt tokens.
-It never waits for more to arrive: a request alone on an idle node runs at once, exactly as
-before batching existed (`alone`: prefill through the prefix cache, chunk by chunk). With
-`max_rows = 1` every request runs alone. The requests it took run in one `prefill_batch` call,
-whose rows are exactly what batch-1 prefill gives (engine/batched_prefill.py); the others'
-threads wake with their result.
+It never waits for more to arrive: a request alone on an idle node runs at once, by itself
+(`alone`: prefill through the prefix cache, chunk by chunk), as every request does with
+`max_rows = 1`. The requests it took run in one `prefill_batch` call, whose rows are what
+batch-1 prefill gives — the first token exactly, the state to fp32 rounding
+(engine/batched_prefill.py); the others' threads wake with their result.
 
 A request is batchable when the engine has `prefill_batch`, its prompt fits one chunk (a
 longer one chunks and streams chunk by chunk, alone) and no cached or fetched prefix covers
