@@ -1,14 +1,15 @@
 """The `PrefillWorker` service: prefill a prompt, stream its state to the chosen decode worker.
 
-`PrefillService.Prefill` checks the request, waits for the engine (one prefill at a time: a
-prefill instance is compute-bound), then streams the state to the decode worker's `PushState`
-*while* the node's `PrefillEngine` computes it (codec v2, docs/wire-format.md; frames of at most
-`frame_bytes`): the header goes out as prefill starts, each chunk's `on_chunk` hands the MLA /
-GQA cache rows it made final to the stream (`StreamEncoder.ready_frames`); in the last chunk an
-engine with `[engine] layer_groups > 1` hands over each group of layers as soon as its states
-are final (`on_layers`, `StreamEncoder.layer_frames`: recurrent states, conv tails, SWA windows,
-the last cache rows), so they travel while the later layers compute; whatever is left goes
-after the last chunk, then the trailer and the handoff frame (first token and sampling,
+`PrefillService.Prefill` checks the request, waits for the engine (one engine call at a time: a
+prefill instance is compute-bound; short prompts waiting together share one, below), then
+streams the state to the decode worker's `PushState` *while* the node's `PrefillEngine` computes
+it (codec v2, docs/wire-format.md; frames of at most `frame_bytes`): the header goes out as
+prefill starts, each chunk's `on_chunk` hands the MLA / GQA cache rows it made final to the
+stream (`StreamEncoder.ready_frames`); in the last chunk an engine with
+`[engine] layer_groups > 1` hands over each group of layers as soon as its states are final
+(`on_layers`, `StreamEncoder.layer_frames`: recurrent states, conv tails, SWA windows, the last
+cache rows), so they travel while the later layers compute; whatever is left goes after the last
+chunk, then the trailer and the handoff frame (first token and sampling,
 engine/codec/handoff.py).
 
 The state travels as one transfer (`StatePush`, serving/transfer/sender.py): the engine thread
