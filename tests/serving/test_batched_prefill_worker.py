@@ -106,9 +106,10 @@ def test_waiting_short_prompts_share_one_call_and_keep_their_own_replies(tmp_pat
             ),
             timeout=60,
         )
-        assert wait_for(lambda: service.queued == 6, WAIT_S), service.queued
+        assert wait_for(lambda: service.waiting == 5, WAIT_S), service.waiting
         gone.cancel()
-        assert wait_for(lambda: service.queued == 5, WAIT_S), service.queued
+        assert wait_for(lambda: service.waiting == 4, WAIT_S), service.waiting
+        assert service.queued == 5
         engine.gate.set()
         for thread in threads:
             thread.join(WAIT_S)
@@ -155,10 +156,11 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
             calls.append(len(prompts))
             return batch(prompts, **options)
 
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     class Held(Spy):  # holds the engine on the first prompt until the others wait
         def prefill(self, tokens, **options):
+            entered.set()
             assert gate.wait(WAIT_S)
             return prefill.prefill(tokens, **options)
 
@@ -178,10 +180,10 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
         service = cluster.prefill["pd-0"]
         threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
         threads[0].start()
-        assert wait_for(lambda: service.queued == 1, WAIT_S)
+        assert entered.wait(WAIT_S)
         for thread in threads[1:]:
             thread.start()
-        assert wait_for(lambda: service.queued == len(prompts), WAIT_S), service.queued
+        assert wait_for(lambda: service.waiting == len(prompts) - 1, WAIT_S), service.waiting
         gate.set()
         for thread in threads:
             thread.join(60)

@@ -340,6 +340,11 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         )
 
     @property
+    def waiting(self) -> int:
+        """Requests waiting for the engine (past their checks and any prefix fetch)."""
+        return self._queue.waiting
+
+    @property
     def batch_calls(self) -> dict[int, int]:
         """Engine calls so far by the prompts each held (1: a prompt alone)."""
         return dict(self._queue.calls)
