@@ -317,6 +317,8 @@ def serve_in_process(
                 else WIRE_NATIVE,
                 data_path=config.link.data_path,
                 streams=config.link.streams,
+                batch_rows=config.engine.prefill_batch_rows,
+                batch_tokens=config.engine.prefill_batch_tokens,
             )
         else:
             # As a worker process does: a data port beside the decode service.

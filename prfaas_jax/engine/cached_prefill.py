@@ -138,10 +138,21 @@ class CachedPrefill:
             on_layers=on_layers,
         )
         store_import()
+        self._count(len(ids), reused, imported)
+        return result
+
+    def computed(self, tokens: Sequence[int], state: ModelState) -> None:
+        """Count a prompt computed in full outside ``prefill`` (a row of a batched call, in one
+        chunk) and keep the state at its end, as ``prefill``'s last chunk would."""
+        ids = [int(t) for t in tokens]
+        if self.cache is not None:
+            self.cache.insert(ids, state)
+        self._count(len(ids), 0, False)
+
+    def _count(self, length: int, reused: int, imported: bool) -> None:
         stats = self.stats
         stats.prompts += 1
-        stats.prompt_tokens += len(ids)
+        stats.prompt_tokens += length
         stats.reused_tokens += reused
-        stats.computed_tokens += len(ids) - reused
+        stats.computed_tokens += length - reused
         stats.imported += imported
-        return result

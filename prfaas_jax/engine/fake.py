@@ -296,6 +296,28 @@ class FakePrefillEngine:
         )
         return FakePrefillResult(state, first, len(new), len(head))
 
+    def prefill_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_len: int | None = None,
+        max_batch_tokens: int = 4096,
+        sampling: Sequence[SamplingParams] | None = None,
+    ) -> list[FakePrefillResult]:
+        """`prefill` of each prompt, as the JAX engine's `prefill_batch`: one emulated compute
+        time for all of them (``seconds_per_token`` per token), no prefix, no callbacks.
+        ``max_batch_tokens`` only bounds the JAX engine's calls."""
+        sampling = [GREEDY] * len(prompts) if sampling is None else list(sampling)
+        if len(sampling) != len(prompts):
+            raise EngineError(f"{len(sampling)} sampling settings for {len(prompts)} prompts")
+        if self.seconds_per_token:
+            self._sleep(self.seconds_per_token * sum(len(p) for p in prompts))
+        alone = FakePrefillEngine(self.cfg)  # the rows' outputs, without their time again
+        return [
+            alone.prefill(p, sampling=s, max_len=max_len)
+            for p, s in zip(prompts, sampling, strict=True)
+        ]
+
 
 @dataclasses.dataclass
 class _Slot:

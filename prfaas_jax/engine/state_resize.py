@@ -1,5 +1,6 @@
 """``with_capacity``: the same sequences of a ``ModelState`` in caches of another capacity;
-``check_fits``: its checks alone; ``fresh_state``: a new working state of a given capacity.
+``check_fits``: its checks alone; ``fresh_state``: a new working state of a given capacity;
+``state_shapes``: the shapes and dtypes of an empty state.
 
 Attention caches (MLA, GQA, SWA) have a capacity axis (axis 1); recurrent states do not. Engines
 resize states when a prefix is continued, when a state moves from a prefill engine's bucket to a
@@ -20,6 +21,16 @@ from prfaas_jax.model import MlaState, ModelState, init_state
 from prfaas_jax.model.state import KvState, WindowKvState
 
 _TOKEN_AXIS_LAYERS = (MlaState, KvState, WindowKvState)  # axis 1 counts positions
+
+
+@functools.lru_cache(maxsize=256)
+def state_shapes(cfg: ModelConfig, batch: int, capacity: int) -> ModelState:
+    """The ``jax.ShapeDtypeStruct`` of every array of ``init_state(cfg, batch, capacity)``.
+
+    Cached: tracing ``init_state`` costs milliseconds per call (a few per prompt when every
+    prefill resizes its result), and the answer depends only on these three values.
+    """
+    return jax.eval_shape(functools.partial(init_state, cfg, batch, capacity))
 
 
 def _check_fits(state: ModelState, want: ModelState, cfg: ModelConfig) -> None:
@@ -48,7 +59,7 @@ def _check_fits(state: ModelState, want: ModelState, cfg: ModelConfig) -> None:
 def _fitting(state: ModelState, cfg: ModelConfig, capacity: int) -> tuple[ModelState, int]:
     """The shapes of ``state`` at ``capacity``, and its longest sequence; raises
     ``EngineError`` when it does not fit ``cfg`` or ``capacity``."""
-    want = jax.eval_shape(functools.partial(init_state, cfg, state.batch_size, capacity))
+    want = state_shapes(cfg, state.batch_size, capacity)
     _check_fits(state, want, cfg)
     longest = int(np.max(np.asarray(state.lengths), initial=0))
     if longest > capacity:
@@ -100,5 +111,5 @@ def fresh_state(
     compile."""
     if prefix is not None:
         return with_capacity(prefix, cfg, capacity, copy=True)
-    want = jax.eval_shape(functools.partial(init_state, cfg, batch, capacity))
+    want = state_shapes(cfg, batch, capacity)
     return jax.tree.map(lambda w: jax.device_put(np.zeros(w.shape, w.dtype)), want)

@@ -68,6 +68,10 @@ class EngineSection:
     # shipped while the next computes (layer-wise streaming); 1: the chunk runs whole
     layer_groups: int = 1
     max_prefill_queue: int = 64  # per prefill worker: requests waiting for or on its engine
+    # per prefill worker: waiting one-chunk prompts (no cached prefix) that share an engine
+    # call, at most this many rows and prompt tokens together; 1: every prompt alone
+    prefill_batch_rows: int = 8
+    prefill_batch_tokens: int = 4096
     max_pending_states: int = 0  # per decode worker: states held outside a slot (0: see below)
     # per worker: freed state memory kept mapped for the next states (engine/host_memory.py)
     state_pool_mib: float = 4096.0
@@ -83,6 +87,8 @@ class EngineSection:
         _check(ok, "engine.buckets", "must be increasing positive sizes")
         _check(self.max_slots >= 1, "engine.max_slots", "must be ≥ 1")
         _check(self.max_prefill_queue >= 1, "engine.max_prefill_queue", "must be ≥ 1")
+        _check(self.prefill_batch_rows >= 1, "engine.prefill_batch_rows", "must be ≥ 1")
+        _check(self.prefill_batch_tokens >= 1, "engine.prefill_batch_tokens", "must be ≥ 1")
         _check(self.max_pending_states >= 0, "engine.max_pending_states", "must be ≥ 0")
         _check(self.frame_bytes >= 1024, "engine.frame_bytes", "must be ≥ 1024")
         _check(self.layer_groups >= 1, "engine.layer_groups", "must be ≥ 1")

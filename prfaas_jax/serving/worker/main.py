@@ -141,6 +141,8 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             security=config.security,
             faults=FaultInjector.build(config.faults, name),
             max_queue=engine.max_prefill_queue,
+            batch_rows=engine.prefill_batch_rows,
+            batch_tokens=engine.prefill_batch_tokens,
             streams=config.link.streams,
             name=name,
             precision=config.link.wire_precision if prfaas else WIRE_NATIVE,

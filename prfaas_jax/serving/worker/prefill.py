@@ -1,14 +1,15 @@
 """The `PrefillWorker` service: prefill a prompt, stream its state to the chosen decode worker.
 
-`PrefillService.Prefill` checks the request, waits for the engine (one prefill at a time: a
-prefill instance is compute-bound), then streams the state to the decode worker's `PushState`
-*while* the node's `PrefillEngine` computes it (codec v2, docs/wire-format.md; frames of at most
-`frame_bytes`): the header goes out as prefill starts, each chunk's `on_chunk` hands the MLA /
-GQA cache rows it made final to the stream (`StreamEncoder.ready_frames`); in the last chunk an
-engine with `[engine] layer_groups > 1` hands over each group of layers as soon as its states
-are final (`on_layers`, `StreamEncoder.layer_frames`: recurrent states, conv tails, SWA windows,
-the last cache rows), so they travel while the later layers compute; whatever is left goes
-after the last chunk, then the trailer and the handoff frame (first token and sampling,
+`PrefillService.Prefill` checks the request, waits for the engine (one engine call at a time: a
+prefill instance is compute-bound; short prompts waiting together share one, below), then
+streams the state to the decode worker's `PushState` *while* the node's `PrefillEngine` computes
+it (codec v2, docs/wire-format.md; frames of at most `frame_bytes`): the header goes out as
+prefill starts, each chunk's `on_chunk` hands the MLA / GQA cache rows it made final to the
+stream (`StreamEncoder.ready_frames`); in the last chunk an engine with
+`[engine] layer_groups > 1` hands over each group of layers as soon as its states are final
+(`on_layers`, `StreamEncoder.layer_frames`: recurrent states, conv tails, SWA windows, the last
+cache rows), so they travel while the later layers compute; whatever is left goes after the last
+chunk, then the trailer and the handoff frame (first token and sampling,
 engine/codec/handoff.py).
 
 The state travels as one transfer (`StatePush`, serving/transfer/sender.py): the engine thread
@@ -35,12 +36,16 @@ the part of the prompt no cached prefix covers is computed, checkpoints are save
 fetched before the engine is awaited (a prefix in this worker's disk tier is read back then too,
 `PrefixService.prefetch`). The reply's `cached_len` is what was reused.
 
+Short prompts waiting together share one engine call (`[engine] prefill_batch_rows`,
+`prefill_batch_tokens`; serving/worker/prefill_queue.py): each keeps its own push, report,
+errors and cancellation, and its row is what it would be alone.
+
 The queue is bounded: with `max_queue` requests already waiting for or on the engine (a prefix
 fetch counts), the next is refused at once with RESOURCE_EXHAUSTED, before any work.
 
 A call the router cancels (its client left, or it gave up on the attempt) stops at once: a
-request still waiting for the engine never takes it, one on the engine stops at its next chunk,
-no further frame goes on the link, and the push is cancelled.
+request still waiting for the engine leaves the queue and never takes it, one on the engine
+stops at its next chunk, no further frame goes on the link, and the push is cancelled.
 
 A request this worker refuses — its checks, or a prompt past the engine's limit — is
 INVALID_ARGUMENT marked final (serving/transport/messages.py `abort_final`): the router does
@@ -85,6 +90,7 @@ from prfaas_jax.serving.transport.messages import (
     sampling_from_proto,
 )
 from prfaas_jax.serving.transport.server import abort_for
+from prfaas_jax.serving.worker.prefill_queue import PrefillQueue, QueuedPrefill, WithdrawnError
 from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
 
@@ -108,6 +114,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         name: str = "",
         precision: WirePrecision = WIRE_NATIVE,
         data_path: bool = True,
+        batch_rows: int = 1,
+        batch_tokens: int = 4096,
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
@@ -119,7 +127,10 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         pushes carry (the decode worker times the link per sender); `precision`: how its
         pushes encode a state (`[link] precision` for a PrfaaS worker, else native);
         `data_path`: whether pushes send their frames on a data connection where the decode
-        worker has a data port (`[link] data_path`, serving/transfer/data_path.py)."""
+        worker has a data port (`[link] data_path`, serving/transfer/data_path.py);
+        `batch_rows`, `batch_tokens`: at most this many waiting short prompts, of at most this
+        many tokens together, share one engine call (serving/worker/prefill_queue.py; 1: each
+        prompt alone)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
@@ -131,7 +142,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         self.link_meter = CapacityMeter() if shaper is not None else None
         # And its round trip, as TCP measured it on the pushes' data connections.
         self.rtt_meter = RttMeter() if shaper is not None else None
-        self._engine_lock = threading.Lock()
+        self._queue = PrefillQueue(max_rows=batch_rows, max_tokens=batch_tokens, max_len=max_len)
         self._count_lock = threading.Lock()
         self.retransmits = 0  # segments TCP resent on the data connections of delivered pushes
         self.queued = 0  # waiting for or running on the engine
@@ -211,7 +222,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         )
         # The call ends early when the router cancels it (its client left, or it gave up on the
         # attempt): stop at once — no more frames on the link, the push cancelled.
-        context.add_callback(push.cancel)
+        context.add_callback(lambda: (push.cancel(), self._queue.wake()))
         try:
             prefix = None
             if request.prefix_source and self.prefixes is not None:
@@ -222,20 +233,23 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             elif self.prefixes is not None:
                 # A prefix in the disk tier is read back while the request waits, likewise.
                 self.prefixes.prefetch(tokens)
-            with self._engine_lock:
+            # The decode worker holds the KV of the first decode_cached_len positions: an
+            # increment leaves them out.
+            encoder = codec.StreamEncoder(
+                self.cfg,
+                len(tokens),
+                max_frame_bytes=self.frame_bytes,
+                base=request.decode_cached_len,
+                precision=self.precision,
+            )
+            faults = None
+            started = arrived
+
+            def start() -> None:  # the engine is this request's
+                nonlocal faults, started
                 if push.stopped:  # cancelled while it waited: the engine goes to the next
                     raise _AbandonedError
                 started = time.perf_counter()
-                # The decode worker holds the KV of the first decode_cached_len positions: an
-                # increment leaves them out.
-                encoder = codec.StreamEncoder(
-                    self.cfg,
-                    len(tokens),
-                    max_frame_bytes=self.frame_bytes,
-                    base=request.decode_cached_len,
-                    precision=self.precision,
-                )
-                faults = None
                 if self.faults is not None:
                     faults = self.faults.plan(
                         encoder.state_header, 1, f"{request.request_id} → {request.decode_address}"
@@ -244,28 +258,42 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 push.open(faults, on_answered=lambda: self._count("transferring", -1))
                 push.put_all([encoder.header()])
 
-                def shipped(state: ModelState) -> ModelState:
-                    return state if faults is None else faults.state(state)
+            def shipped(state: ModelState) -> ModelState:
+                return state if faults is None else faults.state(state)
 
-                def on_chunk(state: ModelState, done: int) -> None:
-                    if push.stopped:  # the push failed or the router gave up: stop computing
-                        raise _AbandonedError
-                    push.put_all(encoder.ready_frames(shipped(state), done))
+            def on_chunk(state: ModelState, done: int) -> None:
+                if push.stopped:  # the push failed or the router gave up: stop computing
+                    raise _AbandonedError
+                push.put_all(encoder.ready_frames(shipped(state), done))
 
-                def on_layers(state: ModelState, done: int, layers: range) -> None:
-                    if push.stopped:
-                        raise _AbandonedError
-                    push.put_all(encoder.layer_frames(shipped(state), layers))
+            def on_layers(state: ModelState, done: int, layers: range) -> None:
+                if push.stopped:
+                    raise _AbandonedError
+                push.put_all(encoder.layer_frames(shipped(state), layers))
 
-                result = self._prefill(
+            def row_done(output: PrefillOutput) -> None:  # a row of a batched call
+                on_chunk(output.state, len(tokens))
+                if self.prefixes is not None:
+                    self.prefixes.reuse.computed(tokens, output.state)
+
+            queued = QueuedPrefill(
+                tokens,
+                sampling,
+                start=start,
+                alone=lambda: self._prefill(
                     tokens, prefix, sampling=sampling, on_chunk=on_chunk, on_layers=on_layers
-                )
-                # The cache has kept this prompt: an index that has seen this event knows it.
-                cache_seq = self.prefixes.cache_seq() if self.prefixes is not None else 0
-                # Views of the state's buffers (FrameParts): a data connection sends them as
-                # they lie, a stream joins each frame once.
-                tail = encoder.finish(shipped(result.state), views=True)
-        except _AbandonedError:
+                ),
+                row_done=row_done,
+                batchable=lambda: prefix is None and self._batchable(tokens),
+                stopped=lambda: push.stopped,
+            )
+            result = self._queue.run(queued, self._engine())
+            # The cache has kept this prompt: an index that has seen this event knows it.
+            cache_seq = self.prefixes.cache_seq() if self.prefixes is not None else 0
+            # Views of the state's buffers (FrameParts): a data connection sends them as
+            # they lie, a stream joins each frame once.
+            tail = encoder.finish(shipped(result.state), views=True)
+        except (_AbandonedError, WithdrawnError):
             result = None
         except Exception as err:  # the engine's own checks, or a bug: report, don't hang
             push.cancel()
@@ -283,7 +311,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         scored = []
         if result is not None and top is not None:  # while the state's tail is on the wire
             try:
-                with self._engine_lock:
+                with self._queue.exclusive():
                     scored = self._engine().score([*tokens, result.first_token], top)
             except Exception as err:
                 push.cancel()
@@ -314,6 +342,25 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
             logprobs=[logprobs_to_proto(x) for x in scored],
         )
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for the engine (past their checks and any prefix fetch)."""
+        return self._queue.waiting
+
+    @property
+    def batch_calls(self) -> dict[int, int]:
+        """Engine calls so far by the prompts each held (1: a prompt alone)."""
+        return dict(self._queue.calls)
+
+    def _batchable(self, tokens: list[int]) -> bool:
+        """Whether a prompt no fetched prefix covers may share a batched call: one chunk, no
+        cached prefix, an engine on one device (serving/worker/prefill_queue.py)."""
+        engine = self._engine()
+        chunk_len = getattr(engine, "chunk_len", 0)
+        if getattr(engine, "mesh", None) is not None or len(tokens) > (chunk_len or len(tokens)):
+            return False
+        return self.prefixes is None or self.prefixes.reuse.cached_len(tokens) == 0
 
     def _prefill(
         self,
