@@ -75,6 +75,11 @@ class CountingPrefill(FakePrefillEngine):
         self.lengths.append(len(tokens))
         return super().prefill(tokens, **options)
 
+    def prefill_batch(self, prompts: Sequence[Sequence[int]], **options: object) -> list:
+        # Short prompts waiting together share a call: each is still one prompt prefilled.
+        self.lengths.extend(len(tokens) for tokens in prompts)
+        return super().prefill_batch(prompts, **options)
+
 
 class FlakyDecode(FakeDecodeEngine):
     """The fake decode engine; with `fail_after` set, the step after that many more raises."""
