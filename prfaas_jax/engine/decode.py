@@ -5,12 +5,12 @@ Also exposes ``NoFreeSlotError``.
 A request lives in a slot from ``insert`` to ``free``. ``insert`` copies a batch-1 state into its
 slot (one compiled function, the slot index a traced argument; the lowest free slot is taken); each
 ``step`` runs one compiled ``decode_step`` over the first ``rows`` slots, the smallest power of two
-(at least ``MIN_STEP_ROWS``) that holds every active slot, masking empty and finished slots with
-``active`` (their state is untouched). A step's cost grows with its rows, so a lightly loaded
-engine does not pay for its idle slots; the rows beyond are neither read nor written. It then
-samples every row with its own settings and key (``sampling.draw_tokens``: token ``i`` of a request
-uses ``fold_in(request_key(seed), i)``). So a request yields the same tokens alone or interleaved
-with others, in any slot, inserted at any step. A slot finishes on its EOS token or when its
+that holds every active slot, masking empty and finished slots with ``active`` (their state is
+untouched). A step's cost grows with its rows, so a lightly loaded engine does not pay for its idle
+slots; the rows beyond are neither read nor written. It then samples every row with its own
+settings and key (``sampling.draw_tokens``: token ``i`` of a request uses
+``fold_in(request_key(seed), i)``). So a request yields the same tokens alone or interleaved with
+others, in any slot, inserted at any step. A slot finishes on its EOS token or when its
 ``max_new_tokens`` are out; it keeps its slot until ``free``. A request inserted with ``logprobs``
 (its top count) also gets each token's log-probability (engine/logprobs.py) from ``logprobs(slot)``
 after each step: a step with such a slot runs the compiled variant that computes them, so other
@@ -76,15 +76,11 @@ _STEP = jax.jit(
     _decode_and_sample, static_argnames=("cfg", "impl", "top", "rows"), donate_argnums=(1,)
 )
 
-# Fewer rows than this never pay for their own compiled step (and small engines keep one).
-MIN_STEP_ROWS = 4
-
 
 def step_rows(active_slots: list[int], max_slots: int) -> int:
-    """The rows a step runs: the smallest power of two ≥ ``MIN_STEP_ROWS`` that holds every
-    active slot, at most ``max_slots``."""
-    rows = max(MIN_STEP_ROWS, 1 << max(active_slots).bit_length())
-    return min(rows, max_slots)
+    """The rows a step runs: the smallest power of two that holds every active slot, at most
+    ``max_slots`` (so a step compiles for at most log2(max_slots) + 1 row counts)."""
+    return min(1 << max(active_slots).bit_length(), max_slots)
 
 
 _INSERT = jax.jit(_insert_row, donate_argnums=(0,))

@@ -239,14 +239,22 @@ def test_continuous_batching_matches_requests_run_alone():
 
 
 def test_step_rows_hold_every_active_slot():
-    # (active slots, max_slots) → rows: the smallest power of two ≥ 4 past the highest slot.
-    cases = {((0,), 8): 4, ((3,), 8): 4, ((4,), 8): 8, ((0, 7), 8): 8, ((2,), 2): 2, ((4,), 6): 6}
+    # (active slots, max_slots) → rows: the smallest power of two past the highest slot.
+    cases = {
+        ((0,), 8): 1,
+        ((1,), 8): 2,
+        ((0, 2), 8): 4,
+        ((3,), 8): 4,
+        ((4,), 8): 8,
+        ((0, 7), 8): 8,
+        ((4,), 6): 6,
+    }
     for (active, max_slots), rows in cases.items():
         assert step_rows(list(active), max_slots) == rows
 
 
 def test_steps_over_fewer_rows_leave_every_request_its_tokens():
-    """Eight slots: a request alone steps over 4 rows, with five more over 8, then over 4 again;
+    """Eight slots: a request alone steps over 1 row, with five more over 8, then over 1 again;
     its tokens, and each of the others', equal those it makes alone."""
     cfg, params, prefill_engine, _ = engines("tiny")
     engine = DecodeEngine(cfg, params, max_slots=8, max_len=MAX_LEN)
@@ -271,7 +279,7 @@ def test_steps_over_fewer_rows_leave_every_request_its_tokens():
             engine.free(slot)
             del owner[slot]
         step += 1
-    assert step > 8  # the first request outlived the others, back on 4 rows
+    assert step > 8  # the first request outlived the others, back on 1 row
     assert got == alone
 
 
