@@ -1,11 +1,11 @@
 """The ``prfaas`` command: `main` and `build_parser`.
 
-One module per command group declares its subcommands' flags and runs them:
-cli/model_commands.py (generate, prefill, decode, state, convert-hf), cli/training_commands.py
-(train), cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign),
-cli/profile_command.py (profile), cli/serving_commands.py (demo, serve, bench, certs, soak),
-cli/experiment_command.py (experiment), cli/chat_command.py (chat) and cli/openai_command.py
-(openai); cli/flags.py holds the flag groups they share,
+One module per command group declares its subcommands' flags and runs them: cli/model_commands.py
+(generate, prefill, decode, state, convert-hf), cli/training_commands.py (train),
+cli/planning_commands.py (plan, simulate, kv), cli/codesign_commands.py (codesign),
+cli/profile_command.py (profile), cli/serving_commands.py (demo, serve, certs, soak),
+cli/bench_command.py (bench), cli/experiment_command.py (experiment), cli/chat_command.py (chat)
+and cli/openai_command.py (openai); cli/flags.py holds the flag groups they share,
 cli/prompt_input.py the prompts read from files and cli/progress.py the progress display.
 Heavy imports (JAX, gRPC) happen only inside the run functions, so ``prfaas --help`` starts
 instantly.
@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from prfaas_jax.cli import (
+    bench_command,
     chat_command,
     codesign_commands,
     experiment_command,
@@ -53,7 +54,7 @@ _COMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     codesign_commands.add_codesign,
     profile_command.add_profile,
     serving_commands.add_serve,
-    serving_commands.add_bench,
+    bench_command.add_bench,
     chat_command.add_chat,
     openai_command.add_openai,
     serving_commands.add_certs,

@@ -115,7 +115,7 @@ def test_the_demo_refuses_a_config_whose_outputs_it_cannot_check(
 def test_bench_endpoint_openai_takes_the_ready_files_front_door(tmp_path):
     """`--endpoint openai` (the spelling of vllm-style docs) and `--openai URL` name one path."""
     from prfaas_jax.cli import build_parser
-    from prfaas_jax.cli.serving_commands import _openai_url
+    from prfaas_jax.cli.bench_command import _openai_url
 
     ready = tmp_path / "ready.json"
     ready.write_text('{"router": "127.0.0.1:1", "openai": "http://127.0.0.1:9/v1"}')
