@@ -24,12 +24,12 @@ from serving_support import fake_config, generate
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
-from prfaas_jax.serving.cluster.launcher import (
-    ClusterProcesses,
+from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.netns import NetnsTopology, owned_namespaces, remove_stale
+from prfaas_jax.serving.cluster.netns_credentials import (
     credentials_folders,
     remove_stale_credentials,
 )
-from prfaas_jax.serving.cluster.netns import NetnsTopology, owned_namespaces, remove_stale
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.kernel_link import tbf_rate_bytes_per_s

@@ -1,31 +1,27 @@
 """Start and stop a toy cluster of real processes: `ClusterProcesses` (`prfaas serve`'s loop
-around it is serving/cluster/serve.py; which parts run on which machine, serving/cluster/
-machines.py).
+around it is serving/cluster/serve.py; which parts run on which machine, machines.py; the record
+of a child, processes.py; the helpers the children share, serving/transport/lifecycle.py).
 
 On loopback by default, or where `[hosts]` puts each server; with `netns` the PrfaaS and PD
 clusters each run in a network namespace of their own, joined by a kernel-shaped veth
 (serving/cluster/netns.py), and the ready info gains `"netns"`: the namespaces, host addresses,
-link device and rate. The workers there bind addresses beyond loopback, so the launcher makes a
-CA and a node certificate for them at start (`_secure_netns`) and every worker port and channel
-between the processes uses mutual TLS; elsewhere `check_binds` refuses, before anything
-starts, a config whose servers would listen beyond loopback in plaintext. An instance whose
-cluster has a node class (`[instances] prfaas_class`, `pd_class`) runs in cgroups of its own
-with that class's CPU quota and cores
-(serving/cluster/cgroups.py; the router and the delay line then get cgroups with the nodes'
-weight and no quota), and the ready info gains `"node_classes"`. With `only` a launcher
-runs part of the cluster (the router, the PrfaaS or the PD instances) and another machine's
-launcher the rest, each finding the other's instances at their `[hosts]` address. A PrfaaS
-instance of several JAX processes (`[instances] prfaas_processes`, engine/spmd.py) is started,
-watched and restarted as one: its leader is the child the others are attached to.
-
-The process helpers the children share (`die_with_parent`, `install_stop_handlers`,
-`write_json`) are in serving/transport/lifecycle.py, the launcher's record of a child
-(`ChildProcess`) in serving/cluster/processes.py.
+link device and rate. The workers there bind addresses beyond loopback, so the launcher makes a CA
+and a node certificate for them at start (`_secure_netns`, serving/cluster/netns_credentials.py)
+and every worker port and channel between the processes uses mutual TLS; elsewhere `check_binds`
+refuses, before anything starts, a config whose servers would listen beyond loopback in plaintext.
+An instance whose cluster has a node class (`[instances] prfaas_class`, `pd_class`) runs in cgroups
+of its own with that class's CPU quota and cores (serving/cluster/cgroups.py; the router and the
+delay line then get cgroups with the nodes' weight and no quota), and the ready info gains
+`"node_classes"`. With `only` a launcher runs part of the cluster (the router, the PrfaaS or the PD
+instances) and another machine's launcher the rest, each finding the other's instances at their
+`[hosts]` address. A PrfaaS instance of several JAX processes (`[instances] prfaas_processes`,
+engine/spmd.py) is started, watched and restarted as one: its leader is the child the others are
+attached to.
 
 `ClusterProcesses.start` launches one worker process per instance (serving/worker/main.py), waits
 until each listens and reports SERVING on its health service, then launches the router
-(serving/router/main.py) with the workers' addresses and waits for it too; it returns the
-ready info that `prfaas serve --ready-file` writes:
+(serving/router/main.py) with the workers' addresses and waits for it too; it returns the ready
+info that `prfaas serve --ready-file` writes:
 
     {"router": "127.0.0.1:P", "metrics": "127.0.0.1:M", "model": preset, "seed": s,
      "workers": {name: {"address": …, "pid": …, "role": "prfaas_prefill" | "pd_prefill" |
@@ -33,15 +29,14 @@ ready info that `prfaas serve --ready-file` writes:
      "interpreted_kernels": true when impl = "pallas" runs interpreted (no GPU or TPU)}
 
 Each child runs in its own process group (session) and asks to die with its parent
-(`die_with_parent`: PR_SET_PDEATHSIG on Linux, should the launcher itself be killed); `stop`
-sends SIGTERM to every group, waits, then SIGKILLs what is left, so no process outlives the
-cluster. Children are spawned from the calling thread, which must outlive them (the death
-signal follows the thread that forked).
-With the compile cache on, the first worker of each engine kind warms up alone and the others
-start once it serves, so they load its executables instead of compiling them again.
+(`die_with_parent`: PR_SET_PDEATHSIG on Linux, should the launcher itself be killed); `stop` sends
+SIGTERM to every group, waits, then SIGKILLs what is left, so no process outlives the cluster.
+Children are spawned from the calling thread, which must outlive them (the death signal follows the
+thread that forked). With the compile cache on, the first worker of each engine kind warms up alone
+and the others start once it serves, so they load its executables instead of compiling them again.
 
-The module is over 450 lines because one object owns every child's whole life — start order
-and waits, restarts, the link's schedule, stop — and the namespaces and cgroups they run in.
+The module is over 450 lines because one object owns every child's whole life — start order and
+waits, restarts, the link's schedule, stop — and the namespaces and cgroups they run in.
 """
 
 from __future__ import annotations
@@ -65,7 +60,8 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster.cgroups import NodeCgroups
 from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_remote
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
-from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port, pid_alive
+from prfaas_jax.serving.cluster.netns_credentials import SECURITY_FILE, netns_credentials
+from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
 from prfaas_jax.serving.cluster_config import (
     check_binds,
     instance_roles,
@@ -74,36 +70,11 @@ from prfaas_jax.serving.cluster_config import (
     local_devices,
 )
 from prfaas_jax.serving.cluster_sections import SecuritySection
-from prfaas_jax.serving.transport.certs import write_cluster_credentials
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.server import health_status
-from prfaas_jax.toml_config import dumps
 
-NETNS_CREDENTIALS_DAYS = 7  # the certificates a --netns run makes (removed when it stops)
-CREDENTIALS_PREFIX = "prfaas-netns-credentials-"  # + the launcher's pid
 WAN_ROLE = "wan"  # the delay line's child: neither a worker nor the router
 WORKER_ROLES = frozenset(role.value for role in Role)
-
-
-def _owner(folder: Path) -> int:
-    """The pid of the launcher that made a folder of `credentials_folders` (-1: not one)."""
-    owner = folder.name.removeprefix(CREDENTIALS_PREFIX).split("-", 1)[0]
-    return int(owner) if owner.isdigit() else -1
-
-
-def credentials_folders(pid: int | None = None) -> list[Path]:
-    """The folders of certificates `--netns` launchers made (launcher ``pid``'s only, if
-    given), in the temporary directory."""
-    found = Path(tempfile.gettempdir()).glob(f"{CREDENTIALS_PREFIX}*")
-    return [f for f in found if _owner(f) >= 0 and pid in (None, _owner(f))]
-
-
-def remove_stale_credentials() -> list[Path]:
-    """Delete the certificates of `--netns` launchers that are gone; returns their folders."""
-    stale = [f for f in credentials_folders() if not pid_alive(_owner(f))]
-    for folder in stale:
-        shutil.rmtree(folder, ignore_errors=True)
-    return stale
 
 
 class ClusterProcesses:
@@ -374,32 +345,18 @@ class ClusterProcesses:
         return self.ready
 
     def _secure_netns(self) -> None:
-        """The rule beyond loopback for the namespaces' workers: certificates made now, for
-        this run only, unless the config allows plaintext (then one warning per cluster)."""
-        topology = self.topology
-        assert topology is not None
-        hosts = {"PrfaaS": topology.prfaas_host, "PD": topology.pd_host}
-        if self.config.security.allow_plaintext:
-            for what, host in hosts.items():
-                warning = self.config.security.check_bind(host, f"the {what} workers")
-                print(f"prfaas serve: {warning}", file=sys.stderr, flush=True)
-            return
-        remove_stale_credentials()  # a killed launcher's, as its namespaces go
-        prefix = f"{CREDENTIALS_PREFIX}{os.getpid()}-"
-        self._credentials_dir = Path(tempfile.mkdtemp(prefix=prefix))
-        paths = write_cluster_credentials(
-            self._credentials_dir, days=NETNS_CREDENTIALS_DAYS, hosts=list(hosts.values())
-        )
-        paths.pop("token_file").unlink()  # the router's port stays as the config has it
-        security_file = self._credentials_dir / "security.toml"
-        security_file.write_text(dumps({"security": {k: str(v) for k, v in paths.items()}}))
-        self.peer_security = load_security_file(security_file)
+        """The rule beyond loopback for the namespaces' workers (`netns_credentials`)."""
+        assert self.topology is not None
+        hosts = {"PrfaaS": self.topology.prfaas_host, "PD": self.topology.pd_host}
+        self._credentials_dir = netns_credentials(self.config.security, hosts)
+        if self._credentials_dir is not None:
+            self.peer_security = load_security_file(self._credentials_dir / SECURITY_FILE)
 
     def _security_flags(self) -> list[str]:
         """A child's flag for the certificates `_secure_netns` made (none without them)."""
         if self._credentials_dir is None:
             return []
-        return ["--cluster-security", str(self._credentials_dir / "security.toml")]
+        return ["--cluster-security", str(self._credentials_dir / SECURITY_FILE)]
 
     def _start_wan(self, deadline: float) -> None:
         """The delay line of the WAN namespace (serving/cluster/wan.py), served once its address
