@@ -241,9 +241,10 @@ class PrefixCache:
             return best
 
     def prefetch(self, tokens: Sequence[int]) -> int:
-        """Promote the disk tier's prefix of ``tokens`` into host memory now if it is longer
-        than the host hit (a prefill waiting for its engine reads it meanwhile); the length
-        promoted, 0 when none."""
+        """Promote the disk tier's prefix of ``tokens`` into host memory now if it is longer than
+        the host hit (a prefill waiting for its engine reads it meanwhile); its length, or 0."""
+        if self.disk is None:  # no tier below: no lookup on every prefill
+            return 0
         with self._lock:
             seq = self.events.last_seq
             entry = self._disk_longer(tokens, self._find(tokens))
