@@ -1,14 +1,17 @@
 """Process faults on one fake-engine cluster of real processes, its timeouts read from its config
 file by the router's and the workers' own mains (nothing set in a test): `stall_timeout_s = 4`,
 `request_timeout_s = 8` (the router's per-attempt deadline, and the workers' state and push
-deadlines, serving/worker/main.py). The stall timeout bounds an attempt's silence from its
-start, its prefill included, so it must exceed the longest prefill here (2.4 s).
+deadlines, serving/worker/main.py).
 
 - A decode process stopped (SIGSTOP) for less than the stall timeout and continued (SIGCONT):
   its stream pauses and finishes where it was, in one attempt.
 - One left stopped: no sooner than the stall timeout after the stop, and well before the
   request deadline, the router resumes the stream on the other decode worker from the tokens
   already sent; once continued, the stopped worker frees the cancelled request's slot.
+- Two prompts of 2.4 s of prefill each, queued together on the PrfaaS worker: the later one's
+  decode stream is silent for longer than the stall timeout while its workers answer, and both
+  finish in one attempt (the watch counts silence from the last sign of life, not from the
+  attempt's start).
 - A decode worker's wait for a state that never comes (a call made as the cluster starts, so
   the wait overlaps the other tests) ends DEADLINE_EXCEEDED after the configured
   `request_timeout_s`, not its built-in default.
@@ -184,6 +187,21 @@ def test_a_decode_process_left_stopped_is_bypassed_after_the_stall_timeout(serve
         return control.GetStats(pb.GetStatsRequest(), timeout=5).active_slots == 0
 
     assert wait_for(idle, WAIT_S), f"{name} still holds the cancelled stream"
+
+
+def test_prefills_longer_than_the_stall_timeout_finish_in_one_attempt(served):
+    _, _, stub, *_ = served
+    # Two prompts of 2.4 s each on the one PrfaaS worker: the decode stream of the one that
+    # waits for the other is silent for 4.8 s, while both of its workers answer.
+    n = 480
+    assert n * PREFILL_S_PER_TOKEN < STALL_S < 2 * n * PREFILL_S_PER_TOKEN
+    streams = [Stream(stub, prompt(n, 20 + k), 4, WAIT_S) for k in range(2)]
+    for stream in streams:
+        stream.join()
+        assert stream.error is None, stream.error
+        assert stream.tokens == stream.expected
+        assert (stream.report.route, stream.report.attempts) == ("prfaas", 1)
+    assert max(stream.report.ttft_s for stream in streams) > STALL_S
 
 
 def test_sigterm_to_the_prfaas_prefill_worker_with_prefills_in_flight(served):

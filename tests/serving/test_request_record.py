@@ -67,6 +67,29 @@ def test_watchdog_cancels_only_silent_calls():
     assert quiet.cancelled == 1
 
 
+def test_a_watch_kept_alive_waits_until_its_signs_of_life_stop():
+    """A decode stream silent while its prompt prefills: the watch counts from the later of its
+    last touch and the last sign of life `alive` reports; None (the prefill is over) or a sign
+    that stops advancing (a worker stopped answering) leaves only the touches."""
+    now = [100.0]
+    dog = Watchdog(period_s=3600, clock=lambda: now[0])
+    seen: list[float | None] = [None]
+    call = FakeCall()
+    watch = dog.watch(call, 2.0, alive=lambda: seen[0])
+    for t in (101.0, 102.0, 103.0, 104.0, 105.0):  # 5 s of prefill, the workers answering
+        now[0], seen[0] = t + 0.5, t
+        assert dog.check() == 0
+    now[0] = 107.4  # 2.4 s since the last answer: the prefill worker stopped answering
+    assert dog.check() == 1 and watch.fired and call.cancelled == 1
+    done = dog.watch(FakeCall(), 2.0, alive=lambda: None)  # the prefill is over
+    now[0] = 108.0
+    done.touch()  # its reply came: progress
+    now[0] = 109.5
+    assert dog.check() == 0
+    now[0] = 110.5  # 2.5 s silent since the touch, `alive` saying nothing
+    assert dog.check() == 1 and done.fired
+
+
 def test_watchdog_thread_fires_on_its_own():
     dog = Watchdog(period_s=0.01)
     call = FakeCall()

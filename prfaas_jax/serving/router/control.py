@@ -15,7 +15,9 @@ in a `ControlCounters`; `router_stats` and `snapshot` render them with the core'
 and the Prometheus endpoint (serving/router/report.py).
 
 Liveness: a worker whose `GetStats` is refused (UNAVAILABLE) is taken out of routing, and put
-back when it answers again. When the launcher restarts a dead worker it rewrites the workers
+back when it answers again. When each worker last answered is kept on its handle: the stall
+watch of an attempt whose prefill is still running counts it as the attempt's sign of life
+(serving/router/core.py). When the launcher restarts a dead worker it rewrites the workers
 file (`--workers`); the loop notices the change and connects to the new address.
 """
 
@@ -116,7 +118,7 @@ class RouterControl:
                         worker.down = True
                 continue
             with self.core.lock:
-                worker.stats = stats
+                worker.stats, worker.answered_at = stats, time.monotonic()
                 if worker.down:
                     log.info("%s answers again: routing to it", worker.name)
                 worker.down = False

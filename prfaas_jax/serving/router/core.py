@@ -37,7 +37,10 @@ gets a fresh one here (63 random bits, so a client can send it back as a JSON in
 request), reported in its `RequestReport.seed`. Log-probabilities, when a request asks, come from
 the attempt's prefill reply and its decode stream (serving/router/scores.py). An attempt whose
 decode stream stays silent for `stall_timeout_s` (a hung worker or link,
-serving/transport/watchdog.py) is cancelled and retried like a failed one. Each attempt uses a
+serving/transport/watchdog.py) is cancelled and retried like a failed one; the silence counts
+from the last sign of progress — the prefill's reply, each token — and, while the prefill call
+is outstanding (the prompt queued or prefilling), from the last time both workers answered the
+control loop's poll, so a prefill longer than the limit is not cut. Each attempt uses a
 fresh wire id, so nothing of a failed attempt (a late state, a half-sent stream) can reach a later
 one. After a failure the router probes the two workers; one that does not answer is left out of
 routing until the control loop hears from it again or its replacement registers
@@ -434,7 +437,20 @@ class RouterCore:
 
         replied: list[float] = []  # when the prefill's reply came: its push was done
 
+        def working() -> float | None:
+            """While the prefill call is outstanding the decode stream has nothing to say, for
+            as long as the prompt waits and prefills: the attempt is alive while both workers
+            answer the control loop's polls (a stopped process does not)."""
+            if prefill_call.done():
+                return None
+            heard = (prefill.answered_at, decode.answered_at)
+            return None if heard[0] is None or heard[1] is None else min(heard)
+
+        stall_s = self.config.router.stall_timeout_s
+        watch = self.watchdog.watch(decode_call, stall_s, alive=working)
+
         def prefill_finished(call: grpc.Future) -> None:
+            watch.touch()  # progress: the state is with the decode worker (or the call failed)
             replied.append(time.perf_counter())
             self._prefill_done(prefill, decision.uncached_len)
             if not call.cancelled() and call.exception() is not None:
@@ -444,8 +460,6 @@ class RouterCore:
 
         prefill_call.add_done_callback(prefill_finished)
         record.track(decode_call, prefill_call)
-        stall_s = self.config.router.stall_timeout_s
-        watch = self.watchdog.watch(decode_call, stall_s)
         try:
             state_bytes, first, first_token_at, scores = 0, True, None, None
             for message in decode_call:

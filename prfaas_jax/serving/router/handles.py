@@ -70,6 +70,8 @@ class WorkerHandle:
     draining_to: Role | None = None
     down: bool = False  # failed a probe or a poll: no new requests until it answers again
     stats: pb.WorkerStats | None = None
+    # When (time.monotonic) the control loop's poll last got an answer; None: not yet.
+    answered_at: float | None = None
 
     @classmethod
     def connect(

@@ -7,6 +7,12 @@ router therefore also bounds the time *between* signs of progress: each attempt'
 is watched, every message it delivers counts as progress, and a call silent for longer than its
 limit is cancelled (`Watch.fired` then tells the caller why its call ended). One daemon thread
 checks every watched call a few times per second.
+
+A call may be silent for a good reason: a decode stream says nothing while its prompt is
+prefilled elsewhere, which can take longer than any sensible stall limit. Such a watch is given
+`alive`, which returns when the work behind the silence last showed it is still under way (the
+workers answering while the prefill call is outstanding), or None once there is no such work; the
+silence then counts from the later of that and the last `touch`.
 """
 
 from __future__ import annotations
@@ -19,8 +25,14 @@ import grpc
 
 
 class Watch:
-    def __init__(self, call: grpc.Future, limit_s: float, clock: Callable[[], float]) -> None:
-        self.call, self.limit_s, self._clock = call, limit_s, clock
+    def __init__(
+        self,
+        call: grpc.Future,
+        limit_s: float,
+        clock: Callable[[], float],
+        alive: Callable[[], float | None] | None = None,
+    ) -> None:
+        self.call, self.limit_s, self._clock, self._alive = call, limit_s, clock, alive
         self.last = clock()
         self.fired = False
 
@@ -29,7 +41,12 @@ class Watch:
         self.last = self._clock()
 
     def overdue(self, now: float) -> bool:
-        return now - self.last > self.limit_s
+        last = self.last
+        if self._alive is not None:
+            seen = self._alive()
+            if seen is not None:
+                last = max(last, seen)
+        return now - last > self.limit_s
 
 
 class Watchdog:
@@ -39,9 +56,15 @@ class Watchdog:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
-    def watch(self, call: grpc.Future, limit_s: float) -> Watch:
-        """Cancel `call` if it goes `limit_s` seconds without a `touch`; `close` when done."""
-        watch = Watch(call, limit_s, self._clock)
+    def watch(
+        self,
+        call: grpc.Future,
+        limit_s: float,
+        alive: Callable[[], float | None] | None = None,
+    ) -> Watch:
+        """Cancel `call` if it goes `limit_s` seconds without a `touch` (or, with `alive`, a
+        sign of life on this watchdog's clock); `close` when done."""
+        watch = Watch(call, limit_s, self._clock, alive)
         with self._lock:
             self._watches.add(watch)
             if self._thread is None:
