@@ -12,9 +12,10 @@ deadlines, serving/worker/main.py).
   decode stream is silent for longer than the stall timeout while its workers answer, and both
   finish in one attempt (the watch counts silence from the last sign of life, not from the
   attempt's start).
-- A decode worker's wait for a state that never comes (a call made as the cluster starts, so
-  the wait overlaps the other tests) ends DEADLINE_EXCEEDED after the configured
-  `request_timeout_s`, not its built-in default.
+- A decode worker's wait for a state that never comes, and a PrfaaS prefill worker's push to
+  an address that takes the connection and never answers (calls made as the cluster starts, so
+  the waits overlap the other tests), each end DEADLINE_EXCEEDED after the configured
+  `request_timeout_s`, not their built-in defaults.
 - SIGTERM to the PrfaaS prefill worker with two prefills in flight: the one that needs less
   than the grace (`STOP_GRACE_S`) finishes there, in one attempt; the one that needs more is cut
   at the end of the grace and the router prefills it again (locally: no PrfaaS worker is left);
@@ -38,9 +39,11 @@ import concurrent.futures
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import grpc
 import openai
@@ -93,27 +96,53 @@ def served(tmp_path_factory):
     )
     with (
         ClusterProcesses(path, log_dir=root / "logs") as cluster,
-        concurrent.futures.ThreadPoolExecutor(1) as pool,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+        socket.create_server(("127.0.0.1", 0)) as silent,  # listens, never accepts
     ):
         ready = cluster.start()
         channels = {n: grpc.insecure_channel(ready["workers"][n]["address"]) for n in DECODERS}
-        unclaimed = (time.monotonic(), pool.submit(wait_for_a_state, channels[DECODERS[0]]))
+        prfaas = grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"])
+        silent_address = f"127.0.0.1:{silent.getsockname()[1]}"
+        began = time.monotonic()
+        waits = {
+            "state": (began, pool.submit(wait_for_a_state, channels[DECODERS[0]])),
+            "push": (began, pool.submit(push_to_a_silent_decode_side, prfaas, silent_address)),
+        }
         with grpc.insecure_channel(ready["router"]) as channel:
             controls = {n: pb_grpc.WorkerControlStub(c) for n, c in channels.items()}
-            yield cluster, ready, pb_grpc.RouterStub(channel), controls, unclaimed
-            unclaimed[1].result(timeout=WAIT_S)
-        for c in channels.values():
+            yield cluster, ready, pb_grpc.RouterStub(channel), controls, waits
+            for _, future in waits.values():
+                future.result(timeout=WAIT_S)
+        for c in [*channels.values(), prfaas]:
             c.close()
+
+
+def ended_how(call: Callable[[], object]) -> tuple[float, grpc.RpcError | None]:
+    """When `call` ended, and its error if it failed."""
+    try:
+        call()
+    except grpc.RpcError as err:
+        return time.monotonic(), err
+    return time.monotonic(), None
 
 
 def wait_for_a_state(channel: grpc.Channel) -> tuple[float, grpc.RpcError | None]:
     """A decode call for a state nobody pushes: when it ended, and how."""
     request = pb.DecodeRequest(request_id="never-pushed", prompt_len=24, max_new_tokens=4)
-    try:
-        list(pb_grpc.DecodeWorkerStub(channel).Generate(request, timeout=REQUEST_TIMEOUT_S + 15))
-    except grpc.RpcError as err:
-        return time.monotonic(), err
-    return time.monotonic(), None
+    stub = pb_grpc.DecodeWorkerStub(channel)
+    return ended_how(lambda: list(stub.Generate(request, timeout=REQUEST_TIMEOUT_S + 15)))
+
+
+def push_to_a_silent_decode_side(
+    channel: grpc.Channel, address: str
+) -> tuple[float, grpc.RpcError | None]:
+    """A prefill on the PrfaaS worker whose state goes to `address`, where the connection is
+    taken and nothing ever answers: when the call ended, and how."""
+    request = pb.PrefillRequest(
+        request_id="never-accepted", prompt_token_ids=prompt(24, 9), decode_address=address
+    )
+    stub = pb_grpc.PrefillWorkerStub(channel)
+    return ended_how(lambda: stub.Prefill(request, timeout=REQUEST_TIMEOUT_S + 15))
 
 
 def holder(controls: dict[str, pb_grpc.WorkerControlStub]) -> str:
@@ -205,7 +234,8 @@ def test_prefills_longer_than_the_stall_timeout_finish_in_one_attempt(served):
 
 
 def test_sigterm_to_the_prfaas_prefill_worker_with_prefills_in_flight(served):
-    cluster, ready, stub, *_ = served
+    cluster, ready, stub, *_, waits = served
+    waits["push"][1].result(timeout=WAIT_S)  # the worker holds no other call when stopped
     # 100 tokens need 0.5 s of prefill, 480 tokens 2.4 s: more than the grace on their own.
     short_len, long_len = 100, 480
     assert short_len * PREFILL_S_PER_TOKEN < STOP_GRACE_S < long_len * PREFILL_S_PER_TOKEN
@@ -293,8 +323,19 @@ def test_a_drain_that_outlasts_its_timeout_is_abandoned(served):
 
 
 def test_a_decode_worker_waits_for_a_state_as_long_as_its_config_says(served):
-    *_, (began, future) = served
+    *_, waits = served
+    began, future = waits["state"]
     ended, error = future.result(timeout=WAIT_S)
     assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
     assert "no state or token within 8 s" in error.details()  # the worker's own deadline
+    assert REQUEST_TIMEOUT_S <= ended - began < REQUEST_TIMEOUT_S + 5
+
+
+def test_a_prefill_worker_pushes_for_as_long_as_its_config_says(served):
+    *_, waits = served
+    began, future = waits["push"]
+    ended, error = future.result(timeout=WAIT_S)
+    assert error is not None and error.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    # The push's own deadline, not the call's (REQUEST_TIMEOUT_S + 15 s).
+    assert error.details().endswith("no answer within the push deadline of 8 s"), error.details()
     assert REQUEST_TIMEOUT_S <= ended - began < REQUEST_TIMEOUT_S + 5

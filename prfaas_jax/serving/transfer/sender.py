@@ -8,7 +8,8 @@ port (data_path.py, via `DecodeChannels`), else as the call's messages. The engi
 frames as prefill makes them (STREAMING), the last ones seal the transfer (SEALED), and `wait`
 gives the verdict: DELIVERED with the link's timing (`api.Delivery`), or the `TransferError`
 the prefill RPC answers with — `TransferCutError` when a push was cancelled under the stream
-(a cut link), `PushFailedError` with the decode worker's status otherwise. `cancel` abandons it
+(a cut link), `PushFailedError` with the decode worker's status otherwise (DEADLINE_EXCEEDED,
+naming the push's deadline, when no answer came in time). `cancel` abandons it
 (ABANDONED): the router gave up, or prefill failed. Frames go through an `Outbox` (outbox.py),
 which shapes them on the inter-cluster link and spreads them over the lanes.
 
@@ -156,7 +157,10 @@ class StatePush:
         except grpc.FutureCancelledError:  # the link was cut under the stream
             error: TransferError = TransferCutError(self._outbox.cut_reason())
         except grpc.RpcError as err:
-            error = PushFailedError(err.details() or "", err.code())
+            message = err.details() or ""
+            if err.code() is grpc.StatusCode.DEADLINE_EXCEEDED:  # say which deadline ran out
+                message = f"no answer within the push deadline of {self._timeout_s:g} s"
+            error = PushFailedError(message, err.code())
         else:
             # The receiver has every byte: TCP's counts of the connections are final now.
             senders = self._close_senders()
