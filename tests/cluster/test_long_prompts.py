@@ -1,6 +1,8 @@
-"""A two-turn conversation at the paper's lengths through worker processes (fake engines): a
-16K-token prompt, then the conversation so far plus 2K new tokens, both routed to PrfaaS on a
-cluster whose `[engine] max_len` lifts `tiny`'s 4096.
+"""Prompts past `tiny`'s 4096 tokens through worker processes, on a cluster whose `[engine]
+max_len` lifts the preset's limit.
+
+A two-turn conversation at the paper's lengths (fake engines): a 16K-token prompt, then the
+conversation so far plus 2K new tokens, both routed to PrfaaS.
 
 The second turn reuses the first prompt from the PrfaaS worker's prefix cache (its blocks and the
 linear-state checkpoint at the prompt's end) and ships only an increment: the decode worker holds
@@ -9,14 +11,24 @@ them and the fixed-size states. Oracles: the fake engines' hand-computable token
 bit-for-bit check of every state they decode, so a stitched row from anything but this prefix
 fails the turn), the byte formula (`state_nbytes`) less the held rows' bytes computed from the
 config, and the PrfaaS worker's egress counter.
+
+The JAX engines (slow): a 4300-token prompt through a PrfaaS worker process, prefilled in
+512-token chunks whose finished rows stream to the decode worker process as they are made, then
+decoded there. Oracle: `prfaas generate --max-len 4608` in this process (`generate_from_preset`:
+the same seeded weights, the model's own prefill and decode), token for token; the state's
+bytes are the byte formula's.
 """
 
 from __future__ import annotations
 
+import os
+
 import grpc
 import numpy as np
+import pytest
 from serving_support import fake_config, generate
 
+from prfaas_jax.cli.generation import GenerateRequest, generate_from_preset
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.model.state import state_nbytes
@@ -78,3 +90,28 @@ def test_a_16k_conversation_reuses_its_prefix_and_ships_an_increment(tmp_path):
     assert r2.report.saved_bytes == held * ROW_BYTES
     assert r2.report.state_bytes <= egress2 <= r2.report.state_bytes + 64 * 1024
     assert egress2 < egress1 / 5
+
+
+@pytest.mark.slow
+def test_the_jax_engines_prefill_ship_and_decode_past_4k_tokens(tmp_path):
+    limit, length, new, chunk = 4608, 4300, 6, 512
+    assert CFG.max_len < length < limit and length > 8 * chunk  # nine chunks
+    config = fake_config(
+        tmp_path / "cluster.toml",
+        model={"engine": "jax"},
+        engine={"max_len": limit, "chunk_len": chunk, "buckets": [32, chunk], "max_slots": 2},
+        instances={"prfaas_prefill": 1, "pd_prefill": 0, "pd_decode": 1},
+        link={"bandwidth_mbps": 400.0, "latency_ms": 0.0},
+    )
+    ids = np.random.default_rng(4).integers(0, CFG.vocab_size, length).tolist()
+    compile_cache = os.environ["JAX_COMPILATION_CACHE_DIR"]  # the session's (tests/conftest.py)
+    with ClusterProcesses(config, log_dir=tmp_path / "logs", compile_cache=compile_cache) as run:
+        ready = run.start()
+        with grpc.insecure_channel(ready["router"]) as channel:
+            reply = generate(pb_grpc.RouterStub(channel), ids, new)
+    alone = generate_from_preset(
+        GenerateRequest(model="tiny", prompt_ids=ids, max_new_tokens=new, max_len=limit)
+    )
+    assert reply.tokens == alone.tokens
+    assert (reply.report.route, reply.report.attempts) == ("prfaas", 1)
+    assert reply.report.state_bytes == state_nbytes(CFG, length)
