@@ -61,6 +61,7 @@ from prfaas_jax.engine.prefix_disk import DiskEntry, DiskTier
 from prfaas_jax.model.state import ModelState
 from prfaas_jax.prefix_events import (
     DISK,
+    HOST,
     ROOT,
     BlockEvicted,
     BlockStored,
@@ -102,11 +103,13 @@ class _Block:
 
 @dataclasses.dataclass(frozen=True)
 class PrefixHit:
-    """A reusable prefix: ``length`` tokens, the blocks leading to it and its checkpoint."""
+    """A reusable prefix: ``length`` tokens, the blocks leading to it and its checkpoint;
+    ``tier``, where ``match`` found it: host memory, or the disk tier (read back for it)."""
 
     length: int
     blocks: tuple[_Block, ...]
     checkpoint: _Checkpoint
+    tier: str = HOST
 
 
 @dataclasses.dataclass
@@ -215,7 +218,8 @@ class PrefixCache:
 
         ``record=False`` (an export) neither refreshes the hit's LRU position nor counts in
         ``stats``. Either way a longer prefix in the disk tier is promoted first; ``probe`` is
-        the read-only question.
+        the read-only question. A recorded hit on a prefix the disk tier gave back (here, or
+        to `prefetch` since) has ``tier`` DISK, its later hits host memory's.
         """
         with self._lock:
             seq = self.events.last_seq
@@ -234,8 +238,10 @@ class PrefixCache:
                 for block in best.blocks:
                     block.last_used = now
                 best.checkpoint.last_used = now
-                self.stats.disk_hits += best.checkpoint.from_disk
-                best.checkpoint.from_disk = False
+                if best.checkpoint.from_disk:  # its first hit since the disk tier gave it back
+                    self.stats.disk_hits += 1
+                    best.checkpoint.from_disk = False
+                    best = dataclasses.replace(best, tier=DISK)
                 self.stats.hits += 1
                 self.stats.hit_tokens += best.length
             return best

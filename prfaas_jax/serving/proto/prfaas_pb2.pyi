@@ -7,12 +7,25 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class CacheTier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_TIER_NONE: _ClassVar[CacheTier]
+    CACHE_TIER_HOST: _ClassVar[CacheTier]
+    CACHE_TIER_DISK: _ClassVar[CacheTier]
+    CACHE_TIER_PEER: _ClassVar[CacheTier]
+    CACHE_TIER_DECODE: _ClassVar[CacheTier]
+
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLE_UNSPECIFIED: _ClassVar[Role]
     ROLE_PRFAAS_PREFILL: _ClassVar[Role]
     ROLE_PD_PREFILL: _ClassVar[Role]
     ROLE_PD_DECODE: _ClassVar[Role]
+CACHE_TIER_NONE: CacheTier
+CACHE_TIER_HOST: CacheTier
+CACHE_TIER_DISK: CacheTier
+CACHE_TIER_PEER: CacheTier
+CACHE_TIER_DECODE: CacheTier
 ROLE_UNSPECIFIED: Role
 ROLE_PRFAAS_PREFILL: Role
 ROLE_PD_PREFILL: Role
@@ -67,7 +80,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., report: _Optional[_Union[RequestReport, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class RequestReport(_message.Message):
-    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from", "prefill_s", "exposed_transfer_s", "decode_cached_len", "saved_bytes", "seed")
+    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from", "prefill_s", "exposed_transfer_s", "decode_cached_len", "saved_bytes", "seed", "cache_tier")
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +97,7 @@ class RequestReport(_message.Message):
     DECODE_CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TIER_FIELD_NUMBER: _ClassVar[int]
     route: str
     prompt_len: int
     cached_len: int
@@ -100,7 +114,8 @@ class RequestReport(_message.Message):
     decode_cached_len: int
     saved_bytes: int
     seed: int
-    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ..., prefill_s: _Optional[float] = ..., exposed_transfer_s: _Optional[float] = ..., decode_cached_len: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
+    cache_tier: CacheTier
+    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ..., prefill_s: _Optional[float] = ..., exposed_transfer_s: _Optional[float] = ..., decode_cached_len: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., seed: _Optional[int] = ..., cache_tier: _Optional[_Union[CacheTier, str]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
@@ -375,7 +390,7 @@ class PrefillRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ..., decode_cached_len: _Optional[int] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
-    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes", "cache_seq", "logprobs")
+    __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes", "cache_seq", "logprobs", "cache_tier")
     FIRST_TOKEN_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -388,6 +403,7 @@ class PrefillReply(_message.Message):
     PREFIX_BYTES_FIELD_NUMBER: _ClassVar[int]
     CACHE_SEQ_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_TIER_FIELD_NUMBER: _ClassVar[int]
     first_token: int
     state_bytes: int
     wire_bytes: int
@@ -400,7 +416,8 @@ class PrefillReply(_message.Message):
     prefix_bytes: int
     cache_seq: int
     logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., cache_seq: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    cache_tier: CacheTier
+    def __init__(self, first_token: _Optional[int] = ..., state_bytes: _Optional[int] = ..., wire_bytes: _Optional[int] = ..., frames: _Optional[int] = ..., queue_s: _Optional[float] = ..., prefill_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., shaped: _Optional[bool] = ..., cached_len: _Optional[int] = ..., prefix_bytes: _Optional[int] = ..., cache_seq: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., cache_tier: _Optional[_Union[CacheTier, str]] = ...) -> None: ...
 
 class StateChunk(_message.Message):
     __slots__ = ("request_id", "frame", "queued", "stripe", "stripes", "last", "sender", "data_ticket")
