@@ -48,6 +48,8 @@ def second_turn(tmp_path, decode_aware: bool):
         assert reply.tokens == fake_tokens(second, REPLY, CFG.vocab_size)
         assert reply.report.attempts == 1
         counted = running.core.decode_cache_local
+        stats = running.router.GetStats(pb.GetStatsRequest(), timeout=10)
+        assert stats.decode_cache_local == counted  # as GetStats reports it
     return reply.report, counted
 
 

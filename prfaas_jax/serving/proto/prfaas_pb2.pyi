@@ -122,7 +122,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index", "lookups", "lookup_s", "router_cpu_s", "link_rtt_s", "link_data_retransmitted_segments")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index", "lookups", "lookup_s", "router_cpu_s", "link_rtt_s", "link_data_retransmitted_segments", "decode_cache_local")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -169,6 +169,7 @@ class RouterStats(_message.Message):
     ROUTER_CPU_S_FIELD_NUMBER: _ClassVar[int]
     LINK_RTT_S_FIELD_NUMBER: _ClassVar[int]
     LINK_DATA_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_CACHE_LOCAL_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -201,7 +202,8 @@ class RouterStats(_message.Message):
     router_cpu_s: float
     link_rtt_s: float
     link_data_retransmitted_segments: int
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ..., lookups: _Optional[int] = ..., lookup_s: _Optional[float] = ..., router_cpu_s: _Optional[float] = ..., link_rtt_s: _Optional[float] = ..., link_data_retransmitted_segments: _Optional[int] = ...) -> None: ...
+    decode_cache_local: int
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ..., lookups: _Optional[int] = ..., lookup_s: _Optional[float] = ..., router_cpu_s: _Optional[float] = ..., link_rtt_s: _Optional[float] = ..., link_data_retransmitted_segments: _Optional[int] = ..., decode_cache_local: _Optional[int] = ...) -> None: ...
 
 class CacheIndexStats(_message.Message):
     __slots__ = ("enabled", "instances", "current", "block_entries", "checkpoint_entries", "events", "snapshots", "answered", "asked", "overestimates")
