@@ -24,6 +24,10 @@ the request's prefix came from. Numbers are simulated (the discrete-event simula
 router's own policy objects), not measured on hardware.
 
     python bench/tiers.py [--json] [--sessions N] [--turns N] [--think-s S] [--seed N]
+
+With ``--cluster`` the same kind of sessions, scaled down, run on a real cluster of processes
+instead (bench/tiers_cluster.py, whose options follow it): measured, with the simulator's share
+saved beside.
 """
 
 from __future__ import annotations
@@ -134,7 +138,15 @@ def summary(result: SimResult) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--cluster" in argv:  # on real processes: bench/tiers_cluster.py takes the options
+        from tiers_cluster import main as cluster_main
+
+        return cluster_main([a for a in argv if a != "--cluster"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--cluster", action="store_true", help="on a real cluster (bench/tiers_cluster.py --help)"
+    )
     parser.add_argument("--sessions", type=int, default=300)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--session-rate", type=float, default=0.15, help="sessions started / s")
