@@ -51,6 +51,8 @@ from pathlib import Path
 import grpc
 import numpy as np
 from sim_inputs import toml_text
+from tiers import session_options, ttft_cell
+from tiers import summary as sim_summary
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
@@ -285,28 +287,18 @@ def simulate(root: Path, name: str, turns: list[Turn], args: argparse.Namespace)
     path = root / f"sim-{name}.toml"
     path.write_text(f'plan = "plan-{name}.toml"\n' + toml_text(sim))
     config = load_sim_config(path)
-    result = Simulator(config, config.deployments[0]).run()
-    n = result.num_arrived
-    prompts = int((result.uncached_len[:n] + result.cached_len[:n]).sum())
-    return float(result.cached_len[:n].sum() / prompts) if prompts else 0.0
+    return sim_summary(Simulator(config, config.deployments[0]).run())["saved_fraction"]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=20)
-    parser.add_argument("--turns", type=int, default=6)
-    parser.add_argument("--session-rate", type=float, default=0.5, help="sessions started / s")
-    parser.add_argument("--think-s", type=float, default=10.0, help="mean think time (s)")
-    parser.add_argument("--system", type=int, default=128, help="shared preamble tokens")
-    parser.add_argument("--first", type=int, default=512, help="a session's first message")
+    session_options(parser, (20, 6, 0.5, 10.0, 128, 512))
     parser.add_argument("--threshold", type=int, default=768, help="t (tokens)")
     parser.add_argument("--host-mib", type=float, default=0.5, help="host budget per worker")
     parser.add_argument("--disk-mib", type=float, default=256.0, help="disk tier per worker")
     parser.add_argument("--prefill-s-per-token", type=float, default=4e-4)
     parser.add_argument("--link-mbps", type=float, default=64.0)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of these")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
     names = args.configs.split(",")
     if not set(names) <= set(CONFIGS):
@@ -338,17 +330,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_report(report: dict, args: argparse.Namespace) -> str:
-    def ttft(run: dict, tier: str) -> str:
-        cell = run["by_tier"][tier]
-        if not cell["requests"]:
-            return "—"
-        return f"{cell['ttft_p50_s']:.2f} / {cell['ttft_p90_s']:.2f} ({cell['requests']})"
-
-    shown = [
-        tier
-        for tier in TIERS.values()
-        if any(r["by_tier"][tier]["requests"] for r in report["runs"].values())
-    ]
+    runs = report["runs"].values()
+    shown = [t for t in TIERS.values() if any(r["by_tier"][t]["requests"] for r in runs)]
     rows = [
         (
             name,
@@ -358,7 +341,7 @@ def format_report(report: dict, args: argparse.Namespace) -> str:
             " / ".join(f"{run['by_tier'][t]['requests']}" for t in ("host", "disk", "decode")),
             f"{run['offloaded_fraction']:.0%}",
             f"{run['decode_kept_local']:,}",
-            *(ttft(run, tier) for tier in shown),
+            *(ttft_cell(run["by_tier"][tier], "ttft_p50_s") for tier in shown),
         )
         for name, run in report["runs"].items()
     ]
