@@ -37,7 +37,9 @@ promotes ahead of the match (a prefill reads its prefix back while it waits for 
 
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
-arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``.
+arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``. The
+module is over 450 lines because the tree, its LRU budget, the disk tier's spills and promotions
+and the event log change together under that one lock: split, each part would need the others'.
 """
 
 from __future__ import annotations
@@ -239,9 +241,9 @@ class PrefixCache:
                     block.last_used = now
                 best.checkpoint.last_used = now
                 if best.checkpoint.from_disk:  # its first hit since the disk tier gave it back
-                    self.stats.disk_hits += 1
-                    best.checkpoint.from_disk = False
                     best = dataclasses.replace(best, tier=DISK)
+                self.stats.disk_hits += best.checkpoint.from_disk
+                best.checkpoint.from_disk = False
                 self.stats.hits += 1
                 self.stats.hit_tokens += best.length
             return best
