@@ -24,6 +24,10 @@ the request's prefix came from. Numbers are simulated (the discrete-event simula
 router's own policy objects), not measured on hardware.
 
     python bench/tiers.py [--json] [--sessions N] [--turns N] [--think-s S] [--seed N]
+
+With ``--cluster`` the same kind of sessions, scaled down, run on a real cluster of processes
+instead (bench/tiers_cluster.py, whose options follow it): measured, with the simulator's share
+saved beside.
 """
 
 from __future__ import annotations
@@ -133,19 +137,41 @@ def summary(result: SimResult) -> dict[str, object]:
     }
 
 
+def ttft_cell(cell: dict, centre: str) -> str:
+    """A table's TTFT cell: the ``centre`` statistic / P90 (requests), or — for none."""
+    if not cell["requests"]:
+        return "—"
+    return f"{cell[centre]:.2f} / {cell['ttft_p90_s']:.2f} ({cell['requests']})"
+
+
+def session_options(parser: argparse.ArgumentParser, defaults: tuple) -> None:
+    """The sessions' options (module docstring), ``defaults`` in order: sessions, turns,
+    session rate, think time, preamble and first message; and ``--seed``, ``--json``."""
+    sessions, turns, rate, think_s, system, first = defaults
+    parser.add_argument("--sessions", type=int, default=sessions)
+    parser.add_argument("--turns", type=int, default=turns)
+    parser.add_argument("--session-rate", type=float, default=rate, help="sessions started / s")
+    parser.add_argument("--think-s", type=float, default=think_s, help="mean think time (s)")
+    parser.add_argument("--system", type=int, default=system, help="shared preamble tokens")
+    parser.add_argument("--first", type=int, default=first, help="a session's first message")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--cluster" in argv:  # on real processes: bench/tiers_cluster.py takes the options
+        from tiers_cluster import main as cluster_main
+
+        return cluster_main([a for a in argv if a != "--cluster"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sessions", type=int, default=300)
-    parser.add_argument("--turns", type=int, default=8)
-    parser.add_argument("--session-rate", type=float, default=0.15, help="sessions started / s")
-    parser.add_argument("--think-s", type=float, default=300.0, help="mean think time (s)")
-    parser.add_argument("--system", type=int, default=2048, help="shared preamble tokens")
-    parser.add_argument("--first", type=int, default=12288, help="a session's first message")
+    parser.add_argument(
+        "--cluster", action="store_true", help="on a real cluster (bench/tiers_cluster.py --help)"
+    )
+    session_options(parser, (300, 8, 0.15, 300.0, 2048, 12288))
     parser.add_argument("--host-blocks", type=int, default=1000, help="per host pool")
     parser.add_argument("--disk-blocks", type=int, default=200_000, help="per cluster")
     parser.add_argument("--disk-gbps", type=float, default=2.0, help="disk read, GB/s")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", action="store_true", help="print JSON only")
     args = parser.parse_args(argv)
 
     records = sessions_trace(args)
@@ -189,12 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         print()
         return 0
 
-    def ttft(run: dict, tier: str) -> str:
-        cell = run["by_tier"][tier]
-        if not cell["requests"]:
-            return "—"
-        return f"{cell['ttft_mean_s']:.2f} / {cell['ttft_p90_s']:.2f} ({cell['requests']})"
-
     rows = [
         (
             name,
@@ -202,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{run['disk_tokens']:,}",
             f"{run['offloaded_fraction']:.0%}",
             f"{run['decode_kept_local']:,}",
-            *(ttft(run, tier) for tier in TIERS),
+            *(ttft_cell(run["by_tier"][tier], "ttft_mean_s") for tier in TIERS),
         )
         for name, run in runs.items()
     ]

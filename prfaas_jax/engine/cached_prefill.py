@@ -1,6 +1,7 @@
 """``CachedPrefill``: prefill that computes only the part of a prompt no cached prefix covers.
 
-Also exposes ``ReuseStats`` (what the reuse saved). It drives any ``PrefillEngineLike``
+Also exposes ``ReuseStats`` (what the reuse saved) and ``REUSE_SOURCES`` (where a reused prefix
+came from: none, host memory, the disk tier, imported). It drives any ``PrefillEngineLike``
 (engine/api.py): ``PrefillEngine``, or the fake engine.
 
 For a prompt ``x`` of ``L`` tokens and a ``PrefixCache``::
@@ -33,7 +34,7 @@ working buffer, which is donated to the next call right after.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -42,6 +43,12 @@ from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model.state import ModelState
+from prfaas_jax.prefix_events import DISK, HOST
+
+# Where a prefill's reused prefix came from, beside the cache's tiers (HOST, DISK).
+NOT_REUSED = ""  # nothing: the whole prompt was computed
+IMPORTED = "imported"  # a prefix state handed in (fetched from another instance)
+REUSE_SOURCES = (NOT_REUSED, HOST, DISK, IMPORTED)
 
 
 @dataclasses.dataclass
@@ -67,8 +74,9 @@ class CachedPrefill:
 
     def _start(
         self, ids: list[int], imported: ModelState | None, max_len: int | None
-    ) -> tuple[ModelState | None, int, bool]:
-        """The state to continue from, its length, and whether it came from ``imported``."""
+    ) -> tuple[ModelState | None, int, str]:
+        """The state to continue from, its length, and where it came from (`REUSE_SOURCES`:
+        IMPORTED when it is ``imported``)."""
         hit = None if self.cache is None else self.cache.match(ids)
         local_len = 0 if hit is None else hit.length
         if imported is not None:
@@ -79,14 +87,14 @@ class CachedPrefill:
                     f"prompt, got {imported.batch_size} × {imported_len} tokens"
                 )
             if imported_len > local_len:
-                return imported, imported_len, True  # stored once the engine has taken it
+                return imported, imported_len, IMPORTED  # stored once the engine has taken it
         if hit is None:
-            return None, 0, False
+            return None, 0, NOT_REUSED
         assert self.cache is not None
         # Built at the engine's fixed capacity when there is one: moving the host arrays to the
         # device compiles one small copy per shape, so per-hit-length shapes would recompile.
         capacity = hit.length if max_len is None else max_len
-        return self.cache.build_state(hit, capacity), hit.length, False
+        return self.cache.build_state(hit, capacity), hit.length, hit.tier
 
     def prefill(
         self,
@@ -98,17 +106,22 @@ class CachedPrefill:
         sampling: SamplingParams = GREEDY,
         max_len: int | None = None,
         on_layers: OnLayers | None = None,
+        on_reuse: Callable[[str], None] | None = None,
     ) -> PrefillOutput:
         """``engine.prefill`` of ``tokens`` from the longest reusable prefix; the engine's result
         (its ``prefix_len`` is the reused length, ``num_tokens`` the computed ones).
 
         ``prefix`` is an imported state that should hold exactly ``tokens[:len]``; it goes into
-        the cache only after the engine has taken it (module docstring).
+        the cache only after the engine has taken it (module docstring). ``on_reuse`` is told,
+        before the engine runs, where the reused prefix came from (`REUSE_SOURCES`).
         """
         ids = [int(t) for t in tokens]
         if not ids:
             raise EngineError("the prompt is empty")
-        start, reused, imported = self._start(ids, prefix, max_len)
+        start, reused, source = self._start(ids, prefix, max_len)
+        imported = source == IMPORTED
+        if on_reuse is not None:
+            on_reuse(source)
         cache = self.cache
         saves = set() if cache is None else set(cache.checkpoint_lengths(len(ids)))
         # The imported prefix, until the engine has taken it and it is in the cache.

@@ -37,7 +37,9 @@ promotes ahead of the match (a prefill reads its prefix back while it waits for 
 
 The pool is shared by a worker's threads (prefill inserts while the router's lookups and other
 instances' exports read), so every public method holds one lock; a ``PrefixHit`` keeps its
-arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``.
+arrays alive, so ``build_state`` stays valid even if the hit is evicted after ``match``. The
+module is over 450 lines because the tree, its LRU budget, the disk tier's spills and promotions
+and the event log change together under that one lock: split, each part would need the others'.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from prfaas_jax.engine.prefix_disk import DiskEntry, DiskTier
 from prfaas_jax.model.state import ModelState
 from prfaas_jax.prefix_events import (
     DISK,
+    HOST,
     ROOT,
     BlockEvicted,
     BlockStored,
@@ -102,11 +105,13 @@ class _Block:
 
 @dataclasses.dataclass(frozen=True)
 class PrefixHit:
-    """A reusable prefix: ``length`` tokens, the blocks leading to it and its checkpoint."""
+    """A reusable prefix: ``length`` tokens, the blocks leading to it and its checkpoint;
+    ``tier``, where ``match`` found it: host memory, or the disk tier (read back for it)."""
 
     length: int
     blocks: tuple[_Block, ...]
     checkpoint: _Checkpoint
+    tier: str = HOST
 
 
 @dataclasses.dataclass
@@ -215,7 +220,8 @@ class PrefixCache:
 
         ``record=False`` (an export) neither refreshes the hit's LRU position nor counts in
         ``stats``. Either way a longer prefix in the disk tier is promoted first; ``probe`` is
-        the read-only question.
+        the read-only question. A recorded hit on a prefix the disk tier gave back (here, or
+        to `prefetch` since) has ``tier`` DISK, its later hits host memory's.
         """
         with self._lock:
             seq = self.events.last_seq
@@ -234,6 +240,8 @@ class PrefixCache:
                 for block in best.blocks:
                     block.last_used = now
                 best.checkpoint.last_used = now
+                if best.checkpoint.from_disk:  # its first hit since the disk tier gave it back
+                    best = dataclasses.replace(best, tier=DISK)
                 self.stats.disk_hits += best.checkpoint.from_disk
                 best.checkpoint.from_disk = False
                 self.stats.hits += 1

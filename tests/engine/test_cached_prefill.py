@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from conftest import PRESETS, preset
 
-from prfaas_jax.engine.cached_prefill import CachedPrefill
+from prfaas_jax.engine.cached_prefill import IMPORTED, NOT_REUSED, CachedPrefill
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.engine.prefix_cache import PrefixCache
 from prfaas_jax.errors import EngineError
+from prfaas_jax.prefix_events import HOST
 
 CHUNK, MAX_LEN, NEW = 16, 64, 6
 
@@ -87,10 +88,17 @@ def test_an_imported_prefix_is_used_and_kept():
     exported = holder.cache.build_state(hit, hit.length)
 
     receiver = CachedPrefill(PrefixCache(cfg, capacity_bytes=1 << 30, block_size=4))
-    result = receiver.prefill(engine, prompt, prefix=exported, max_len=MAX_LEN)
+    sources = []
+    result = receiver.prefill(
+        engine, prompt, prefix=exported, max_len=MAX_LEN, on_reuse=sources.append
+    )
     assert (result.prefix_len, receiver.stats.imported) == (19, 1)
     assert greedy(decode, result) == greedy(decode, engine.prefill(prompt, max_len=MAX_LEN))
     assert receiver.cached_len([*prompt[:19], 3]) == 19  # stored for the next request
+    # Where each prefill's prefix came from: the import, then the receiver's own copy of it.
+    receiver.prefill(engine, [*prompt[:19], 3], max_len=MAX_LEN, on_reuse=sources.append)
+    receiver.prefill(engine, new_tokens(8, 5), max_len=MAX_LEN, on_reuse=sources.append)
+    assert sources == [IMPORTED, HOST, NOT_REUSED]
     with pytest.raises(EngineError, match="shorter than"):
         receiver.prefill(engine, prompt[:19], prefix=exported, max_len=MAX_LEN)
 

@@ -179,6 +179,7 @@ def test_a_spilled_prefix_hits_from_disk_before_and_after_a_restart(tmp_path):
     fresh, _ = absorb(params, cfg, follow_up, init_state(cfg, 1, CAPACITY))
     hit = cache.match(follow_up)  # promoted: read, checked, in host memory again
     assert hit is not None and hit.length == 40 and cache.stats.disk_hits == 1
+    assert hit.tier == DISK
     reused, _ = absorb(params, cfg, follow_up[40:], cache.build_state(hit, CAPACITY))
     assert float(jnp.max(jnp.abs(reused - fresh[40:]))) <= 1e-4
 
@@ -191,9 +192,10 @@ def test_a_spilled_prefix_hits_from_disk_before_and_after_a_restart(tmp_path):
     # hits host memory, with no second read, and counts the hit as the disk tier's.
     assert restarted.prefetch(follow_up) == 40 and restarted.disk.stats.loads == 1
     hit = restarted.match(follow_up)
-    assert hit is not None and hit.length == 40
+    assert hit is not None and (hit.length, hit.tier) == (40, DISK)
     assert restarted.disk.stats.loads == 1 and restarted.stats.disk_hits == 1
-    assert restarted.match(follow_up).length == 40 and restarted.stats.disk_hits == 1
+    again = restarted.match(follow_up)  # in host memory since: host memory's hit
+    assert (again.length, again.tier) == (40, HOST) and restarted.stats.disk_hits == 1
     reused, _ = absorb(params, cfg, follow_up[40:], restarted.build_state(hit, CAPACITY))
     assert float(jnp.max(jnp.abs(reused - fresh[40:]))) <= 1e-4
 

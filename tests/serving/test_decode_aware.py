@@ -6,8 +6,9 @@ A 100-token prompt goes to PrfaaS (100 > 64) and its state to pd-1, which keeps 
 included, in its node's pool and publishes the events. The next turn extends it to 124 tokens:
 no prefill instance of the PD cluster holds any of it (124 > 64 against their caches alone), but
 pd-1 holds 100, so its effective uncached length is 24 ≤ 64 — prefilled on pd-0 from pd-1's
-prefix, fetched inside the cluster, and counted as kept off the link. Without the option the
-same turn crosses the link. Outputs are the fake engine's exact answer either way.
+prefix, fetched inside the cluster (the report's tier: decode), and counted as kept off the
+link. Without the option the same turn crosses the link, reusing prfaas-0's own copy (host).
+Outputs are the fake engine's exact answer either way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from serving_support import fake_config, fake_instances, generate, serve_in_proc
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 CFG = load_model_config("tiny")
 REPLY = 4
@@ -46,6 +48,8 @@ def second_turn(tmp_path, decode_aware: bool):
         assert reply.tokens == fake_tokens(second, REPLY, CFG.vocab_size)
         assert reply.report.attempts == 1
         counted = running.core.decode_cache_local
+        stats = running.router.GetStats(pb.GetStatsRequest(), timeout=10)
+        assert stats.decode_cache_local == counted  # as GetStats reports it
     return reply.report, counted
 
 
@@ -53,6 +57,9 @@ def test_a_prefix_held_only_by_the_decode_worker_keeps_the_next_turn_local(tmp_p
     report, counted = second_turn(tmp_path, decode_aware=True)
     assert (report.route, report.prefill_instance) == ("pd", "pd-0")
     assert (report.cached_len, report.uncached_len) == (100, 24)
+    assert report.cache_tier == pb.CACHE_TIER_DECODE
     assert counted == 1
     report, counted = second_turn(tmp_path, decode_aware=False)
     assert (report.route, report.prefill_instance, counted) == ("prfaas", "prfaas-0", 0)
+    # prfaas-0 prefilled the first turn: its own host memory holds it.
+    assert (report.cached_len, report.cache_tier) == (100, pb.CACHE_TIER_HOST)

@@ -24,6 +24,7 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 CFG = load_model_config("tiny")
 VOCAB = CFG.vocab_size
@@ -72,6 +73,11 @@ def serve(tmp_path, replicate: bool) -> dict:
         "p90_ttft_s": float(np.quantile(ttft, 0.9)),
         "pd2_prompts": pd2.prompts,
         "pd2_reused": pd2.reused_tokens,
+        # Where each instance's prefills found the system prompt (RequestReport.cache_tier).
+        "tiers": {
+            name: {r.report.cache_tier for r in replies if r.report.prefill_instance == name}
+            for name in ("pd-0", "pd-2")
+        },
     }
 
 
@@ -88,6 +94,10 @@ def test_a_hot_prefix_spreads_and_its_queue_and_p90_ttft_drop(tmp_path):
     # pd-2 took the system prompt from pd-0 instead of computing it: 400 reused per prompt.
     assert replicated["pd2_prompts"] >= REQUESTS - 20
     assert replicated["pd2_reused"] == 400 * replicated["pd2_prompts"]
+    # Fetched from pd-0 at first, then from pd-2's own copy of the import; pd-0 its own.
+    assert pb.CACHE_TIER_PEER in replicated["tiers"]["pd-2"]
+    assert replicated["tiers"]["pd-2"] <= {pb.CACHE_TIER_PEER, pb.CACHE_TIER_HOST}
+    assert replicated["tiers"]["pd-0"] == {pb.CACHE_TIER_HOST}
     # Half the queue ahead of most requests: the P90 TTFT drops (by how much depends on the
     # machine's load, which adds to both runs; printed above).
     assert replicated["p90_ttft_s"] < alone["p90_ttft_s"]

@@ -5,7 +5,8 @@ fresh set of workers over the same directories: a restart.
 
 After a restart the next turn of a conversation reuses its first turn from the warm disk tier
 and the output is the fake engine's exact answer; a file damaged while the worker was down is
-dropped by the restart's check and the turn is recomputed, exact again.
+dropped by the restart's check and the turn is recomputed, exact again. Each report names the
+tier its prefix came from.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.engine.prefix_disk import entry_name
 from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 CFG = load_model_config("tiny")
 REPLY = 4
@@ -46,12 +48,14 @@ def test_a_restarted_worker_reuses_its_disk_tier_and_drops_a_damaged_file(tmp_pa
     )
     config = load_cluster_config(path)
     first, stats = run(config, FIRST)
+    assert first.report.cache_tier == pb.CACHE_TIER_NONE
     assert (stats.spills, stats.disk_entries, stats.disk_dropped) == (1, 1, 0)
     assert stats.disk_used_bytes == (disk / "pd-0" / entry_name(FIRST)).stat().st_size
     second = FIRST + first.tokens + [5] * 10
 
     reply, stats = run(config, second)  # restarted: host memory empty, the disk tier warm
     assert (reply.report.cached_len, reply.report.uncached_len) == (40, 14)
+    assert reply.report.cache_tier == pb.CACHE_TIER_DISK
     assert (stats.disk_hits, stats.hits) == (1, 1)
 
     spilled = disk / "pd-0" / entry_name(FIRST)
@@ -60,5 +64,6 @@ def test_a_restarted_worker_reuses_its_disk_tier_and_drops_a_damaged_file(tmp_pa
     spilled.write_bytes(bytes(data))
     reply, stats = run(config, second)
     assert (reply.report.cached_len, reply.report.uncached_len) == (0, 54)
+    assert reply.report.cache_tier == pb.CACHE_TIER_NONE
     assert stats.disk_dropped == 1
     assert not spilled.exists()

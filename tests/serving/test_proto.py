@@ -85,5 +85,14 @@ def test_client_port_is_as_specified():
         ("decode_cached_len", 14, T.TYPE_INT32),
         ("saved_bytes", 15, T.TYPE_UINT64),
         ("seed", 16, T.TYPE_UINT64),
+        ("cache_tier", 17, T.TYPE_ENUM),
+    ]
+    tiers = prfaas_pb2.DESCRIPTOR.enum_types_by_name["CacheTier"]
+    assert [(v.name, v.number) for v in tiers.values] == [
+        ("CACHE_TIER_NONE", 0),
+        ("CACHE_TIER_HOST", 1),
+        ("CACHE_TIER_DISK", 2),
+        ("CACHE_TIER_PEER", 3),
+        ("CACHE_TIER_DECODE", 4),
     ]
     assert prfaas_pb2.DESCRIPTOR.package == "prfaas.v1"

@@ -23,7 +23,8 @@ worker, which pushes the state to that decode worker; when the reused prefix sit
 instance, the call names it and the prefill worker fetches it first. Before a state crosses
 the link the decode worker is asked which leading KV it holds (`reserve_kv`), and the state
 ships as an increment. Tokens are forwarded as they come; the final message carries
-the `RequestReport`. If the client goes away, both calls are cancelled.
+the `RequestReport`, with the tier the reused prefix came from (the prefill worker's reply; a
+fetched prefix named by its holder's role). If the client goes away, both calls are cancelled.
 
 Faults. One prefill + decode is an *attempt*; the router keeps a `RequestRecord` (prompt, budget,
 sampling, tokens already streamed) and retries a failed attempt — a prefill worker or link that
@@ -492,6 +493,7 @@ class RouterCore:
                 if message.finished or record.owed == 0:
                     reply = prefill_reply(prefill_call, timeout)
                     cached = self._reused(reply, decision)
+                    tier = _reuse_tier(reply, decision, source)
                     exposed = 0.0
                     if reply is not None and replied and first_token_at is not None:
                         # Worker: prefill end → push acknowledged; router: reply → first token.
@@ -520,6 +522,7 @@ class RouterCore:
                         decode_cached_len=held,
                         saved_bytes=saved,
                         seed=record.sampling.seed,
+                        cache_tier=tier,
                     )
                     if resumed_from:
                         with self.lock:
@@ -600,6 +603,22 @@ class RouterCore:
             for name in changed:  # a restarted instance: a new cache, numbered from 1 again
                 self.cache_feed.follow(name, self.workers[name].prefix)
         return changed
+
+
+def _reuse_tier(
+    reply: pb.PrefillReply | None, decision: Decision, source: WorkerHandle | None
+) -> pb.CacheTier:
+    """`RequestReport.cache_tier`: the prefill's own (its reply's), a fetched prefix named by
+    the holder's role; the decision's estimate if the reply is lost."""
+    if reply is not None:
+        tier = reply.cache_tier
+    elif decision.cached_len == 0:
+        tier = pb.CACHE_TIER_NONE
+    else:
+        tier = pb.CACHE_TIER_PEER if source is not None else pb.CACHE_TIER_HOST
+    if tier == pb.CACHE_TIER_PEER and source is not None and source.role is Role.PD_DECODE:
+        return pb.CACHE_TIER_DECODE
+    return tier
 
 
 class RouterService(pb_grpc.RouterServicer):

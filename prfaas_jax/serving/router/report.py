@@ -69,6 +69,7 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             vocab_size=core.cfg.vocab_size,
             max_len=core.config.engine.max_len,
             prefix_moves=core.prefix_moves,
+            decode_cache_local=core.decode_cache_local,
             prompt_tokens=core.prompt_tokens,
             cached_tokens=core.cached_tokens,
             retries=core.retries,

@@ -34,7 +34,8 @@ Every prefill goes through the node's prefix cache (`prefixes`, serving/worker/p
 the part of the prompt no cached prefix covers is computed, checkpoints are saved from the same
 `on_chunk` calls, and a prefix the router says sits on another instance (`prefix_source`) is
 fetched before the engine is awaited (a prefix in this worker's disk tier is read back then too,
-`PrefixService.prefetch`). The reply's `cached_len` is what was reused.
+`PrefixService.prefetch`). The reply's `cached_len` is what was reused, its `cache_tier` where
+that came from (host memory, the disk tier, or a fetched prefix).
 
 Short prompts waiting together share one engine call (`[engine] prefill_batch_rows`,
 `prefill_batch_tokens`; serving/worker/prefill_queue.py): each keeps its own push, report,
@@ -68,12 +69,14 @@ import grpc
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine import codec
 from prfaas_jax.engine.api import OnChunk, OnLayers, PrefillEngineLike, PrefillOutput
+from prfaas_jax.engine.cached_prefill import IMPORTED, NOT_REUSED
 from prfaas_jax.engine.codec.handoff import Handoff, pack_handoff
 from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.model.state import ModelState, state_nbytes
 from prfaas_jax.policy.link_capacity import CapacityMeter
 from prfaas_jax.policy.link_rtt import RttMeter
+from prfaas_jax.prefix_events import DISK, HOST
 from prfaas_jax.serving.cluster_sections import SecuritySection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -93,6 +96,14 @@ from prfaas_jax.serving.transport.server import abort_for
 from prfaas_jax.serving.worker.prefill_queue import PrefillQueue, QueuedPrefill, WithdrawnError
 from prfaas_jax.serving.worker.prefix import PrefixService
 from prfaas_jax.wire_precision import WIRE_NATIVE, WirePrecision
+
+# `PrefillReply.cache_tier` of each source `CachedPrefill` reports (engine/cached_prefill.py).
+CACHE_TIERS = {
+    NOT_REUSED: pb.CACHE_TIER_NONE,
+    HOST: pb.CACHE_TIER_HOST,
+    DISK: pb.CACHE_TIER_DISK,
+    IMPORTED: pb.CACHE_TIER_PEER,
+}
 
 
 class PrefillService(pb_grpc.PrefillWorkerServicer):
@@ -244,6 +255,11 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             )
             faults = None
             started = arrived
+            reused_from = NOT_REUSED  # a batched row reuses nothing
+
+            def on_reuse(source: str) -> None:
+                nonlocal reused_from
+                reused_from = source
 
             def start() -> None:  # the engine is this request's
                 nonlocal faults, started
@@ -281,7 +297,12 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 sampling,
                 start=start,
                 alone=lambda: self._prefill(
-                    tokens, prefix, sampling=sampling, on_chunk=on_chunk, on_layers=on_layers
+                    tokens,
+                    prefix,
+                    sampling=sampling,
+                    on_chunk=on_chunk,
+                    on_layers=on_layers,
+                    on_reuse=on_reuse,
                 ),
                 row_done=row_done,
                 batchable=lambda: prefix is None and self._batchable(tokens),
@@ -338,6 +359,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             transfer_s=time.perf_counter() - prefilled,  # the part of the transfer after prefill
             shaped=self.shaper is not None,
             cached_len=result.prefix_len,
+            cache_tier=CACHE_TIERS[reused_from],
             cache_seq=cache_seq,
             prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
             logprobs=[logprobs_to_proto(x) for x in scored],
@@ -370,16 +392,19 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         sampling: SamplingParams,
         on_chunk: OnChunk,
         on_layers: OnLayers,
+        on_reuse: Callable[[str], None],
     ) -> PrefillOutput:
         """Prefill through the node's prefix cache (engine/cached_prefill.py): only the part no
         cached (or fetched) prefix covers is computed; `on_chunk` still sees every chunk, and
-        an engine that streams by layers calls `on_layers` in the last."""
+        an engine that streams by layers calls `on_layers` in the last; `on_reuse` is told
+        where the reused prefix came from."""
         engine, max_len = self._engine(), self.max_len
         options = {"sampling": sampling, "max_len": max_len}
         options |= {"on_chunk": on_chunk, "on_layers": on_layers}
         if self.prefixes is None:
             return engine.prefill(tokens, **options)
-        return self.prefixes.reuse.prefill(engine, tokens, prefix=prefix, **options)
+        reuse = self.prefixes.reuse
+        return reuse.prefill(engine, tokens, prefix=prefix, on_reuse=on_reuse, **options)
 
 
 class _AbandonedError(Exception):
