@@ -85,5 +85,6 @@ def test_client_port_is_as_specified():
         ("decode_cached_len", 14, T.TYPE_INT32),
         ("saved_bytes", 15, T.TYPE_UINT64),
         ("seed", 16, T.TYPE_UINT64),
+        ("wire_precision", 17, T.TYPE_STRING),
     ]
     assert prfaas_pb2.DESCRIPTOR.package == "prfaas.v1"
