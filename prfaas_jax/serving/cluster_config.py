@@ -135,6 +135,16 @@ class ClusterConfig:
         return (name, dict(self.node_classes)[name]) if name else None
 
     @property
+    def lossy_wire(self) -> str | None:
+        """What lets a state cross the link other than exact (`[link] precision` not native,
+        or `[wire]`), in words; None: every state crosses exact."""
+        if self.wire is not None:
+            return "[wire] (narrowed states)"
+        if not self.link.wire_precision.is_native:
+            return f'[link] precision = "{self.link.precision}"'
+        return None
+
+    @property
     def pending_states_limit(self) -> int:
         """`engine.max_pending_states`, or with 0 `router.max_in_flight`: then every request the
         router admits may wait on one decode node with its state, as under a decode backlog."""

@@ -103,7 +103,7 @@ def test_progress_on_a_terminal_draws_on_stderr_only(capsys, monkeypatch):
         ({"link": {"precision": "int8"}}, 'which [link] precision = "int8" does not promise'),
         (
             {"wire": {"options": [{"precision": "int8", "byte_ratio": 0.3, "recall_loss": 0.0}]}},
-            "which [wire]'s narrowed states do not promise",
+            "which [wire] (narrowed states) does not promise",
         ),
     ],
 )

@@ -170,7 +170,6 @@ class DemoResult:
             "decode_tokens_per_s": self.decode_tokens_per_s,
             "state_bytes": r.state_bytes,
             "state_nbytes": self.expected_state_bytes,
-            "wire_precision": r.wire_precision,
             "prefill_instance": r.prefill_instance,
             "decode_instance": r.decode_instance,
             "tokens": self.tokens,
@@ -249,17 +248,10 @@ def run_demo(
         raise UserError(
             f'{cluster_config.path}: the demo checks real model outputs: it needs engine = "jax"'
         )
-    if not cluster_config.link.wire_precision.is_native:
+    if (lossy := cluster_config.lossy_wire) is not None:
         raise UserError(
             f"{cluster_config.path}: the demo checks outputs equal single-process generation, "
-            f'which [link] precision = "{cluster_config.link.precision}" does not promise '
-            "(`prfaas wirecheck` measures what it costs)"
-        )
-    if cluster_config.wire is not None:
-        raise UserError(
-            f"{cluster_config.path}: the demo checks outputs equal single-process generation, "
-            "which [wire]'s narrowed states do not promise (bench/bandwidth_drop.py --recall "
-            "measures the recall they cost)"
+            f"which {lossy} does not promise (`prfaas wirecheck` measures what it costs)"
         )
     cfg = load_model_config(cluster_config.model.preset)
     task = recall_task(cluster_config.model.preset)
