@@ -64,18 +64,22 @@ def recall_sections() -> dict:
 
 
 def recall_workload(n: int, seed: int) -> tuple[list[list[int]], list[int]]:
-    """``n`` retrieval prompts of the recall model's training task and each one's answer."""
+    """``n`` retrieval prompts of the recall model's training task and each one's answer, cut
+    as `train.tasks.recall_prompt` cuts one (up to the first asked key; the answer the second
+    token of its value), from one compiled batch rather than ``n`` calls op by op."""
     import jax
 
     from prfaas_jax.serving.loadgen.demo import recall_task
-    from prfaas_jax.train.tasks import recall_prompt
+    from prfaas_jax.train.tasks import make_batch
 
     task = recall_task(RECALL_PRESET)
     if task is None:
         raise SystemExit(f"{RECALL_PRESET} has no retrieval task in its run.json")
-    key = jax.random.PRNGKey(seed)
-    asked = [recall_prompt(jax.random.fold_in(key, i), task) for i in range(n)]
-    return [prompt for prompt, _ in asked], [answer for _, answer in asked]
+    batch = make_batch(jax.random.PRNGKey(seed), task, n)
+    tokens, targets = np.asarray(batch.tokens), np.asarray(batch.targets)
+    firsts = np.asarray(batch.answer).argmax(axis=1)
+    prompts = [tokens[i, :first].tolist() for i, first in enumerate(firsts)]
+    return prompts, [int(targets[i, first]) for i, first in enumerate(firsts)]
 
 
 def compare(
