@@ -19,7 +19,13 @@
 
     python bench/bandwidth_drop.py [--netns] [--rate 8] [--input-len 500] [--drop 0.3]
                                    [--drop-at 40] [--drop-for 60] [--after 50] [--plot FILE]
-                                   [--json]
+                                   [--json] [--fixed-t] [--adaptive-wire | --recall]
+
+``--fixed-t`` turns the threshold controller off. ``--adaptive-wire`` runs steps 1–2 twice
+instead, every state native and then with the router's ``[wire]`` policy narrowing offloaded
+states while the link runs hot, and compares throughput, TTFT P90 and the share narrowed;
+``--recall`` does so on the recall model's JAX engines and checks every answer
+(bench/wire_comparison.py).
 
 The router's egress counter is what the PrfaaS workers handed to their sockets, so right after
 the drop it can run ahead of the link by what the sockets' buffers take in; the kernel then
