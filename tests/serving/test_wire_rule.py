@@ -5,6 +5,7 @@ arrives in exactly the bytes the formula gives for that precision, is reported a
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from serving_support import fake_config, fake_instances, generate, serve_in_process
 
@@ -15,6 +16,8 @@ from prfaas_jax.policy.routing import ClusterKind
 from prfaas_jax.policy.threshold_controller import LinkObservation
 from prfaas_jax.policy.wire_choice import AdaptiveWireConfig, WireOption
 from prfaas_jax.serving.cluster_config import load_cluster_config
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.router.control import RouterControl
 from prfaas_jax.serving.router.metrics import render_metrics
 from prfaas_jax.serving.router.wire_rule import WireRule
@@ -96,24 +99,41 @@ def test_the_section_is_the_simulators_vocabulary(tmp_path):
 
 
 def test_a_narrowed_request_ships_the_bytes_of_its_precision(tmp_path):
-    """Fake-engine workers in this process, `[wire]` on: once the observed egress is past the
-    high level, a long prompt's state crosses in bf16 — exactly state_nbytes(…, bf16) bytes,
-    half of native's, the tokens unchanged — and the report, `GetStats` and the metric say so;
-    a short prompt (PD) and, after the link cools, a long one ship native bytes."""
+    """Fake-engine workers in this process, `[wire]` on, the router's control loop stepped on a
+    fake clock over the PrfaaS worker's egress counter (its capacity the configured 2 MB/s):
+    1.9 MB in a second is u = 0.95, so a long prompt's state then crosses in bf16 — exactly
+    state_nbytes(…, bf16) bytes, half of native's, the tokens unchanged — and the report,
+    `GetStats` and the metric say so; a short prompt (PD) ships native bytes, and so does a long
+    one once 50 KB over 1.5 s (u ≈ 0.02) has cooled the link. A precision the codec does not
+    know is the worker's INVALID_ARGUMENT."""
     config = load_cluster_config(fake_config(tmp_path / "cluster.toml", wire=WIRE_BF16))
     long, short = [(3 + 7 * i) % CFG.vocab_size for i in range(200)], [5] * 20
     bf16 = WirePrecision.parse("bf16")
     with serve_in_process(config, fake_instances(CFG)) as cluster:
-        wire = cluster.core.wire
-        with cluster.core.lock:  # as the control loop hands it the link's counters
-            observe(wire, 0.0, 0)
-            observe(wire, 1.0, 950)
+        control, prfaas = RouterControl(cluster.core), cluster.core.workers["prfaas-0"]
+
+        def step(now: float, sent: int) -> None:
+            # What a poll of the worker would bring (the in-process workers serve no
+            # WorkerControl, so the loop keeps the stats set here).
+            prfaas.stats = pb.WorkerStats(egress_bytes=sent)
+            control.step(now)
+
+        step(0.0, 0)
+        step(1.0, 1_900_000)
         hot = [generate(cluster.router, p, 4) for p in (long, short)]
-        with cluster.core.lock:
-            observe(wire, 2.5, 1000)
+        step(2.5, 1_950_000)
         cool = generate(cluster.router, long, 4)
         stats = cluster.stats()
-        text = render_metrics(RouterControl(cluster.core).snapshot())
+        text = render_metrics(control.snapshot())
+        bad = pb.PrefillRequest(
+            request_id="x",
+            prompt_token_ids=long,
+            decode_address="127.0.0.1:1",
+            wire_precision="int4",
+        )
+        address = cluster.servers["prfaas-0"].address
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.PrefillWorkerStub(channel).Prefill(bad, timeout=10)
     narrowed, local = hot
     assert (narrowed.report.route, narrowed.report.wire_precision) == ("prfaas", "bf16")
     assert (
@@ -125,4 +145,7 @@ def test_a_narrowed_request_ships_the_bytes_of_its_precision(tmp_path):
     assert (cool.report.route, cool.report.wire_precision) == ("prfaas", "")
     assert cool.report.state_bytes == state_nbytes(CFG, 200)
     assert dict(stats.wire_narrowed) == {"bf16": 1}
+    assert stats.wire_utilization == pytest.approx(50_000 / 1.5 / 2e6)
     assert 'prfaas_wire_narrowed_total{precision="bf16"} 1.0' in text.splitlines()
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "wire_precision" in refused.value.details()
