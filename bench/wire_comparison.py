@@ -16,9 +16,9 @@ Two settings:
   demo` checks recall with), every prompt a retrieval question of its training task whose answer
   is the second generated token, the one the decode worker computes from the state it received.
   The narrowing is ``int8`` (0.30 of native's bytes at these lengths), whose recall cost in the
-  codesign table is at most 0.1 points, within the budget of 1 point per narrowed request. With
-  a fixed t (``--fixed-t``) the same prompts take the same route in both runs, so each narrowed
-  request's answer is compared with the same prompt's answer shipped native.
+  codesign table is at most 0.1 points, within the budget of 1 point per narrowed request. Both
+  runs send the same prompts at the same times, so each narrowed request's answer is compared
+  with the same prompt's answer in the native run, where every state crossed exact.
 """
 
 from __future__ import annotations
