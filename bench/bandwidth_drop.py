@@ -19,7 +19,13 @@
 
     python bench/bandwidth_drop.py [--netns] [--rate 8] [--input-len 500] [--drop 0.3]
                                    [--drop-at 40] [--drop-for 60] [--after 50] [--plot FILE]
-                                   [--json]
+                                   [--json] [--fixed-t] [--adaptive-wire | --recall]
+
+``--fixed-t`` turns the threshold controller off. ``--adaptive-wire`` runs steps 1–2 twice
+instead, every state native and then with the router's ``[wire]`` policy narrowing offloaded
+states while the link runs hot, and compares throughput, TTFT P90 and the share narrowed;
+``--recall`` does so on the recall model's JAX engines and checks every answer
+(bench/wire_comparison.py).
 
 The router's egress counter is what the PrfaaS workers handed to their sockets, so right after
 the drop it can run ahead of the link by what the sockets' buffers take in; the kernel then
@@ -43,6 +49,7 @@ from pathlib import Path
 
 import grpc
 from sim_inputs import plan_and_trace, toml_text
+from wire_comparison import compare, table
 
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.loadgen.bench import BenchOptions, InputDist, run_bench
@@ -56,7 +63,8 @@ WINDOW_S = 4.0  # the controller's utilization window (cluster_config's [control
 CONTROL_PERIOD_S = 0.5
 
 
-def cluster_config(root: Path, args: argparse.Namespace) -> Path:
+def cluster_config(root: Path, args: argparse.Namespace, extra: dict | None = None) -> Path:
+    """The toy cluster's config under ``root``; ``extra``: sections (name → keys) merged in."""
     schedule = [[args.drop_at, args.drop], [args.drop_at + args.drop_for, 1.0]]
     sections = {
         "model": {"preset": "tiny", "engine": "fake"},
@@ -70,9 +78,16 @@ def cluster_config(root: Path, args: argparse.Namespace) -> Path:
             "schedule": schedule,
         },
         "router": {"threshold": 64.0, "prfaas_max_queue": 64, "control_period_s": CONTROL_PERIOD_S},
-        "controller": {"threshold_step": 32, "utilization_window_s": WINDOW_S},
+        "controller": {
+            "enabled": not args.fixed_t,
+            "threshold_step": 32,
+            "utilization_window_s": WINDOW_S,
+        },
         "prefix_cache": {"enabled": False},
     }
+    for name, keys in (extra or {}).items():
+        sections.setdefault(name, {}).update(keys)
+    root.mkdir(parents=True, exist_ok=True)
     path = root / "cluster.toml"
     path.write_text(toml_text(sections))
     return path
@@ -100,10 +115,21 @@ class StatsPoller:
         self._channel.close()
 
 
-def measure(root: Path, args: argparse.Namespace) -> tuple[list, list[dict], dict]:
-    config = cluster_config(root, args)
-    duration = args.drop_at + args.drop_for + args.after
-    logs = Path(args.log_dir) if args.log_dir else root / "logs"
+def measure(
+    root: Path,
+    args: argparse.Namespace,
+    extra: dict | None = None,
+    prompts: list[list[int]] | None = None,
+    output_len: int = 4,
+    tag: str = "",
+    failures: bool = False,
+) -> tuple[list, list[dict], dict]:
+    """One run: the cluster (``extra`` sections merged into its config) under the schedule, the
+    load (``prompts``, one per request, when given) and the router's stats as they went; its
+    logs in ``--log-dir``/``tag``. A failed request ends the bench unless ``failures``: then
+    its record carries the error."""
+    config = cluster_config(root, args, extra)
+    logs = Path(args.log_dir) / tag if args.log_dir else root / "logs"
     with ClusterProcesses(config, log_dir=logs, netns=args.netns) as cluster:
         ready = cluster.start()
         # t = 0 of the schedule: the kernel link's is in the ready info; the sender's token
@@ -113,18 +139,18 @@ def measure(root: Path, args: argparse.Namespace) -> tuple[list, list[dict], dic
         poller = StatsPoller(ready["router"], start)
         options = BenchOptions(
             router=ready["router"],
-            num_prompts=max(int(args.rate * duration), 1),
+            num_prompts=requests(args),
             request_rate=args.rate,
             input_dist=InputDist.UNIFORM,
             input_len=args.input_len,
             range_ratio=0.9,
-            output_len=4,
+            output_len=output_len,
             seed=args.seed,
         )
-        records, _ = run_bench(options)
+        records, _ = run_bench(options, prompts=prompts)
         poller.stop()
     failed = [r.error for r in records if r.error]
-    if failed:
+    if failed and not failures:
         raise SystemExit(f"{len(failed)} requests failed, e.g. {failed[0]}")
     sent0 = min(r.sent for r in records) - start  # the load's first request on the schedule
     trace = []
@@ -141,6 +167,11 @@ def measure(root: Path, args: argparse.Namespace) -> tuple[list, list[dict], dic
             }
         )
     return records, trace, {"toy": tomllib.loads(config.read_text()), "sent0": sent0}
+
+
+def requests(args: argparse.Namespace) -> int:
+    """How many requests a run sends: the rate over the whole schedule."""
+    return max(int(args.rate * (args.drop_at + args.drop_for + args.after)), 1)
 
 
 def simulate(root: Path, records: list, toy: dict, sent0: float, args: argparse.Namespace) -> list:
@@ -321,11 +352,24 @@ def main() -> int:
     parser.add_argument("--plot", help="write the figure here (PNG)")
     parser.add_argument("--log-dir", help="keep the cluster's logs here (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument(
+        "--adaptive-wire",
+        action="store_true",
+        help="run twice, states native and with [wire] narrowing them, and compare",
+    )
+    parser.add_argument(
+        "--recall",
+        action="store_true",
+        help="--adaptive-wire on the recall model's JAX engines: recall through the cluster",
+    )
+    parser.add_argument("--fixed-t", action="store_true", help="the threshold controller off")
     args = parser.parse_args()
     if args.netns and os.geteuid() != 0:
         parser.error("--netns needs root")
     if not (0 < args.drop < 1 and args.drop_at > 10 and args.drop_for > 0 and args.after > 0):
         parser.error("need 0 < --drop < 1, --drop-at > 10, --drop-for > 0, --after > 0")
+    if args.adaptive_wire or args.recall:
+        return wire_main(args)
     with tempfile.TemporaryDirectory(prefix="prfaas-bandwidth-drop-") as tmp:
         root = Path(tmp)
         records, trace, context = measure(root, args)
@@ -368,6 +412,22 @@ def main() -> int:
         f"{r['over_s']:.1f} s of the drop, the last time {r['last_over_s']:.1f} s into it"
     )
     print(json.dumps({k: v for k, v in report.items() if "trace" not in k}))
+    return 0
+
+
+def wire_main(args: argparse.Namespace) -> int:
+    """``--adaptive-wire`` / ``--recall``: the two runs of bench/wire_comparison.py."""
+    with tempfile.TemporaryDirectory(prefix="prfaas-bandwidth-drop-") as tmp:
+        result = compare(Path(tmp), args, measure, requests(args), WINDOW_S)
+    result["command"] = " ".join(["python bench/bandwidth_drop.py", *sys.argv[1:]])
+    result["link"] = "kernel tbf (--netns)" if args.netns else "in-process token bucket"
+    result["controller"] = "off (fixed t)" if args.fixed_t else "on"
+    result["machine"] = f"{platform.machine()}, {os.cpu_count()} CPUs"
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(table(result))
+        print(json.dumps({k: v for k, v in result.items() if k != "runs"}))
     return 0
 
 

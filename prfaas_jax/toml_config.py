@@ -269,8 +269,9 @@ def located(where: Where) -> Iterator[None]:
 
 def dumps(doc: Mapping[str, object]) -> str:
     """A TOML document from ``doc``: top-level values first, then each table (a nested dict)
-    as ``[a.b]``; values are numbers, booleans, strings and lists of them. For the configs a
-    command writes for another to read (an experiment's plan, simulation and cluster files)."""
+    as ``[a.b]``; values are numbers, booleans, strings and lists of them, a dict in a list an
+    inline table (``options = [{ precision = "int8", … }]``). For the configs a command writes
+    for another to read (an experiment's plan, simulation and cluster files)."""
 
     def key(raw: str) -> str:
         return raw if re.fullmatch(r"[A-Za-z0-9_-]+", raw) else json.dumps(raw)
@@ -280,6 +281,8 @@ def dumps(doc: Mapping[str, object]) -> str:
             raise ValueError(f"TOML has no {raw!r} here")
         if isinstance(raw, list | tuple):
             return "[" + ", ".join(scalar(item) for item in raw) + "]"
+        if isinstance(raw, Mapping):
+            return "{ " + ", ".join(f"{key(k)} = {scalar(v)}" for k, v in raw.items()) + " }"
         return json.dumps(raw)  # a number, a boolean or a basic string: TOML's spelling too
 
     def table(name: str, body: Mapping[str, object]) -> list[str]:

@@ -60,6 +60,8 @@ def toml(sections: dict[str, dict]) -> str:
             return f'"{v}"'
         if isinstance(v, list | tuple):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table, e.g. one of [wire]'s options
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
         return repr(v)
 
     lines = []

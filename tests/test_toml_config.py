@@ -203,9 +203,11 @@ def test_dumps_writes_what_tomllib_reads_back():
         "node_classes": {"fast": {"cpus": "0-1", "cpu_quota": 0.75}},
         "link": {"schedule": [[0, 0.1], [5.5, 1]], "layerwise": False},
         "deployments": {"a.b": {"threshold": 4096}},
+        "wire": {"options": [{"precision": "int8", "byte_ratio": 0.3, "a b": True}]},
     }
     text = dumps(doc)
     assert tomllib.loads(text) == doc
     assert "[node_classes.fast]" in text and '[deployments."a.b"]' in text
+    assert 'options = [{ precision = "int8", byte_ratio = 0.3, "a b" = true }]' in text
     with pytest.raises(ValueError, match="TOML has no"):
         dumps({"x": float("inf")})

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from prfaas_jax.policy.egress_window import EgressWindow
 from prfaas_jax.policy.threshold_controller import LinkObservation
+from prfaas_jax.wire_precision import WirePrecision
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class WireOption:
     recall_loss: float
 
     def __post_init__(self) -> None:
+        WirePrecision.parse(self.precision)  # a name the codec knows: the serving plane sends it
         if not 0 < self.byte_ratio <= 1:
             raise ValueError(f"{self.precision}: byte_ratio must be in (0, 1]")
         if self.recall_loss < 0:

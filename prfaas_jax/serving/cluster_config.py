@@ -50,6 +50,10 @@ optional except `[model] preset` (docs/serving.md explains each):
     [hosts]       router, prfaas, pd, or an instance's name ("pd-1"): "HOST" or "HOST:PORT",
                   where each server listens (instance i of a cluster at PORT + i; the metrics
                   endpoint on the router's host); loopback and free ports by default
+    [wire]        options ([{precision, byte_ratio, recall_loss}, …]), recall_budget,
+                  high_utilization, low_utilization, window_s: the simulator's section, read
+                  into the same `AdaptiveWireConfig` (policy/wire_choice.py); present, the
+                  router picks per offloaded request whether its state crosses narrowed
 
 A typo is a `ConfigError` naming the file and the key, as is a value of the wrong type or out
 of range (`toml_config`); a section under its former name gets one naming the new one
@@ -78,6 +82,7 @@ from prfaas_jax.mesh_spec import parse_mesh_spec
 from prfaas_jax.policy.rebalancer import RebalancerConfig
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates
+from prfaas_jax.policy.wire_choice import AdaptiveWireConfig
 from prfaas_jax.serving.cluster_sections import (
     ControllerSection,
     Endpoint,
@@ -120,6 +125,7 @@ class ClusterConfig:
     faults: FaultsSection = dataclasses.field(default_factory=FaultsSection)
     hosts: HostsSection = dataclasses.field(default_factory=HostsSection)
     node_classes: tuple[tuple[str, NodeClassSection], ...] = ()
+    wire: AdaptiveWireConfig | None = None  # [wire]: the router narrows states (wire_choice.py)
 
     def node_class(self, role: Role) -> tuple[str, NodeClassSection] | None:
         """The node class (name, limits) of an instance starting in ``role``; None: none."""
@@ -127,6 +133,16 @@ class ClusterConfig:
             self.instances.prfaas_class if role is Role.PRFAAS_PREFILL else self.instances.pd_class
         )
         return (name, dict(self.node_classes)[name]) if name else None
+
+    @property
+    def lossy_wire(self) -> str | None:
+        """What lets a state cross the link other than exact (`[link] precision` not native,
+        or `[wire]`), in words; None: every state crosses exact."""
+        if self.wire is not None:
+            return "[wire] (narrowed states)"
+        if not self.link.wire_precision.is_native:
+            return f'[link] precision = "{self.link.precision}"'
+        return None
 
     @property
     def pending_states_limit(self) -> int:
@@ -261,6 +277,7 @@ def _parse(path: Path, doc: dict[str, object], *, security_files: bool = True) -
         ),
         faults=section("faults", FaultsSection),
         node_classes=_node_classes(doc.get("node_classes", {}), where.at("node_classes")),
+        wire=build(AdaptiveWireConfig, doc["wire"], where.at("wire")) if "wire" in doc else None,
     )
     config = dataclasses.replace(
         config, hosts=_hosts(doc.get("hosts", {}), where.at("hosts"), config)

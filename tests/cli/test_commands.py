@@ -101,6 +101,10 @@ def test_progress_on_a_terminal_draws_on_stderr_only(capsys, monkeypatch):
     [
         ({"model": {"engine": "fake"}}, 'it needs engine = "jax"'),
         ({"link": {"precision": "int8"}}, 'which [link] precision = "int8" does not promise'),
+        (
+            {"wire": {"options": [{"precision": "int8", "byte_ratio": 0.3, "recall_loss": 0.0}]}},
+            "which [wire] (narrowed states) does not promise",
+        ),
     ],
 )
 def test_the_demo_refuses_a_config_whose_outputs_it_cannot_check(

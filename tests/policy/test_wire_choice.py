@@ -28,6 +28,8 @@ def test_the_narrowest_option_within_the_budget():
     assert narrowest_within((FP8,), 0.01) is None
     with pytest.raises(ValueError, match="byte_ratio"):
         WireOption("int8", byte_ratio=1.5, recall_loss=0.0)
+    with pytest.raises(ValueError, match="expected one of native, bf16"):
+        WireOption("int4", byte_ratio=0.3, recall_loss=0.0)  # no encoding the codec knows
 
 
 def test_narrowing_has_hysteresis_between_the_levels():

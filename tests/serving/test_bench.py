@@ -142,6 +142,12 @@ def test_metrics_on_literal_records():
     assert "Egress on the link device (bytes)" in text and "26250000" in text
     assert "+5.0%" in text
     assert "router" not in s and "Router CPU" not in text
+    assert s["wire_narrowed"] == {} and "Sent narrowed" not in text
+    # One of the two completed requests crossed narrowed ([wire]), by the router's counters.
+    s = summarize(records, {**context, "wire_narrowed": {"int8": 1}}, opts)
+    assert s["narrowed_fraction"] == pytest.approx(0.5)
+    line = "Sent narrowed ([wire])".ljust(40) + "50.0% (int8 1)".rjust(16)
+    assert line in format_summary(s, opts).splitlines()
 
 
 def test_router_costs_from_the_routers_counters():

@@ -67,6 +67,7 @@ FAMILIES = {
     "prfaas_link_capacity_samples": "gauge",
     "prfaas_link_saved_bytes_total": "counter",
     "prfaas_cache_rule_total": "counter",
+    "prfaas_wire_narrowed_total": "counter",
     "prfaas_link_tcp_retransmitted_segments_total": "counter",
     "prfaas_link_rtt_seconds": "gauge",
     "prfaas_egress_utilization": "gauge",
@@ -166,6 +167,7 @@ def full_snapshot(instance: str = "pd-0") -> RouterSnapshot:
         prompt_tokens=1200,
         cached_tokens=900,
         prefix_moves=1,
+        wire_narrowed={"int8": 4, "bf16": 2},
         decode_cache_local=3,
         retries=6,
         resumed=7,
@@ -265,6 +267,8 @@ def test_every_family_its_name_type_and_values():
         assert sample(samples, "prfaas_cache_rule_total", rule=rule) == n
     for role, n in s.instances.items():
         assert sample(samples, "prfaas_instances", role=role) == n
+    for precision, n in s.wire_narrowed.items():
+        assert sample(samples, "prfaas_wire_narrowed_total", precision=precision) == n
     assert sample(samples, "prfaas_cache_index_lookups_total", source="index") == 5
     assert sample(samples, "prfaas_cache_index_lookups_total", source="asked") == 1
     assert sample(samples, "prfaas_cache_index_overestimates_total") == 2

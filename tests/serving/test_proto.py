@@ -86,6 +86,7 @@ def test_client_port_is_as_specified():
         ("saved_bytes", 15, T.TYPE_UINT64),
         ("seed", 16, T.TYPE_UINT64),
         ("cache_tier", 17, T.TYPE_ENUM),
+        ("wire_precision", 18, T.TYPE_STRING),
     ]
     tiers = prfaas_pb2.DESCRIPTOR.enum_types_by_name["CacheTier"]
     assert [(v.name, v.number) for v in tiers.values] == [

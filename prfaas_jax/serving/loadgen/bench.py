@@ -198,6 +198,7 @@ class BenchResult:
     route: str = ""
     uncached_len: int = 0
     state_bytes: int = 0
+    wire_precision: str = ""  # the report's: how the state crossed when [wire] narrowed it
     exposed_transfer: float | None = None  # prefill end → first token (the report's), s
     prefill_s: float | None = None  # the prefill on its engine (the report's), s
     error: str | None = None
@@ -222,6 +223,7 @@ def _one(stub: pb_grpc.RouterStub, prompt: list[int], opts: BenchOptions, rec: B
             if message.finished:
                 rec.route, rec.uncached_len = message.report.route, message.report.uncached_len
                 rec.state_bytes = message.report.state_bytes
+                rec.wire_precision = message.report.wire_precision
                 if message.report.attempts == 1:  # else it covers the last attempt only
                     rec.exposed_transfer = message.report.exposed_transfer_s
                     rec.prefill_s = message.report.prefill_s
@@ -353,6 +355,12 @@ def run_bench(
             after.requests_pd - before.requests_pd,
         ),
         "router": _router_costs(before, after),
+        # PrfaaS prefills the router sent narrowed ([wire]), by precision.
+        "wire_narrowed": {
+            p: n - before.wire_narrowed.get(p, 0)
+            for p, n in after.wire_narrowed.items()
+            if n > before.wire_narrowed.get(p, 0)
+        },
     }
     return records, context
 

@@ -6,10 +6,12 @@ Metrics, per vLLM's definitions: TTFT (send → first token), TPOT = (E2EL − T
 ITL (gaps between token-carrying messages), E2EL; mean, median, std and the chosen percentiles;
 goodput = requests/s that meet every SLO given (DistServe). PrfaaS-specific: the fraction of
 requests offloaded (from each RequestReport, or the router's counters through the front door),
-the exposed transfer per route (prefill end → first token, the report's `exposed_transfer_s`, of
-requests served in one attempt), the inter-cluster egress during the run (the router's counter
-before and after) and, given the link's network device, the bytes the kernel sent through it,
-headers and retransmissions included, next to the router's count of state bytes.
+the share of requests whose state the router sent narrowed (`[wire]`, by precision, from its
+counters), the exposed transfer per route (prefill end → first token, the report's
+`exposed_transfer_s`, of requests served in one attempt), the inter-cluster egress during the
+run (the router's counter before and after) and, given the link's network device, the bytes the
+kernel sent through it, headers and retransmissions included, next to the router's count of
+state bytes.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ def summarize(records: list[BenchResult], context: dict, opts: BenchOptions) -> 
         "total_token_throughput": (input_tokens + output_tokens) / duration,
         "mean_input_len": input_tokens / len(done) if done else 0.0,
         "offload_fraction": offload_fraction,
+        "wire_narrowed": dict(context.get("wire_narrowed", {})),
+        "narrowed_fraction": (
+            sum(context.get("wire_narrowed", {}).values()) / len(done) if done else 0.0
+        ),
         "egress_bytes": context["egress_bytes"],
         "egress_bytes_per_s": context["egress_bytes"] / duration,
         "egress_gbps": context["egress_bytes"] * 8 / 1e9 / duration,
@@ -120,6 +126,11 @@ def format_summary(s: dict, opts: BenchOptions) -> str:
         ("Output token throughput (tok/s)", f"{s['output_throughput']:.1f}"),
         ("Total token throughput (tok/s)", f"{s['total_token_throughput']:.1f}"),
         ("Offloaded to PrfaaS", f"{s['offload_fraction']:.1%}"),
+    ]
+    if s.get("wire_narrowed"):
+        each = ", ".join(f"{p} {n}" for p, n in sorted(s["wire_narrowed"].items()))
+        rows.append(("Sent narrowed ([wire])", f"{s['narrowed_fraction']:.1%} ({each})"))
+    rows += [
         ("Inter-cluster egress (bytes)", str(s["egress_bytes"])),
         ("Inter-cluster egress (MB/s)", f"{s['egress_bytes_per_s'] / 1e6:.3f}"),
     ]

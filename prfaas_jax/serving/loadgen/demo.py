@@ -248,11 +248,10 @@ def run_demo(
         raise UserError(
             f'{cluster_config.path}: the demo checks real model outputs: it needs engine = "jax"'
         )
-    if not cluster_config.link.wire_precision.is_native:
+    if (lossy := cluster_config.lossy_wire) is not None:
         raise UserError(
             f"{cluster_config.path}: the demo checks outputs equal single-process generation, "
-            f'which [link] precision = "{cluster_config.link.precision}" does not promise '
-            "(`prfaas wirecheck` measures what it costs)"
+            f"which {lossy} does not promise (`prfaas wirecheck` measures what it costs)"
         )
     cfg = load_model_config(cluster_config.model.preset)
     task = recall_task(cluster_config.model.preset)

@@ -80,7 +80,7 @@ class GenerateResponse(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., report: _Optional[_Union[RequestReport, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class RequestReport(_message.Message):
-    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from", "prefill_s", "exposed_transfer_s", "decode_cached_len", "saved_bytes", "seed", "cache_tier")
+    __slots__ = ("route", "prompt_len", "cached_len", "uncached_len", "threshold", "ttft_s", "state_bytes", "prefill_instance", "decode_instance", "attempts", "resumed_from", "prefill_s", "exposed_transfer_s", "decode_cached_len", "saved_bytes", "seed", "cache_tier", "wire_precision")
     ROUTE_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LEN_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,7 @@ class RequestReport(_message.Message):
     SAVED_BYTES_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     CACHE_TIER_FIELD_NUMBER: _ClassVar[int]
+    WIRE_PRECISION_FIELD_NUMBER: _ClassVar[int]
     route: str
     prompt_len: int
     cached_len: int
@@ -115,14 +116,15 @@ class RequestReport(_message.Message):
     saved_bytes: int
     seed: int
     cache_tier: CacheTier
-    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ..., prefill_s: _Optional[float] = ..., exposed_transfer_s: _Optional[float] = ..., decode_cached_len: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., seed: _Optional[int] = ..., cache_tier: _Optional[_Union[CacheTier, str]] = ...) -> None: ...
+    wire_precision: str
+    def __init__(self, route: _Optional[str] = ..., prompt_len: _Optional[int] = ..., cached_len: _Optional[int] = ..., uncached_len: _Optional[int] = ..., threshold: _Optional[float] = ..., ttft_s: _Optional[float] = ..., state_bytes: _Optional[int] = ..., prefill_instance: _Optional[str] = ..., decode_instance: _Optional[str] = ..., attempts: _Optional[int] = ..., resumed_from: _Optional[int] = ..., prefill_s: _Optional[float] = ..., exposed_transfer_s: _Optional[float] = ..., decode_cached_len: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., seed: _Optional[int] = ..., cache_tier: _Optional[_Union[CacheTier, str]] = ..., wire_precision: _Optional[str] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RouterStats(_message.Message):
-    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index", "lookups", "lookup_s", "router_cpu_s", "link_rtt_s", "link_data_retransmitted_segments", "decode_cache_local")
+    __slots__ = ("threshold", "requests_prfaas", "requests_pd", "requests_failed", "requests_in_flight", "egress_bytes", "egress_bytes_per_s", "link_capacity_bytes_per_s", "threshold_changes", "role_changes", "last_threshold_reason", "workers", "draining", "model", "vocab_size", "max_len", "prefix_moves", "prompt_tokens", "cached_tokens", "retries", "resumed", "rejected", "link_capacity_samples", "tcp_retransmitted_segments", "saved_bytes", "cache_rules", "cache_index", "lookups", "lookup_s", "router_cpu_s", "link_rtt_s", "link_data_retransmitted_segments", "decode_cache_local", "wire_narrowed", "wire_utilization")
     class DrainingEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +133,13 @@ class RouterStats(_message.Message):
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     class CacheRulesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class WireNarrowedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +179,8 @@ class RouterStats(_message.Message):
     LINK_RTT_S_FIELD_NUMBER: _ClassVar[int]
     LINK_DATA_RETRANSMITTED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     DECODE_CACHE_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    WIRE_NARROWED_FIELD_NUMBER: _ClassVar[int]
+    WIRE_UTILIZATION_FIELD_NUMBER: _ClassVar[int]
     threshold: float
     requests_prfaas: int
     requests_pd: int
@@ -203,7 +214,9 @@ class RouterStats(_message.Message):
     link_rtt_s: float
     link_data_retransmitted_segments: int
     decode_cache_local: int
-    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ..., lookups: _Optional[int] = ..., lookup_s: _Optional[float] = ..., router_cpu_s: _Optional[float] = ..., link_rtt_s: _Optional[float] = ..., link_data_retransmitted_segments: _Optional[int] = ..., decode_cache_local: _Optional[int] = ...) -> None: ...
+    wire_narrowed: _containers.ScalarMap[str, int]
+    wire_utilization: float
+    def __init__(self, threshold: _Optional[float] = ..., requests_prfaas: _Optional[int] = ..., requests_pd: _Optional[int] = ..., requests_failed: _Optional[int] = ..., requests_in_flight: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., egress_bytes_per_s: _Optional[float] = ..., link_capacity_bytes_per_s: _Optional[float] = ..., threshold_changes: _Optional[int] = ..., role_changes: _Optional[int] = ..., last_threshold_reason: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStats, _Mapping]]] = ..., draining: _Optional[_Mapping[str, str]] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_len: _Optional[int] = ..., prefix_moves: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., retries: _Optional[int] = ..., resumed: _Optional[int] = ..., rejected: _Optional[int] = ..., link_capacity_samples: _Optional[int] = ..., tcp_retransmitted_segments: _Optional[int] = ..., saved_bytes: _Optional[int] = ..., cache_rules: _Optional[_Mapping[str, int]] = ..., cache_index: _Optional[_Union[CacheIndexStats, _Mapping]] = ..., lookups: _Optional[int] = ..., lookup_s: _Optional[float] = ..., router_cpu_s: _Optional[float] = ..., link_rtt_s: _Optional[float] = ..., link_data_retransmitted_segments: _Optional[int] = ..., decode_cache_local: _Optional[int] = ..., wire_narrowed: _Optional[_Mapping[str, int]] = ..., wire_utilization: _Optional[float] = ...) -> None: ...
 
 class CacheIndexStats(_message.Message):
     __slots__ = ("enabled", "instances", "current", "block_entries", "checkpoint_entries", "events", "snapshots", "answered", "asked", "overestimates")
@@ -372,7 +385,7 @@ class SetLinkRequest(_message.Message):
     def __init__(self, bandwidth_bytes_per_s: _Optional[float] = ..., latency_s: _Optional[float] = ...) -> None: ...
 
 class PrefillRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "prefix_source", "prefix_cross_cluster", "decode_cached_len", "logprobs")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "decode_address", "prefix_source", "prefix_cross_cluster", "decode_cached_len", "logprobs", "wire_precision")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +394,7 @@ class PrefillRequest(_message.Message):
     PREFIX_CROSS_CLUSTER_FIELD_NUMBER: _ClassVar[int]
     DECODE_CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_PRECISION_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: SamplingParams
@@ -389,7 +403,8 @@ class PrefillRequest(_message.Message):
     prefix_cross_cluster: bool
     decode_cached_len: int
     logprobs: int
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ..., decode_cached_len: _Optional[int] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    wire_precision: str
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., decode_address: _Optional[str] = ..., prefix_source: _Optional[str] = ..., prefix_cross_cluster: _Optional[bool] = ..., decode_cached_len: _Optional[int] = ..., logprobs: _Optional[int] = ..., wire_precision: _Optional[str] = ...) -> None: ...
 
 class PrefillReply(_message.Message):
     __slots__ = ("first_token", "state_bytes", "wire_bytes", "frames", "queue_s", "prefill_s", "transfer_s", "shaped", "cached_len", "prefix_bytes", "cache_seq", "logprobs", "cache_tier")

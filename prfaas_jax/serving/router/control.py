@@ -4,7 +4,8 @@ Every `control_period_s` the loop polls each worker's `GetStats`, sums the Prfaa
 link counters (egress bytes, the capacity each learned from its own transfers, the kernel's TCP
 segment counters under `--netns`) and hands the dual-timescale `Scheduler`
 (policy/scheduler.py) what it watches: a `LinkObservation` each period for the threshold
-controller (a new t takes effect for the next request), a `StageObservation` every
+controller (a new t takes effect for the next request) and, with `[wire]`, for the adaptive
+wire precision (serving/router/wire_rule.py), a `StageObservation` every
 `rebalancer.period_s` for the rebalancer. A role change is carried out on its own thread as
 drain → switch → resume: the node stops receiving requests, the thread waits until the router
 has no request on it (up to `drain_timeout_s`, else the change is abandoned and the node resumes
@@ -177,12 +178,13 @@ class RouterControl:
             if rtts:  # the delay as measured (else the configured one stays)
                 delays = [one_way_delay_s(link) for link in links if link.measured_rtt_s > 0]
                 core.link = dataclasses.replace(core.link, latency_s=statistics.fmean(delays))
-        scheduler = self.scheduler
-        update = scheduler.observe_link(
-            lambda: LinkObservation(
-                now, egress, capacity, prfaas_queue, out_segments, retransmitted
-            )
+        observation = LinkObservation(
+            now, egress, capacity, prfaas_queue, out_segments, retransmitted
         )
+        with core.lock:  # [wire]'s policy sees what the threshold controller sees
+            core.wire.observe(observation)
+        scheduler = self.scheduler
+        update = scheduler.observe_link(lambda: observation)
         if update is not None:
             self._apply_threshold(update.threshold, update.reason)
         change = scheduler.observe_stages(now, lambda: self._stage_observation(now, capacity))

@@ -19,7 +19,8 @@ off — asks the policy where to
 prefill (`policy.routing.route` on the uncached length — the bandwidth case chosen per request
 by serving/router/cache_rule.py, cache affinity against load, the PrfaaS queue guard) and where
 to decode (`pick_decode`), then opens the decode worker's token stream and calls the prefill
-worker, which pushes the state to that decode worker; when the reused prefix sits on another
+worker, which pushes the state to that decode worker (across the link in the precision `[wire]`
+picks for the attempt, serving/router/wire_rule.py); when the reused prefix sits on another
 instance, the call names it and the prefill worker fetches it first. Before a state crosses
 the link the decode worker is asked which leading KV it holds (`reserve_kv`), and the state
 ships as an increment. Tokens are forwarded as they come; the final message carries
@@ -98,6 +99,7 @@ from prfaas_jax.serving.router.handles import (
 from prfaas_jax.serving.router.metrics import LOOKUP_BUCKETS, Histogram
 from prfaas_jax.serving.router.record import Failure, Outcome, RequestRecord, Route, backoff_s
 from prfaas_jax.serving.router.scores import AttemptScores, scores_asked
+from prfaas_jax.serving.router.wire_rule import WireRule
 from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
@@ -106,7 +108,6 @@ from prfaas_jax.serving.transport.messages import (
     sampling_to_proto,
 )
 from prfaas_jax.serving.transport.watchdog import Watchdog
-from prfaas_jax.state_bytes import state_nbytes
 
 PROBE_TIMEOUT_S = 0.5
 log = logging.getLogger("prfaas.router")
@@ -157,6 +158,8 @@ class RouterCore:
         # per-request cache rule; until then, as configured and idle.
         self.link = LinkView(config.link.bandwidth_bytes_per_s, 0.0, config.link.one_way_delay_s)
         self.cache_rule = CacheRule(config, cfg)
+        # [wire]: the precision each PrfaaS attempt's state crosses in (router/wire_rule.py).
+        self.wire = WireRule(config.wire, config.link.wire_precision)
         self.predictor = TtftPredictor(config, cfg)
         self.watchdog = Watchdog()
         # Prefills that reused less than the cached length routing used (an eviction raced).
@@ -422,6 +425,8 @@ class RouterCore:
         held = 0
         if decision.cluster is ClusterKind.PRFAAS and self.config.prefix_cache.enabled:
             held = reserve_kv(decode.decode, wire_id, context)
+        with self.lock:
+            narrowed = self.wire.choose(decision.cluster)
         prefill_call = prefill.prefill.Prefill.future(
             pb.PrefillRequest(
                 request_id=wire_id,
@@ -432,6 +437,7 @@ class RouterCore:
                 prefix_cross_cluster=bool(source and source.role.cluster != prefill.role.cluster),
                 decode_cached_len=held,
                 logprobs=(record.logprobs or 0) if scores_asked(record) else None,
+                wire_precision=narrowed,
             ),
             timeout=timeout,
         )
@@ -489,6 +495,7 @@ class RouterCore:
                         uncached_len=decision.uncached_len,
                         threshold=threshold,
                         seed=record.sampling.seed,
+                        wire_precision=narrowed,
                     )
                 if message.finished or record.owed == 0:
                     reply = prefill_reply(prefill_call, timeout)
@@ -500,9 +507,8 @@ class RouterCore:
                         exposed = max(reply.transfer_s + first_token_at - replied[0], 0.0)
                         with self.lock:
                             self.exposed_transfer[decision.cluster.value].observe(exposed)
-                    saved = (
-                        max(state_nbytes(self.cfg, len(context)) - state_bytes, 0) if held else 0
-                    )
+                    full = self.wire.state_nbytes(self.cfg, len(context), narrowed)
+                    saved = max(full - state_bytes, 0) if held else 0
                     with self.lock:
                         self.saved_bytes += saved
                     report = pb.RequestReport(
@@ -523,6 +529,7 @@ class RouterCore:
                         saved_bytes=saved,
                         seed=record.sampling.seed,
                         cache_tier=tier,
+                        wire_precision=narrowed,
                     )
                     if resumed_from:
                         with self.lock:

@@ -24,6 +24,7 @@ it holds the whole catalogue, each family named here and written once below. Met
     prfaas_link_capacity_samples                 gauge    transfers it was learned from
     prfaas_link_saved_bytes_total                counter  kept off the link by increments
     prfaas_cache_rule_total{rule}                counter  "scarce" | "abundant", where they differ
+    prfaas_wire_narrowed_total{precision}        counter  PrfaaS prefills sent narrowed ([wire])
     prfaas_link_tcp_retransmitted_segments_total counter  where the kernel counts them (--netns)
     prfaas_link_rtt_seconds                      gauge    the round trip TCP measured on transfers
     prfaas_egress_utilization                    gauge    rate / cap
@@ -150,6 +151,7 @@ class RouterSnapshot:
     cache_index: dict[str, int] = dataclasses.field(default_factory=dict)
     lookup_time: Histogram | None = None  # each request's cached-prefix lookup, seconds
     router_cpu_s: float = 0.0  # the router process's CPU time
+    wire_narrowed: dict[str, int] = dataclasses.field(default_factory=dict)  # precision → prefills
 
 
 Rows = Iterable[tuple[Sequence[str], float]]  # each series' label values and its value
@@ -243,6 +245,13 @@ def _routing_families(s: RouterSnapshot) -> Iterator[Metric]:
         "prfaas_link_capacity_bytes_per_second",
         "Capacity of the inter-cluster link, learned from its transfers.",
         s.link_capacity_bytes_per_s,
+    )
+    yield _family(
+        C,
+        "prfaas_wire_narrowed_total",
+        "PrfaaS prefills whose state crossed the link narrowed ([wire]), by precision.",
+        ("precision",),
+        [((p,), n) for p, n in sorted(s.wire_narrowed.items())],
     )
     yield _family(
         C,

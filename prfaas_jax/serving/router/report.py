@@ -81,6 +81,8 @@ def router_stats(core: RouterCore, counters: ControlCounters) -> pb.RouterStats:
             lookups=core.lookup_time.count,
             lookup_s=core.lookup_time.total,
             router_cpu_s=time.process_time(),
+            wire_narrowed=core.wire.narrowed,
+            wire_utilization=core.wire.utilization,
         )
 
 
@@ -139,6 +141,7 @@ def router_snapshot(core: RouterCore, counters: ControlCounters) -> RouterSnapsh
             cache_index=_index_fields(_index_stats(core)),
             lookup_time=core.lookup_time.copy() if core.config.prefix_cache.enabled else None,
             router_cpu_s=time.process_time(),
+            wire_narrowed=dict(core.wire.narrowed),
         )
 
 

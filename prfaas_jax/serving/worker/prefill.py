@@ -30,6 +30,10 @@ When the router says the decode worker already holds the KV of the prompt's firs
 (`decode_cached_len`, from `DecodeWorker.ReserveKv`), the stream is an increment: those rows
 stay out of it (the header's base; docs/wire-format.md).
 
+The state's encoding is the worker's `[link] precision` unless the request names one
+(`wire_precision`: the router's `[wire]` choice for this request, serving/router/wire_rule.py);
+the header declares each tensor's, so the decode worker reads any.
+
 Every prefill goes through the node's prefix cache (`prefixes`, serving/worker/prefix.py): only
 the part of the prompt no cached prefix covers is computed, checkpoints are saved from the same
 `on_chunk` calls, and a prefix the router says sits on another instance (`prefix_source`) is
@@ -136,7 +140,8 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         (more are RESOURCE_EXHAUSTED at once); `streams`: the pushes a state crossing the
         link is striped over (serving/transfer/stripes.py); `name`: this worker's, which its
         pushes carry (the decode worker times the link per sender); `precision`: how its
-        pushes encode a state (`[link] precision` for a PrfaaS worker, else native);
+        pushes encode a state (`[link] precision` for a PrfaaS worker, else native) unless
+        the request names one (the router's `[wire]` choice);
         `data_path`: whether pushes send their frames on a data connection where the decode
         worker has a data port (`[link] data_path`, serving/transfer/data_path.py);
         `batch_rows`, `batch_tokens`: at most this many waiting short prompts, of at most this
@@ -216,6 +221,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             s = request.sampling
             sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
             top = check_top_logprobs(request.logprobs) if request.HasField("logprobs") else None
+            precision = self._precision(request.wire_precision)
         except UserError as err:  # the request itself: another attempt would meet the same
             abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         arrived = time.perf_counter()
@@ -251,7 +257,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
                 len(tokens),
                 max_frame_bytes=self.frame_bytes,
                 base=request.decode_cached_len,
-                precision=self.precision,
+                precision=precision,
             )
             faults = None
             started = arrived
@@ -364,6 +370,17 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
             prefix_bytes=0 if prefix is None else state_nbytes(self.cfg, int(prefix.lengths[0])),
             logprobs=[logprobs_to_proto(x) for x in scored],
         )
+
+    def _precision(self, asked: str) -> WirePrecision:
+        """How this push encodes its state: the router's choice (`PrefillRequest.
+        wire_precision`, `[wire]`), else this worker's own; `UserError` on a name the codec
+        does not know."""
+        if not asked:
+            return self.precision
+        try:
+            return WirePrecision.parse(asked)
+        except ValueError as err:
+            raise UserError(f"wire_precision: {err}") from None
 
     @property
     def waiting(self) -> int:
