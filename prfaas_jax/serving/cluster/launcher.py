@@ -146,6 +146,9 @@ class ClusterProcesses:
         self._link_schedule: threading.Thread | None = None
         self._schedule_start: tuple[float, float] | None = None
         self._workers_file = self.log_dir / "workers.json"
+        # A `WanControl` written here changes the delay line's model while it runs
+        # (serving/cluster/wan.py; `prfaas soak --netns` injects its link faults so).
+        self.wan_control_file = self.log_dir / "wan-control.json"
 
     def __enter__(self) -> ClusterProcesses:
         return self
@@ -363,11 +366,16 @@ class ClusterProcesses:
         file names it."""
         topology = self.topology
         assert topology is not None
+        self.wan_control_file.unlink(missing_ok=True)  # a reused log dir's is not this run's
         child = self._spawn(
             "wan",
             WAN_ROLE,
             "prfaas_jax.serving.cluster.wan",
-            [*topology.wan_argv(), "--stats-file", str(self.log_dir / "wan-stats.json")],
+            [
+                *topology.wan_argv(),
+                *("--stats-file", str(self.log_dir / "wan-stats.json")),
+                *("--control-file", str(self.wan_control_file)),
+            ],
             prefix=[
                 *(self.cgroups.enter("wan") if self.cgroups is not None else []),
                 *topology.wan_exec_prefix(),
