@@ -62,14 +62,17 @@ print(time.perf_counter() - start)
 
 
 class FrontDoorHandle(Protocol):
-    """The HTTP front door as the injector sees it: its pid, and a restart."""
+    """The HTTP front door as the injector sees it (serving/loadgen/soak_frontdoor.py): its
+    pid, how many have started, its exit, and whether a later one serves."""
+
+    starts: int
 
     @property
     def pid(self) -> int | None: ...
 
     def wait_exit(self, timeout_s: float) -> int | None: ...
 
-    def restart(self) -> bool: ...
+    def wait_serving(self, after_starts: int, timeout_s: float) -> bool: ...
 
 
 @dataclasses.dataclass
@@ -303,7 +306,7 @@ class FaultInjector(threading.Thread):
     def _sigterm_frontdoor(self, injection: Injection) -> None:
         self.load("sigterm:frontdoor")
         self.stop.wait(0.5)  # the requests reach the front door and start streaming
-        pid = self.frontdoor.pid
+        pid, starts = self.frontdoor.pid, self.frontdoor.starts
         if pid is None:
             injection.detail["skipped"] = "no front door running"
             return
@@ -314,6 +317,6 @@ class FaultInjector(threading.Thread):
         injection.end_s = round(self.now(), 2)
         injection.detected = status is not None
         injection.detail["exit_status"] = status
-        injection.recovered = self.frontdoor.restart()
+        injection.recovered = self.frontdoor.wait_serving(starts, RECOVER_WAIT_S)
         if injection.recovered:
             injection.recovered_s = round(self.now() - injection.end_s, 2)

@@ -30,13 +30,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import http.client
-import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -55,8 +50,8 @@ from prfaas_jax.serving.cluster_sections import EngineKind
 from prfaas_jax.serving.loadgen.fault_injector import RECOVER_WAIT_S, FaultInjector
 from prfaas_jax.serving.loadgen.fault_schedule import fault_schedule
 from prfaas_jax.serving.loadgen.netns_soak_report import NetnsSoakReport, corrupt_detections
-from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
 from prfaas_jax.serving.loadgen.soak import SoakProgress, router_counts, send
+from prfaas_jax.serving.loadgen.soak_frontdoor import FrontDoorProcess, send_http
 from prfaas_jax.serving.loadgen.soak_report import RequestResult, count_faults
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
@@ -65,16 +60,6 @@ from prfaas_jax.serving.transport.security import router_channel
 
 LONG_FROM = 4096
 PREFIXES = 4
-FRONTDOOR_START_S = 60.0
-# The front door runs as `prfaas openai` would, but dies with the soak (a SIGKILLed soak leaves
-# no process behind: PR_SET_PDEATHSIG, as the launcher's children).
-FRONTDOOR_MAIN = (
-    "import sys\n"
-    "from prfaas_jax.serving.transport.lifecycle import die_with_parent\n"
-    "die_with_parent(int(sys.argv[1]))\n"
-    "from prfaas_jax.cli import main\n"
-    "sys.exit(main(sys.argv[2:]))\n"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,103 +131,6 @@ def mixed_workload(options: NetnsSoakOptions, config: ClusterConfig, vocab: int)
     return plan
 
 
-class FrontDoor:
-    """The `prfaas openai` process in front of the router: started, restarted after it exits,
-    stopped with the run (module docstring)."""
-
-    def __init__(self, ready_file: Path, log_dir: Path) -> None:
-        self.ready_file, self.log_dir = ready_file, log_dir
-        self.popen: subprocess.Popen | None = None
-        self.url: str | None = None
-        self.starts = 0
-        self.lock = threading.Lock()
-
-    @property
-    def pid(self) -> int | None:
-        popen = self.popen
-        return popen.pid if popen is not None and popen.poll() is None else None
-
-    def start(self) -> bool:
-        """A new front door; whether it serves within FRONTDOOR_START_S."""
-        self.starts += 1
-        address_file = self.log_dir / f"frontdoor-{self.starts}.json"
-        argv = [sys.executable, "-c", FRONTDOOR_MAIN, str(os.getpid()), "openai"]
-        argv += ["--ready-file", str(self.ready_file), "--port", "0"]
-        argv += ["--address-file", str(address_file)]
-        with (self.log_dir / f"frontdoor-{self.starts}.log").open("wb") as log:
-            popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
-        with self.lock:
-            self.popen, self.url = popen, None
-        deadline = time.monotonic() + FRONTDOOR_START_S
-        while not address_file.exists():
-            if popen.poll() is not None or time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        url = json_field(address_file, "base_url")
-        with self.lock:
-            self.url = url
-        return url is not None
-
-    def wait_exit(self, timeout_s: float) -> int | None:
-        popen = self.popen
-        if popen is None:
-            return None
-        try:
-            return popen.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def restart(self) -> bool:
-        self.stop()
-        return self.start()
-
-    def stop(self) -> None:
-        popen = self.popen
-        if popen is not None and popen.poll() is None:
-            popen.send_signal(signal.SIGTERM)
-            try:
-                popen.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                popen.kill()
-                popen.wait()
-
-
-def json_field(path: Path, key: str):
-    try:
-        return json.loads(path.read_text())[key]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def send_http(frontdoor: FrontDoor, model: str, result: RequestResult, deadline: float) -> None:
-    """Stream one completion through the front door; `result` holds the reply's text as bytes
-    and `expected` the expected text's (module docstring)."""
-    with frontdoor.lock:
-        url = frontdoor.url
-    if url is None:
-        result.outcome, result.code, result.end_s = "failed", "NO_FRONT_DOOR", 0.0
-        return
-    text = []
-    try:
-        for _, chunk in stream_completion(
-            url, model, result.prompt, result.max_new_tokens, timeout_s=deadline
-        ):
-            piece = "".join(c.get("text", "") for c in chunk.get("choices", []))
-            if piece and result.ttft_s is None:
-                result.ttft_s = time.monotonic() - result.sent
-            text.append(piece)
-        result.outcome, result.route, result.attempts = "completed", "frontdoor", 1
-    except TimeoutError:
-        result.outcome = "lost" if time.monotonic() - result.sent >= 0.99 * deadline else "failed"
-        result.code = "TIMEOUT"
-    except (HTTPError, OSError, http.client.HTTPException, ValueError) as err:
-        result.outcome, result.code = "failed", type(err).__name__
-    result.tokens = list("".join(text).encode())
-    result.end_s = time.monotonic() - result.sent
-
-
 class RssSampler(threading.Thread):
     """The resident memory of every process of the run, every `every_s`: (seconds since start,
     process label, pid, RSS bytes) rows in `samples`."""
@@ -275,7 +163,7 @@ def rss_bytes(pid: int) -> int | None:
     return None
 
 
-def _processes(cluster: ClusterProcesses, frontdoor: FrontDoor) -> dict[str, int]:
+def _processes(cluster: ClusterProcesses, frontdoor: FrontDoorProcess) -> dict[str, int]:
     labels = {"soak": os.getpid()}
     for child in list(cluster.children):
         for process in child.group():
@@ -298,7 +186,9 @@ def _busy(stub: pb_grpc.RouterStub) -> dict[str, int]:
 class _Requests:
     """Starts each request on a thread of its own and keeps its `RequestResult`."""
 
-    def __init__(self, stub, frontdoor: FrontDoor, model: str, vocab: int, deadline_s: float):
+    def __init__(
+        self, stub, frontdoor: FrontDoorProcess, model: str, vocab: int, deadline_s: float
+    ):
         self.stub, self.frontdoor, self.model = stub, frontdoor, model
         self.vocab, self.deadline_s = vocab, deadline_s
         self.results: list[RequestResult] = []
@@ -370,10 +260,11 @@ def run_netns_soak(
         ready = cluster.start()
         ready_file = cluster.log_dir / "ready.json"
         write_json(ready_file, ready)
-        frontdoor = FrontDoor(ready_file, cluster.log_dir)
+        frontdoor = FrontDoorProcess(ready_file, cluster.log_dir)
         injector = sampler = None
         try:
-            if not frontdoor.start():
+            frontdoor.start()
+            if not frontdoor.wait_serving(0):
                 raise UserError(f"the front door did not start: see {cluster.log_dir}")
             with router_channel(ready["router"], config.security) as channel:
                 stub = pb_grpc.RouterStub(channel)
