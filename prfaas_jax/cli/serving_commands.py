@@ -11,6 +11,7 @@ TLS and tokens.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -292,12 +293,16 @@ def add_soak(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_soak(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.loadgen.soak import SoakOptions, SoakProgress, run_soak
+    from prfaas_jax.serving.loadgen.netns_soak import NetnsSoakOptions, run_netns_soak
+    from prfaas_jax.serving.loadgen.soak import SoakOptions, run_soak
 
     if args.netns:
-        return _run_netns_soak(args)
-    args.config = args.config or "faults"
-
+        netns_options = NetnsSoakOptions(
+            duration_s=args.duration, rate=args.rate, seed=args.seed, deadline_s=args.deadline
+        )
+        run = functools.partial(run_netns_soak, args.config or "soak-wan", netns_options)
+        report = _show_soak(args, "faults", run)
+        return 0 if report.passed() else 1
     options = SoakOptions(
         duration_s=args.duration,
         rate=args.rate,
@@ -305,45 +310,32 @@ def _run_soak(args: argparse.Namespace) -> int:
         seed=args.seed,
         deadline_s=args.deadline,
     )
-    starting = "soak: starting the cluster"
-    with progress(starting, total=options.duration_s, unit="s", quiet=args.json) as shown:
+    report = _show_soak(
+        args, "kills", functools.partial(run_soak, args.config or "faults", options)
+    )
+    counts = report.counts()
+    return 1 if counts["lost"] or counts["duplicated"] or counts["wrong"] else 0
+
+
+def _show_soak(args: argparse.Namespace, faults: str, run):
+    """Run a soak (`run(log_dir=…, progress=…)`) behind a progress bar; print its table (unless
+    --json) and its JSON; return its report."""
+    from prfaas_jax.serving.loadgen.soak import SoakProgress
+
+    with progress(
+        "soak: starting the cluster", total=args.duration, unit="s", quiet=args.json
+    ) as shown:
 
         def tick(now: SoakProgress) -> None:
             shown.update(
-                completed=min(now.elapsed_s, options.duration_s),
-                description=f"soak: {now.sent} sent, {now.ended} ended, {now.kills} kills",
+                completed=min(now.elapsed_s, args.duration),
+                description=f"soak: {now.sent} sent, {now.ended} ended, {now.kills} {faults}",
             )
 
-        report = run_soak(args.config, options, log_dir=args.log_dir, progress=tick)
+        report = run(log_dir=args.log_dir, progress=tick)
     if not args.json:
         print(report.format_table())
         print()
     # One line, so a log of many runs holds one JSON object per line.
     print(json.dumps(report.to_dict()))
-    counts = report.counts()
-    return 1 if counts["lost"] or counts["duplicated"] or counts["wrong"] else 0
-
-
-def _run_netns_soak(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.loadgen.netns_soak import NetnsSoakOptions, run_netns_soak
-    from prfaas_jax.serving.loadgen.soak import SoakProgress
-
-    options = NetnsSoakOptions(
-        duration_s=args.duration, rate=args.rate, seed=args.seed, deadline_s=args.deadline
-    )
-    starting = "soak: starting the cluster in namespaces"
-    with progress(starting, total=options.duration_s, unit="s", quiet=args.json) as shown:
-
-        def tick(now: SoakProgress) -> None:
-            shown.update(
-                completed=min(now.elapsed_s, options.duration_s),
-                description=f"soak: {now.sent} sent, {now.ended} ended, {now.kills} faults",
-            )
-
-        config = args.config or "soak-wan"
-        report = run_netns_soak(config, options, log_dir=args.log_dir, progress=tick)
-    if not args.json:
-        print(report.format_table())
-        print()
-    print(json.dumps(report.to_dict()))
-    return 0 if report.passed() else 1
+    return report

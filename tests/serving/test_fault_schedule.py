@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 
-from prfaas_jax.serving.loadgen.fault_injector import Injection
+from prfaas_jax.serving.loadgen.fault_runner import Injection
 from prfaas_jax.serving.loadgen.fault_schedule import (
     FAULT_KINDS,
     HOLD_S,

@@ -29,7 +29,7 @@ Draws come from a `random.Random(seed)` per direction, so a run is reproducible 
 order. With `--control-file` the model changes while the link runs (`WanControl`: another one-way
 delay, loss rate or burst length, or a blackhole that drops every packet), read about five times
 a second; `prfaas soak --netns` injects its link faults this way
-(serving/loadgen/fault_injector.py). The process exits when its parent (the launcher) dies or on
+(serving/loadgen/fault_runner.py). The process exits when its parent (the launcher) dies or on
 SIGTERM; the TUN device and the namespace are the launcher's to delete. Its counters (packets and
 bytes each way, losses, blackholed packets, the largest queue) are written to `--stats-file` every
 second and on exit.

@@ -5,7 +5,7 @@
 (configs/clusters/soak-wan.toml: the PrfaaS and PD clusters in network namespaces of their own,
 joined through the delay line of a third, serving/cluster/netns.py and wan.py) with worker
 restarts on, and an OpenAI front door (`prfaas openai`) in front of its router; sends Poisson
-arrivals at `rate` for `duration_s` while a `FaultInjector` (serving/loadgen/fault_injector.py)
+arrivals at `rate` for `duration_s` while a `FaultRunner` (serving/loadgen/fault_runner.py)
 applies the seeded `fault_schedule` (serving/loadgen/fault_schedule.py); samples the RSS of
 every process (the launcher, the router, each worker and its replacements, the delay line, the
 front door) every `rss_every_s`; then waits for every request to end and stops everything.
@@ -47,7 +47,7 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_config import ClusterConfig
 from prfaas_jax.serving.cluster_sections import EngineKind
-from prfaas_jax.serving.loadgen.fault_injector import RECOVER_WAIT_S, FaultInjector
+from prfaas_jax.serving.loadgen.fault_runner import RECOVER_WAIT_S, FaultRunner
 from prfaas_jax.serving.loadgen.fault_schedule import fault_schedule
 from prfaas_jax.serving.loadgen.netns_soak_report import NetnsSoakReport, corrupt_detections
 from prfaas_jax.serving.loadgen.soak import SoakProgress, router_counts, send
@@ -273,7 +273,7 @@ def run_netns_soak(
                 rng = random.Random(options.seed + 3)
                 t = max(int(config.router.threshold), 8)
                 faults = fault_schedule(options.duration_s, options.seed)
-                injector = FaultInjector(
+                injector = FaultRunner(
                     cluster,
                     faults,
                     seed=options.seed,

@@ -4,7 +4,7 @@ memory of every process; `to_dict`, `format_table`, `passed`), `rss_trends` and
 
 Per request the soak's oracle decides (serving/loadgen/soak_report.py: lost, duplicated, wrong).
 Per fault kind (serving/loadgen/fault_schedule.py; what detected and recovered mean for each is in
-serving/loadgen/fault_injector.py):
+serving/loadgen/fault_runner.py):
 
 - scheduled, injected, detected, recovered: counts of faults; a link fault counts as recovered
   when a PrfaaS-route request sent after its restore completed right; corrupted frames count as
@@ -87,7 +87,7 @@ class NetnsSoakReport:
     options: dict
     results: list[RequestResult]
     sampled: list[bool]  # per result: a seeded-sampled request
-    injections: list  # fault_injector.Injection records
+    injections: list  # fault_runner.Injection records
     schedule: list[dict]
     restarts: int
     faults: dict[str, int]  # injected by the workers ([faults]): corrupted frames, drops

@@ -1,5 +1,5 @@
 """Injecting a fault schedule (serving/loadgen/fault_schedule.py) into a running `--netns`
-cluster: `FaultInjector`, a thread that applies each `Fault` at its time and keeps an `Injection`
+cluster: `FaultRunner`, a thread that applies each `Fault` at its time and keeps an `Injection`
 record of it — whom it hit, whether it was detected, whether the cluster recovered.
 
 What each kind does, how it is detected, and what counts as recovered:
@@ -89,7 +89,7 @@ class Injection:
     detail: dict = dataclasses.field(default_factory=dict)
 
 
-class FaultInjector(threading.Thread):
+class FaultRunner(threading.Thread):
     """Apply `faults` in time order from `start` (monotonic) until done or `stop`. `busy()`
     gives each worker's requests in hand (the router's stats); `load(kind)` sends requests that
     a fault of that kind will catch in flight."""
