@@ -82,16 +82,19 @@ def _report(results, injections, schedule, duration=40.0) -> NetnsSoakReport:
         rss=[],
         start=100.0,
         wall_s=50.0,
-        corrupt_ids=["soak-00003"],
+        corrupt_ids=["soak-00003", "a0f3"],  # the second: a front-door request's
     )
 
 
 def test_the_report_counts_each_kind():
     results = [
         _result(101.0, 3.0, route="pd"),  # 1-4 s: before the blackhole
+        # Never reached the router (the front door was restarting): not the router's to judge.
+        _result(170.0, 0.0, route="frontdoor", outcome="failed", code="ConnectionRefusedError"),
         _result(104.0, 3.0, route="pd", attempts=2),  # 4-7 s: in it, retried
         _result(106.0, 1.0, route="prfaas"),  # 6-7 s: in it, untouched
         _result(109.0, 1.0, route="prfaas", attempts=3),  # after its end: the restored link
+        _result(180.0, 1.0, route="frontdoor"),
         _result(125.0, 2.0, route="pd", outcome="failed"),  # in the stop (24-32 s)
     ]
     blackhole = Injection("blackhole", 5.0, end_s=8.0, injected=True, detected=True)
@@ -111,8 +114,12 @@ def test_the_report_counts_each_kind():
     assert rows["sigstop:pd_decode"]["recovered"] == 1
     assert rows["sigstop:pd_decode"]["affected"] == 1
     assert rows["corrupt_frames"]["injected"] == 2
-    assert rows["corrupt_frames"]["recovered"] == 1  # soak-00003 then completed right
+    # soak-00003 then completed right, and so did every front-door request the router saw.
+    assert rows["corrupt_frames"]["detected"] == rows["corrupt_frames"]["recovered"] == 2
     assert report.missing() == [] and report.passed()
+    results[5].outcome = "failed"  # a front-door request the router saw did not complete
+    assert report.by_kind()["corrupt_frames"]["recovered"] == 1
+    results[5].outcome = "completed"
     # A wrong reply fails the run, and so does a scheduled kind never injected.
     results[3].tokens = [7, 9]
     assert not report.passed()
@@ -132,6 +139,11 @@ def test_rss_trends_fit_a_slope_per_minute():
     samples += [(0.0, "pd-0", 10, 50 * mib), (5.0, "pd-0", 10, 60 * mib)]
     trends = rss_trends(samples)
     assert trends["router"]["slope_mib_per_min"] == pytest.approx(3.0, abs=1e-3)
+    assert trends["router"]["late_slope_mib_per_min"] == pytest.approx(3.0, abs=1e-3)
     assert trends["router"]["first_mib"] == 100.0 and trends["router"]["samples"] == 24
     assert trends["pd-0"]["slope_mib_per_min"] is None  # too short to say
     assert trends["pd-0"]["max_mib"] == 60.0
+    # Warm-up, then flat: growth over the life, none in its second half.
+    warm = [(t, "pd-1", 11, (50 + min(t, 20)) * mib) for t in range(0, 200, 5)]
+    trend = rss_trends(warm)["pd-1"]
+    assert trend["slope_mib_per_min"] > 1 and trend["late_slope_mib_per_min"] == 0.0

@@ -10,13 +10,16 @@ serving/loadgen/fault_runner.py):
   when a PrfaaS-route request sent after its restore completed right; corrupted frames count as
   injected from the workers' `faults: corrupted` lines, as detected from the router's lines
   of an attempt that failed on a CRC or checksum, and as recovered when that request then
-  completed right;
+  completed right (a front-door request's id is the router's: those count as recovered when
+  every front-door request that reached the router completed right);
 - in flight: requests open at some moment of the fault (from its start to `AFTER_S` after its
   end); affected: those of them retried, resumed, failed or lost.
 
 Memory (`rss_trends`): per process (the launcher `soak`, the router, every worker instance and
 each replacement, the delay line, each front door), its RSS samples, first, last and largest, and
-the least-squares slope in MiB per minute over its life (None below 3 samples or 30 s).
+the least-squares slope in MiB per minute over its life and over its second half (a process
+that warms up and then holds shows a slope over its life and none late; None below 3 samples or
+30 s).
 
 `passed`: nothing lost, duplicated or wrong, and every kind injected as often as scheduled up to
 twice (a kind the run was too short to schedule twice needs what was scheduled).
@@ -44,11 +47,14 @@ from prfaas_jax.tables import table
 
 AFTER_S = 10.0  # a request this long after a fault ended still counts as in flight during it
 MIB = 2**20
-_CORRUPT_FAILURE = re.compile(r"(soak-\d+): attempt \d+ failed .*(CRC|checksum|corrupt)", re.I)
+_CORRUPT_FAILURE = re.compile(r"(\S+): attempt \d+ failed \([^\n]*(?:CRC|checksum)", re.I)
+# How a front-door request fails that never reached the router (the front door was restarting).
+NOT_SENT = ("NO_FRONT_DOOR", "ConnectionRefusedError")
 
 
 def corrupt_detections(log_dir: str | os.PathLike[str]) -> list[str]:
-    """Request ids whose attempt the router saw fail on a corrupted frame (its logs)."""
+    """Request ids whose attempt the router saw fail on a corrupted frame (its logs): `soak-<i>`
+    for the soak's own, the router's for a front-door request."""
     ids = []
     for path in Path(log_dir).glob("router*.log"):
         ids += [m[1] for m in _CORRUPT_FAILURE.finditer(path.read_text(errors="replace"))]
@@ -71,6 +77,8 @@ def rss_trends(samples: list[tuple[float, str, int, int]]) -> dict[str, dict]:
         times = [t for t, _ in rows]
         mib = [rss / MIB for _, rss in rows]
         slope = _slope_per_min(times, mib)
+        late = [i for i, t in enumerate(times) if t >= (times[0] + times[-1]) / 2]
+        late_slope = _slope_per_min([times[i] for i in late], [mib[i] for i in late])
         trends[label] = {
             "samples": len(rows),
             "seconds": round(times[-1] - times[0], 1),
@@ -78,6 +86,7 @@ def rss_trends(samples: list[tuple[float, str, int, int]]) -> dict[str, dict]:
             "last_mib": round(mib[-1], 1),
             "max_mib": round(max(mib), 1),
             "slope_mib_per_min": None if slope is None else round(slope, 3),
+            "late_slope_mib_per_min": None if late_slope is None else round(late_slope, 3),
         }
     return trends
 
@@ -156,17 +165,26 @@ class NetnsSoakReport:
                 "in_flight": len(in_flight),
                 "affected": len(affected),
             }
+        rows[CORRUPT_FRAMES] = self._corrupt_row()
+        return rows
+
+    def _corrupt_row(self) -> dict:
+        """A front-door request reaches the router under an id of the router's: such a one
+        recovered when every front-door request that reached the router completed right."""
         by_id = {f"soak-{i:05d}": r for i, r in enumerate(self.results)}
         hit = [by_id[i] for i in self.corrupt_ids if i in by_id]
-        rows[CORRUPT_FRAMES] = {
+        untraced = len(self.corrupt_ids) - len(hit)
+        door = [r for r in self.results if r.route == "frontdoor" and r.code not in NOT_SENT]
+        door_right = all(r.outcome == "completed" and not r.wrong for r in door)
+        recovered = sum(r.outcome == "completed" and not r.wrong for r in hit)
+        return {
             "scheduled": None,
             "injected": self.faults.get("corrupted_frames", 0),
             "detected": len(self.corrupt_ids),
-            "recovered": sum(r.outcome == "completed" and not r.wrong for r in hit),
-            "in_flight": len(hit),
-            "affected": len(hit),
+            "recovered": recovered + (untraced if door_right else 0),
+            "in_flight": len(self.corrupt_ids),
+            "affected": len(self.corrupt_ids),
         }
-        return rows
 
     def bad_requests(self, limit: int = 10) -> list[dict]:
         """The first `limit` requests lost, duplicated or wrong, enough to find them in the
@@ -292,11 +310,15 @@ class NetnsSoakReport:
                 t["first_mib"],
                 t["last_mib"],
                 t["max_mib"],
-                "-" if t["slope_mib_per_min"] is None else f"{t['slope_mib_per_min']:+.2f}",
+                *(
+                    "-" if v is None else f"{v:+.2f}"
+                    for v in (t["slope_mib_per_min"], t["late_slope_mib_per_min"])
+                ),
             )
             for label, t in d["rss"].items()
         ]
         rss_headers = ("process", "samples", "RSS first MiB", "last", "max", "MiB/min")
+        rss_headers += ("late MiB/min",)
         lines = [
             table(counts, align="lrl"),
             "",
