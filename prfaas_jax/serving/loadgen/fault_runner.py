@@ -132,6 +132,10 @@ class FaultRunner(threading.Thread):
         finally:
             self.undo()
 
+    def _hold(self, injection: Injection, fault: Fault) -> None:
+        """Until the fault has held for its time since it was applied (or `stop`)."""
+        self.stop.wait(max(self.start_time + injection.at_s + fault.hold_s - time.monotonic(), 0))
+
     def undo(self) -> None:
         """Continue what is stopped, restore the link (also after an interruption)."""
         for pid in self._stopped:
@@ -159,7 +163,7 @@ class FaultRunner(threading.Thread):
         before = self._wan_counter(counter)
         self._control(control)
         injection.injected = True
-        self.stop.wait(fault.hold_s)
+        self._hold(injection, fault)
         self._control(WanControl())
         injection.end_s = round(self.now(), 2)
         self.stop.wait(1.5)  # the delay line writes its counters once a second
@@ -177,7 +181,7 @@ class FaultRunner(threading.Thread):
         self._control(WanControl(delay_s=spiked))
         injection.injected = True
         rtt = self._connect_s()
-        self.stop.wait(max(self.start_time + fault.end_s - time.monotonic(), 0.0))
+        self._hold(injection, fault)
         self._control(WanControl())
         injection.end_s = round(self.now(), 2)
         injection.detail = {"rtt_s": rtt, "spiked_rtt_s": 2 * spiked}
@@ -202,7 +206,7 @@ class FaultRunner(threading.Thread):
         injection.injected = True
         namespace = self.topology.prfaas_ns
         read = tbf_rate_bytes_per_s("link0", namespace=namespace)
-        self.stop.wait(fault.hold_s)
+        self._hold(injection, fault)
         self.topology.set_rate(rate)
         injection.end_s = round(self.now(), 2)
         injection.detail = {"rate_read_bytes_per_s": read}
@@ -290,7 +294,7 @@ class FaultRunner(threading.Thread):
         seen = health_status(address, 1.0, security_section=security)
         injection.detected = seen != "SERVING"
         injection.detail["health_while_stopped"] = seen
-        self.stop.wait(max(self.start_time + fault.end_s - time.monotonic(), 0.0))
+        self._hold(injection, fault)
         os.kill(injection.pid, signal.SIGCONT)
         self._stopped.remove(injection.pid)
         injection.end_s = round(self.now(), 2)
