@@ -40,6 +40,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
+from prfaas_jax.serving.cluster.netns import LINK_DEVICE
 from prfaas_jax.serving.cluster.processes import ChildProcess
 from prfaas_jax.serving.cluster.wan import WanControl
 from prfaas_jax.serving.loadgen.fault_schedule import Fault
@@ -205,7 +206,7 @@ class FaultRunner(threading.Thread):
         self.topology.set_rate(RATE_FACTOR * rate)
         injection.injected = True
         namespace = self.topology.prfaas_ns
-        read = tbf_rate_bytes_per_s("link0", namespace=namespace)
+        read = tbf_rate_bytes_per_s(LINK_DEVICE, namespace=namespace)
         self._hold(injection, fault)
         self.topology.set_rate(rate)
         injection.end_s = round(self.now(), 2)
