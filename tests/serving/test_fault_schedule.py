@@ -18,7 +18,11 @@ from prfaas_jax.serving.loadgen.fault_schedule import (
     allows_twice,
     fault_schedule,
 )
-from prfaas_jax.serving.loadgen.netns_soak_report import NetnsSoakReport, rss_trends
+from prfaas_jax.serving.loadgen.netns_soak_report import (
+    NetnsSoakReport,
+    corrupt_detections,
+    rss_trends,
+)
 from prfaas_jax.serving.loadgen.soak_report import RequestResult
 
 K = len(FAULT_KINDS)
@@ -147,3 +151,20 @@ def test_rss_trends_fit_a_slope_per_minute():
     warm = [(t, "pd-1", 11, (50 + min(t, 20)) * mib) for t in range(0, 200, 5)]
     trend = rss_trends(warm)["pd-1"]
     assert trend["slope_mib_per_min"] > 1 and trend["late_slope_mib_per_min"] == 0.0
+
+
+def test_checksum_failures_are_told_apart_by_whether_a_worker_corrupted_the_request(tmp_path):
+    (tmp_path / "prfaas-0.log").write_text(
+        "t prfaas-0 faults: corrupted data frame 2 (byte 9) of soak-00007.9f2a → 198.18.0.3:1\n"
+        "t prfaas-0 faults: corrupted data frame 1 (byte 3) of 4be1.77aa → 198.18.0.3:1\n"
+        "t prfaas-0 faults: dropped the link after 9 of 18 frames of soak-00009.0c1d → x\n"
+    )
+    (tmp_path / "router.log").write_text(
+        "t router soak-00007: attempt 1 failed (invalid_argument: soak-00007.9f2a: its state "
+        "was rejected: data frame 2 checksum mismatch: the frame is corrupt)\n"
+        "t router 4be1: attempt 2 failed (invalid_argument: tensor 3 fails its CRC32)\n"
+        "t router soak-00009: attempt 1 failed (invalid_argument: data frame 1 checksum "
+        "mismatch: the frame is corrupt)\n"
+        "t router soak-00011: attempt 1 failed (unavailable: link dropped after 3 of 9)\n"
+    )
+    assert corrupt_detections(tmp_path) == (["soak-00007", "4be1"], ["soak-00009"])

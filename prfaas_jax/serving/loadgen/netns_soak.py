@@ -320,7 +320,7 @@ def run_netns_soak(
                 sampler.stop.set()
             frontdoor.stop()
         faults_seen = count_faults(cluster.log_dir)
-        corrupt_ids = corrupt_detections(cluster.log_dir)
+        corrupt_ids, unexplained = corrupt_detections(cluster.log_dir)
         restarts = cluster.restarts
     return NetnsSoakReport(
         options=dataclasses.asdict(options),
@@ -335,4 +335,5 @@ def run_netns_soak(
         start=start,
         wall_s=time.monotonic() - started,
         corrupt_ids=corrupt_ids,
+        checksum_unexplained=unexplained,
     )

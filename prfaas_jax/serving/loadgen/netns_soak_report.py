@@ -9,7 +9,8 @@ serving/loadgen/fault_runner.py):
 - scheduled, injected, detected, recovered: counts of faults; a link fault counts as recovered
   when a PrfaaS-route request sent after its restore completed right; corrupted frames count as
   injected from the workers' `faults: corrupted` lines, as detected from the router's lines
-  of an attempt that failed on a CRC or checksum, and as recovered when that request then
+  of an attempt that failed on a CRC or checksum for a request a worker had corrupted (other
+  checksum failures are listed apart), and as recovered when that request then
   completed right (a front-door request's id is the router's: those count as recovered when
   every front-door request that reached the router completed right);
 - in flight: requests open at some moment of the fault (from its start to `AFTER_S` after its
@@ -43,22 +44,29 @@ from prfaas_jax.serving.loadgen.fault_schedule import (
     allows_twice,
 )
 from prfaas_jax.serving.loadgen.soak_report import RequestResult, SoakReport
+from prfaas_jax.serving.transfer.faults import CORRUPT_MARK
 from prfaas_jax.tables import table
 
 AFTER_S = 10.0  # a request this long after a fault ended still counts as in flight during it
 MIB = 2**20
 _CORRUPT_FAILURE = re.compile(r"(\S+): attempt \d+ failed \([^\n]*(?:CRC|checksum)", re.I)
+_CORRUPTED = re.compile(rf"{CORRUPT_MARK} [^\n]* of (\S+)\.[0-9a-f]+ ")
 # How a front-door request fails that never reached the router (the front door was restarting).
 NOT_SENT = ("NO_FRONT_DOOR", "ConnectionRefusedError")
 
 
-def corrupt_detections(log_dir: str | os.PathLike[str]) -> list[str]:
-    """Request ids whose attempt the router saw fail on a corrupted frame (its logs): `soak-<i>`
-    for the soak's own, the router's for a front-door request."""
-    ids = []
-    for path in Path(log_dir).glob("router*.log"):
-        ids += [m[1] for m in _CORRUPT_FAILURE.finditer(path.read_text(errors="replace"))]
-    return ids
+def corrupt_detections(log_dir: str | os.PathLike[str]) -> tuple[list[str], list[str]]:
+    """Request ids whose attempt the router saw fail on a CRC or checksum (its logs): those
+    whose transfer a worker had corrupted (`faults: corrupted … of <request id>.<attempt>`), and
+    those without (a checksum failure no injected corruption explains). `soak-<i>` for the
+    soak's own requests, the router's id for a front-door request."""
+    injected, failed = set(), []
+    for path in Path(log_dir).glob("*.log"):
+        text = path.read_text(errors="replace")
+        injected |= {m[1] for m in _CORRUPTED.finditer(text)}
+        if path.name.startswith("router"):
+            failed += [m[1] for m in _CORRUPT_FAILURE.finditer(text)]
+    return [i for i in failed if i in injected], [i for i in failed if i not in injected]
 
 
 def _slope_per_min(times: list[float], values: list[float]) -> float | None:
@@ -104,7 +112,8 @@ class NetnsSoakReport:
     rss: list[tuple[float, str, int, int]]
     start: float  # monotonic time arrivals began
     wall_s: float
-    corrupt_ids: list[str] = dataclasses.field(default_factory=list)
+    corrupt_ids: list[str] = dataclasses.field(default_factory=list)  # `corrupt_detections`
+    checksum_unexplained: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def requests(self) -> SoakReport:
@@ -245,6 +254,7 @@ class NetnsSoakReport:
             "bad_requests": self.bad_requests(),
             "by_kind": self.by_kind(),
             "missing_kinds": self.missing(),
+            "checksum_failures_not_injected": self.checksum_unexplained,
             "injections": [dataclasses.asdict(i) for i in self.injections],
             "restarts": self.restarts,
             "faults": self.faults,
