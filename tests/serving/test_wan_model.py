@@ -133,6 +133,8 @@ def test_a_control_file_changes_the_link_while_it_runs(tmp_path):
     line.push(packet(), 0.0)
     (tmp_path / "control.json").write_text(json.dumps({"blackhole": True}))
     control.apply(line)
+    applied = wan.applied_path(tmp_path / "control.json")
+    assert json.loads(applied.read_text()) == {"blackhole": True}  # what a writer waits for
     for i in range(5):
         line.push(packet(), 0.001 * i)
     stats = line.stats()["forward"]

@@ -62,6 +62,7 @@ from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_re
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
 from prfaas_jax.serving.cluster.netns_credentials import SECURITY_FILE, netns_credentials
 from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
+from prfaas_jax.serving.cluster.wan import applied_path
 from prfaas_jax.serving.cluster_config import (
     check_binds,
     instance_roles,
@@ -366,7 +367,9 @@ class ClusterProcesses:
         file names it."""
         topology = self.topology
         assert topology is not None
-        self.wan_control_file.unlink(missing_ok=True)  # a reused log dir's is not this run's
+        # A reused log dir's control (and its acknowledgement) is not this run's.
+        self.wan_control_file.unlink(missing_ok=True)
+        applied_path(self.wan_control_file).unlink(missing_ok=True)
         child = self._spawn(
             "wan",
             WAN_ROLE,

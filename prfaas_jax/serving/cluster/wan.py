@@ -28,7 +28,8 @@ Each direction (told apart by the packet's IPv4 destination) has its own state:
 Draws come from a `random.Random(seed)` per direction, so a run is reproducible given its packet
 order. With `--control-file` the model changes while the link runs (`WanControl`: another one-way
 delay, loss rate or burst length, or a blackhole that drops every packet), read about five times
-a second; `prfaas soak --netns` injects its link faults this way
+a second, and acknowledged in `<control file>.applied`; `prfaas soak --netns` injects its link
+faults this way
 (serving/loadgen/fault_runner.py). The process exits when its parent (the launcher) dies or on
 SIGTERM; the TUN device and the namespace are the launcher's to delete. Its counters (packets and
 bytes each way, losses, blackholed packets, the largest queue) are written to `--stats-file` every
@@ -272,9 +273,16 @@ def model_of(link: LinkSection, seed: int = 0) -> WanModel:
     )
 
 
+def applied_path(control_file: str | os.PathLike[str]) -> Path:
+    """Where the delay line writes the control it has applied (`<control file>.applied`)."""
+    path = Path(control_file)
+    return path.with_name(path.name + ".applied")
+
+
 class _ControlFile:
     """The control file, applied when its modification time changes (a missing one: the
-    configured model)."""
+    configured model); what was applied is then written to `applied_path`, so a writer knows
+    when packets meet its control."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -296,6 +304,8 @@ class _ControlFile:
         if stamp != self._seen:
             self._seen = stamp
             line.control(WanControl(**fields))
+            if self.path:
+                write_json(applied_path(self.path), fields)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,9 @@ record of it — whom it hit, whether it was detected, whether the cluster recov
 What each kind does, how it is detected, and what counts as recovered:
 
 - link faults change the delay line's model through its control file (`WanControl`,
-  serving/cluster/wan.py: ``loss_burst``, ``blackhole``, ``rtt_spike``) or the kernel's tbf rate
-  (``bandwidth_drop``) for the fault's hold, then restore it. Detected on the path: the delay
+  serving/cluster/wan.py: ``loss_burst``, ``blackhole``, ``rtt_spike``; injected once the delay
+  line acknowledges it) or the kernel's tbf rate (``bandwidth_drop``) for the fault's hold,
+  then restore it. Detected on the path: the delay
   line's loss or blackhole counter grew over the fault, a TCP connect across the link (from the
   PrfaaS namespace to a PD worker) took at least 0.8 × the spiked round trip, the kernel reads the
   dropped rate back. Recovered is judged from the requests after the run
@@ -42,7 +43,7 @@ from typing import Protocol
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE
 from prfaas_jax.serving.cluster.processes import ChildProcess
-from prfaas_jax.serving.cluster.wan import WanControl
+from prfaas_jax.serving.cluster.wan import WanControl, applied_path
 from prfaas_jax.serving.loadgen.fault_schedule import Fault
 from prfaas_jax.serving.transport.kernel_link import KernelLinkError, tbf_rate_bytes_per_s
 from prfaas_jax.serving.transport.lifecycle import write_json
@@ -52,6 +53,7 @@ LOSS_BURST = WanControl(loss=0.2, loss_burst=8.0)
 BLACKHOLE = WanControl(blackhole=True)
 RTT_FACTOR = 10.0
 RATE_FACTOR = 0.1
+APPLY_WAIT_S = 5.0  # how long a link fault waits for the delay line to apply it
 BUSY_WAIT_S = 3.0  # how long a kill or stop waits for its target to hold requests
 RECOVER_WAIT_S = 90.0  # a replacement on a busy machine can take this long to serve
 CONNECT = """
@@ -149,9 +151,19 @@ class FaultRunner(threading.Thread):
 
     # ---- the link ----
 
-    def _control(self, control: WanControl) -> None:
+    def _control(self, control: WanControl) -> bool:
+        """Hand the delay line ``control``; whether it applied it within APPLY_WAIT_S (it
+        re-reads its control file five times a second)."""
         fields = {k: v for k, v in dataclasses.asdict(control).items() if v not in (None, False)}
         write_json(self.cluster.wan_control_file, fields)
+        applied = applied_path(self.cluster.wan_control_file)
+        deadline = time.monotonic() + APPLY_WAIT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if json.loads(applied.read_text()) == fields:
+                    return True
+            time.sleep(0.02)
+        return False
 
     def _wan_counter(self, name: str) -> int:
         try:
@@ -162,8 +174,7 @@ class FaultRunner(threading.Thread):
 
     def _hold_link(self, injection: Injection, fault: Fault, control: WanControl, counter: str):
         before = self._wan_counter(counter)
-        self._control(control)
-        injection.injected = True
+        injection.injected = self._control(control)
         self._hold(injection, fault)
         self._control(WanControl())
         injection.end_s = round(self.now(), 2)
@@ -179,8 +190,7 @@ class FaultRunner(threading.Thread):
 
     def _rtt_spike(self, injection: Injection, fault: Fault) -> None:
         spiked = RTT_FACTOR * self.link.one_way_delay_s
-        self._control(WanControl(delay_s=spiked))
-        injection.injected = True
+        injection.injected = self._control(WanControl(delay_s=spiked))
         rtt = self._connect_s()
         self._hold(injection, fault)
         self._control(WanControl())
