@@ -13,11 +13,11 @@ front door) every `rss_every_s`; then waits for every request to end and stops e
 The requests (`mixed_workload`): prompt lengths half at or below the routing threshold t, the
 rest above it up to 4t, and a share `long_share` long ones, from 4K tokens up to `longest` (16K
 by default: the fake engine holds a real state of that length, so the codec carries it);
-`prefix_share` of them open with one of four shared prefixes of 256-1024 tokens (the prefix
-caches reuse them, and the PrfaaS push ships an increment); `sampled_share` sampled with a seed
+`prefix_share` of them open with one of four shared prefixes of 256-1024 tokens (the prefill
+workers' prefix caches reuse them); `sampled_share` sampled with a seed
 (temperature 0.8, top-p 0.875, top-k 0 or 50), the rest greedy; max_new_tokens uniform on [8, 32];
-`frontdoor_share` of the greedy ones through the front door (streamed completions), the rest on
-the router's gRPC API. The wire precision is the config's (`[link] precision`: the PrfaaS push;
+`frontdoor_share` of all, greedy ones, through the front door (streamed completions), the rest
+on the router's gRPC API. The wire precision is the config's (`[link] precision`: the PrfaaS push;
 PD pushes are native).
 
 Each request is judged by the soak's oracle (serving/loadgen/soak_report.py): the fake engines'
@@ -261,7 +261,7 @@ def run_netns_soak(
         ready_file = cluster.log_dir / "ready.json"
         write_json(ready_file, ready)
         frontdoor = FrontDoorProcess(ready_file, cluster.log_dir)
-        injector = sampler = None
+        runner = sampler = None
         try:
             frontdoor.start()
             if not frontdoor.wait_serving(0):
@@ -273,7 +273,7 @@ def run_netns_soak(
                 rng = random.Random(options.seed + 3)
                 t = max(int(config.router.threshold), 8)
                 faults = fault_schedule(options.duration_s, options.seed)
-                injector = FaultRunner(
+                runner = FaultRunner(
                     cluster,
                     faults,
                     seed=options.seed,
@@ -285,15 +285,15 @@ def run_netns_soak(
                     functools.partial(_processes, cluster, frontdoor), options.rss_every_s
                 )
                 plan = mixed_workload(options, config, vocab)
-                start = injector.start_time = time.monotonic()
+                start = runner.start_time = time.monotonic()
 
                 def report() -> None:
                     if progress is not None:
                         elapsed = time.monotonic() - start
                         sent, ended = len(requests.results), requests.ended()
-                        progress(SoakProgress(elapsed, sent, ended, len(injector.injections)))
+                        progress(SoakProgress(elapsed, sent, ended, len(runner.injections)))
 
-                injector.start()
+                runner.start()
                 sampler.start()
                 for planned in plan:
                     while (wait := start + planned.offset_s - time.monotonic()) > 0:
@@ -301,9 +301,9 @@ def run_netns_soak(
                         report()
                     requests.start(planned)
                 # The last fault ended before the arrivals did; its recovery may take longer.
-                injector.join(RECOVER_WAIT_S + 60)
-                injector.stop.set()
-                injector.join()
+                runner.join(RECOVER_WAIT_S + 60)
+                runner.stop.set()
+                runner.join()
                 for thread in list(requests.threads):
                     thread.join(options.deadline_s + 10)
                     report()
@@ -311,11 +311,11 @@ def run_netns_soak(
                 sampler.join()
                 router = router_counts(stub)
         finally:
-            if injector is not None:
-                injector.stop.set()
-                if injector.is_alive():
-                    injector.join(30)
-                injector.undo()
+            if runner is not None:
+                runner.stop.set()
+                if runner.is_alive():
+                    runner.join(30)
+                runner.undo()
             if sampler is not None:
                 sampler.stop.set()
             frontdoor.stop()
@@ -326,7 +326,7 @@ def run_netns_soak(
         options=dataclasses.asdict(options),
         results=requests.results,
         sampled=[not s.greedy for s in requests.sampling],
-        injections=injector.injections,
+        injections=runner.injections,
         schedule=[dataclasses.asdict(f) for f in faults],
         restarts=restarts,
         faults=faults_seen,
