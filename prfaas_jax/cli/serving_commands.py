@@ -11,6 +11,7 @@ TLS and tokens.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -247,14 +248,28 @@ def add_soak(sub: argparse._SubParsersAction) -> None:
         "the wrong place shows). Prints a table of those counts, the faults (kills, restarts, "
         "corrupted frames, dropped transfers, router retries and resumes) and the latency of "
         "clean, retried and resumed requests, then the same as JSON. Exit status 1 when a "
-        "request was lost, duplicated or wrong.",
-        epilog="example: prfaas soak --duration 60 --kill-every 10 --json",
+        "request was lost, duplicated or wrong. With --netns the soak runs over the emulated "
+        "WAN (default config: soak-wan) under a seeded fault schedule instead of --kill-every: "
+        "loss bursts, link blackholes, RTT spikes, bandwidth drops, SIGKILL and SIGSTOP/SIGCONT "
+        "of each worker role, SIGTERM of the PrfaaS prefill worker and of an OpenAI front door "
+        "with requests in flight, and corrupted frames; greedy, seeded-sampled and front-door "
+        "requests, prompts up to 16K tokens, shared prefixes. It reports each fault kind "
+        "(scheduled, injected, detected, recovered, requests in flight and affected) and the RSS "
+        "trend of every process, and exits 1 also when a kind was injected fewer than twice "
+        "(when the duration allows two rounds: 10 minutes does).",
+        epilog="example: prfaas soak --duration 60 --kill-every 10 --json; "
+        "prfaas soak --netns --duration 600",
     )
     p.add_argument(
         "--config",
-        default="faults",
         help="cluster config with fake engines: a name under configs/clusters/ or a TOML path "
-        "(default: faults)",
+        "(default: faults; with --netns soak-wan)",
+    )
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="over the emulated WAN in network namespaces, with the fault schedule (needs root; "
+        "docs/serving.md)",
     )
     p.add_argument(
         "--duration", type=float, default=180.0, help="seconds of arrivals (default 180)"
@@ -278,8 +293,16 @@ def add_soak(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_soak(args: argparse.Namespace) -> int:
-    from prfaas_jax.serving.loadgen.soak import SoakOptions, SoakProgress, run_soak
+    from prfaas_jax.serving.loadgen.netns_soak import NetnsSoakOptions, run_netns_soak
+    from prfaas_jax.serving.loadgen.soak import SoakOptions, run_soak
 
+    if args.netns:
+        netns_options = NetnsSoakOptions(
+            duration_s=args.duration, rate=args.rate, seed=args.seed, deadline_s=args.deadline
+        )
+        run = functools.partial(run_netns_soak, args.config or "soak-wan", netns_options)
+        report = _show_soak(args, "faults", run)
+        return 0 if report.passed() else 1
     options = SoakOptions(
         duration_s=args.duration,
         rate=args.rate,
@@ -287,20 +310,32 @@ def _run_soak(args: argparse.Namespace) -> int:
         seed=args.seed,
         deadline_s=args.deadline,
     )
-    starting = "soak: starting the cluster"
-    with progress(starting, total=options.duration_s, unit="s", quiet=args.json) as shown:
+    report = _show_soak(
+        args, "kills", functools.partial(run_soak, args.config or "faults", options)
+    )
+    counts = report.counts()
+    return 1 if counts["lost"] or counts["duplicated"] or counts["wrong"] else 0
+
+
+def _show_soak(args: argparse.Namespace, faults: str, run):
+    """Run a soak (`run(log_dir=…, progress=…)`) behind a progress bar; print its table (unless
+    --json) and its JSON; return its report."""
+    from prfaas_jax.serving.loadgen.soak import SoakProgress
+
+    with progress(
+        "soak: starting the cluster", total=args.duration, unit="s", quiet=args.json
+    ) as shown:
 
         def tick(now: SoakProgress) -> None:
             shown.update(
-                completed=min(now.elapsed_s, options.duration_s),
-                description=f"soak: {now.sent} sent, {now.ended} ended, {now.kills} kills",
+                completed=min(now.elapsed_s, args.duration),
+                description=f"soak: {now.sent} sent, {now.ended} ended, {now.kills} {faults}",
             )
 
-        report = run_soak(args.config, options, log_dir=args.log_dir, progress=tick)
+        report = run(log_dir=args.log_dir, progress=tick)
     if not args.json:
         print(report.format_table())
         print()
     # One line, so a log of many runs holds one JSON object per line.
     print(json.dumps(report.to_dict()))
-    counts = report.counts()
-    return 1 if counts["lost"] or counts["duplicated"] or counts["wrong"] else 0
+    return report

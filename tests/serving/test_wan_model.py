@@ -10,17 +10,26 @@ off by one, a rate off by a factor) apart."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 
 import pytest
 
 from prfaas_jax.errors import ConfigError, UserError
-from prfaas_jax.serving.cluster import netns
-from prfaas_jax.serving.cluster.wan import DelayLine, Direction, GilbertLoss, WanModel, model_of
+from prfaas_jax.serving.cluster import netns, wan
+from prfaas_jax.serving.cluster.wan import (
+    DelayLine,
+    Direction,
+    GilbertLoss,
+    WanControl,
+    WanModel,
+    model_of,
+)
 from prfaas_jax.serving.cluster_sections import LinkSection
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.router.handles import one_way_delay_s
+from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.link import schedule_factor
 
 
@@ -108,6 +117,42 @@ def test_the_delay_line_tells_the_directions_apart_by_destination():
     assert stats["forward"]["packets"] == 2 and stats["backward"]["packets"] == 1
     assert line.next_release() == pytest.approx(0.01)
     assert len(line.due(0.0105)) == 2 and len(line.due(0.0115)) == 1
+
+
+def test_a_control_file_changes_the_link_while_it_runs(tmp_path):
+    """`--control-file` (`WanControl`): a blackhole drops every packet and counts it apart, a
+    spiked delay applies to packets from then on (queued ones keep their times), and a control
+    without fields restores the configured model."""
+
+    def packet() -> bytes:
+        return bytes(16) + bytes((198, 18, 3, 3)) + bytes(20)
+
+    line = DelayLine(WanModel(delay_s=0.01, loss=0.0), forward_dest="198.18.3.3")
+    control = wan._ControlFile(str(tmp_path / "control.json"))
+    control.apply(line)  # no file yet: the configured model
+    line.push(packet(), 0.0)
+    (tmp_path / "control.json").write_text(json.dumps({"blackhole": True}))
+    control.apply(line)
+    applied = wan.applied_path(tmp_path / "control.json")
+    assert json.loads(applied.read_text()) == {"blackhole": True}  # what a writer waits for
+    for i in range(5):
+        line.push(packet(), 0.001 * i)
+    stats = line.stats()["forward"]
+    assert (stats["packets"], stats["blackholed"], stats["lost"]) == (6, 5, 0)
+    assert len(line.due(1.0)) == 1  # the packet before the blackhole still arrives
+    write_json(tmp_path / "control.json", {"delay_s": 0.2})
+    control.apply(line)
+    line.push(packet(), 2.0)
+    assert line.next_release() == pytest.approx(2.2)
+    write_json(tmp_path / "control.json", {"loss": 0.5, "loss_burst": 4.0})
+    control.apply(line)
+    assert line.backward.model == WanModel(delay_s=0.01, loss=0.5, loss_burst=4.0)
+    write_json(tmp_path / "control.json", {})
+    control.apply(line)
+    line.push(packet(), 3.0)
+    assert line.forward.model == line.model and not line.forward.blackhole
+    assert [round(r, 3) for r, _, _ in sorted(line.forward._queue)] == [2.2, 3.01]
+    assert WanControl(delay_s=0.3).applied_to(WanModel(loss=0.1)) == WanModel(0.3, loss=0.1)
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,7 @@ from prfaas_jax.serving.cluster.machines import PARTS, remote_instances, wait_re
 from prfaas_jax.serving.cluster.netns import LINK_DEVICE, NetnsTopology, require_netns
 from prfaas_jax.serving.cluster.netns_credentials import SECURITY_FILE, netns_credentials
 from prfaas_jax.serving.cluster.processes import ChildProcess, ClusterError, free_port
+from prfaas_jax.serving.cluster.wan import applied_path
 from prfaas_jax.serving.cluster_config import (
     check_binds,
     instance_roles,
@@ -146,6 +147,9 @@ class ClusterProcesses:
         self._link_schedule: threading.Thread | None = None
         self._schedule_start: tuple[float, float] | None = None
         self._workers_file = self.log_dir / "workers.json"
+        # A `WanControl` written here changes the delay line's model while it runs
+        # (serving/cluster/wan.py; `prfaas soak --netns` injects its link faults so).
+        self.wan_control_file = self.log_dir / "wan-control.json"
 
     def __enter__(self) -> ClusterProcesses:
         return self
@@ -363,11 +367,18 @@ class ClusterProcesses:
         file names it."""
         topology = self.topology
         assert topology is not None
+        # A reused log dir's control (and its acknowledgement) is not this run's.
+        self.wan_control_file.unlink(missing_ok=True)
+        applied_path(self.wan_control_file).unlink(missing_ok=True)
         child = self._spawn(
             "wan",
             WAN_ROLE,
             "prfaas_jax.serving.cluster.wan",
-            [*topology.wan_argv(), "--stats-file", str(self.log_dir / "wan-stats.json")],
+            [
+                *topology.wan_argv(),
+                *("--stats-file", str(self.log_dir / "wan-stats.json")),
+                *("--control-file", str(self.wan_control_file)),
+            ],
             prefix=[
                 *(self.cgroups.enter("wan") if self.cgroups is not None else []),
                 *topology.wan_exec_prefix(),

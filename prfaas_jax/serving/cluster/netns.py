@@ -24,10 +24,10 @@ reads it there and writes it back when its time comes, and the main table forwar
 the rate stays in the kernel, before the delay, and TCP sees both. Addresses come from the
 198.18.0.0/15 benchmarking range (RFC 2544), one /24 of each half per cluster (`k`, 0-255, the
 lowest free). Names carry the launcher's pid: `prfaas-<pid>-<k>-pf|pd|wan`; a start first deletes
-the namespaces of launchers that no longer run (a run that was killed), and `close` deletes its
-own (their veths and the TUN device go with them). Everything here needs root (CAP_NET_ADMIN)
-and the `ip` and `tc` tools, and the WAN a TUN device (`/dev/net/tun`): `require_netns` says in
-one line what is missing.
+the namespaces of launchers that no longer run (a run that was killed) and kills what still runs
+in them, and `close` deletes its own (their veths and the TUN device go with them). Everything
+here needs root (CAP_NET_ADMIN) and the `ip` and `tc` tools, and the WAN a TUN device
+(`/dev/net/tun`): `require_netns` says in one line what is missing.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -102,12 +103,25 @@ def _delete(index: int, namespaces: list[str]) -> None:
             run_ip("ip", "netns", "del", name)
 
 
+def namespace_pids(name: str) -> list[int]:
+    """The processes that run in namespace ``name``."""
+    try:
+        return [int(pid) for pid in run_ip("ip", "netns", "pids", name).split()]
+    except KernelLinkError:
+        return []
+
+
 def remove_stale() -> list[str]:
-    """Delete the namespaces (and veths) of launchers that are gone; returns their names."""
+    """Delete the namespaces (and veths) of launchers that are gone, with any process still in
+    them (one stopped with SIGSTOP when its launcher was killed never acts on the death signal
+    it was sent); returns their names."""
     removed = []
     for name in _namespaces():
         match = _NAME.match(name)
         if match and not pid_alive(int(match[1])):
+            for pid in namespace_pids(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             _delete(int(match[2]), [name])
             removed.append(name)
     return removed

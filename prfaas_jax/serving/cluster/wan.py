@@ -26,9 +26,14 @@ Each direction (told apart by the packet's IPv4 destination) has its own state:
   (1 − loss), so its stationary share, the long-run loss rate, is p / (p + r) = loss.
 
 Draws come from a `random.Random(seed)` per direction, so a run is reproducible given its packet
-order. The process exits when its parent (the launcher) dies or on SIGTERM; the TUN device and the
-namespace are the launcher's to delete. Its counters (packets and bytes each way, losses, the
-largest queue) are written to `--stats-file` every second and on exit.
+order. With `--control-file` the model changes while the link runs (`WanControl`: another one-way
+delay, loss rate or burst length, or a blackhole that drops every packet), read about five times
+a second, and acknowledged in `<control file>.applied`; `prfaas soak --netns` injects its link
+faults this way
+(serving/loadgen/fault_runner.py). The process exits when its parent (the launcher) dies or on
+SIGTERM; the TUN device and the namespace are the launcher's to delete. Its counters (packets and
+bytes each way, losses, blackholed packets, the largest queue) are written to `--stats-file` every
+second and on exit.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import contextlib
 import dataclasses
 import fcntl
 import heapq
+import json
 import math
 import os
 import random
@@ -46,6 +52,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_config import load_cluster_config
@@ -59,6 +66,7 @@ from prfaas_jax.serving.transport.lifecycle import (
 TUNSETIFF = 0x400454CA
 IFF_TUN, IFF_NO_PI = 0x0001, 0x1000
 MAX_PACKET = 65_535
+TICKS_PER_STATS = 5  # control-file reads per stats write (one a second)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +92,22 @@ class WanModel:
     def active(self) -> bool:
         """Whether packets need the delay line at all."""
         return bool(self.delay_s or self.jitter_s or self.loss)
+
+
+@dataclasses.dataclass(frozen=True)
+class WanControl:
+    """What a control file asks of the link for now: fields left None keep the configured
+    model's; `blackhole` drops every packet (counted apart from the model's losses)."""
+
+    delay_s: float | None = None
+    loss: float | None = None
+    loss_burst: float | None = None
+    blackhole: bool = False
+
+    def applied_to(self, model: WanModel) -> WanModel:
+        changes = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        changes.pop("blackhole")
+        return dataclasses.replace(model, **changes)
 
 
 class GilbertLoss:
@@ -116,11 +140,21 @@ class Direction:
         self._queue: list[tuple[float, int, bytes]] = []
         self._seq = 0
         self._last_release = -math.inf
-        self.packets = self.bytes = self.lost = self.max_queued = 0
+        self.blackhole = False
+        self.packets = self.bytes = self.lost = self.blackholed = self.max_queued = 0
+
+    def retune(self, model: WanModel, blackhole: bool) -> None:
+        """Apply another model to the packets that come from now on (those queued keep their
+        release times); the loss process restarts in its good state."""
+        self.model, self.blackhole = model, blackhole
+        self._loss = GilbertLoss(model.loss, model.loss_burst, self._rng)
 
     def push(self, packet: bytes, now: float) -> None:
         self.packets += 1
         self.bytes += len(packet)
+        if self.blackhole:
+            self.blackholed += 1
+            return
         if self._loss.lost():
             self.lost += 1
             return
@@ -148,6 +182,7 @@ class Direction:
             "packets": self.packets,
             "bytes": self.bytes,
             "lost": self.lost,
+            "blackholed": self.blackholed,
             "max_queued": self.max_queued,
         }
 
@@ -158,8 +193,14 @@ class DelayLine:
 
     def __init__(self, model: WanModel, forward_dest: str) -> None:
         self._forward_dest = bytes(int(part) for part in forward_dest.split("."))
+        self.model = model  # the configured one, which a `WanControl` modifies
         self.forward = Direction(model, model.seed)
         self.backward = Direction(model, model.seed + 1)
+
+    def control(self, control: WanControl) -> None:
+        """Both directions to ``control`` applied to the configured model."""
+        for direction in (self.forward, self.backward):
+            direction.retune(control.applied_to(self.model), control.blackhole)
 
     def push(self, packet: bytes, now: float) -> None:
         forward = len(packet) >= 20 and packet[16:20] == self._forward_dest
@@ -193,11 +234,12 @@ def forward(
     *,
     stop: threading.Event,
     on_tick: Callable[[], None] | None = None,
+    tick_s: float = 1.0,
 ) -> None:
     """Read every packet the kernel routes into ``fd``, write each back at its release time,
-    until ``stop`` is set; ``on_tick()`` runs about once a second."""
+    until ``stop`` is set; ``on_tick()`` runs about every ``tick_s``."""
     clock = time.monotonic
-    next_tick = clock() + 1.0
+    next_tick = clock() + tick_s
     while not stop.is_set():
         now = clock()
         wait = min(line.next_release(), next_tick) - now
@@ -214,7 +256,7 @@ def forward(
             with contextlib.suppress(OSError):  # no route (a namespace going away): lost
                 os.write(fd, packet)
         if now >= next_tick:
-            next_tick = now + 1.0
+            next_tick = now + tick_s
             if on_tick is not None:
                 on_tick()
 
@@ -229,6 +271,41 @@ def model_of(link: LinkSection, seed: int = 0) -> WanModel:
         reorder=link.reorder,
         seed=seed,
     )
+
+
+def applied_path(control_file: str | os.PathLike[str]) -> Path:
+    """Where the delay line writes the control it has applied (`<control file>.applied`)."""
+    path = Path(control_file)
+    return path.with_name(path.name + ".applied")
+
+
+class _ControlFile:
+    """The control file, applied when its modification time changes (a missing one: the
+    configured model); what was applied is then written to `applied_path`, so a writer knows
+    when packets meet its control."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._seen: tuple = ()
+
+    def apply(self, line: DelayLine) -> None:
+        try:
+            stat = os.stat(self.path)
+        except (OSError, TypeError):
+            stamp, fields = (), {}
+        else:
+            stamp = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            if stamp == self._seen:
+                return
+            try:
+                fields = json.loads(Path(self.path).read_text())
+            except (OSError, ValueError):
+                return  # mid-write by another writer: the next tick reads it
+        if stamp != self._seen:
+            self._seen = stamp
+            line.control(WanControl(**fields))
+            if self.path:
+                write_json(applied_path(self.path), fields)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent-pid", type=int, help="exit when this process dies")
     parser.add_argument("--address-file", help="written ({pid}) once the device is served")
     parser.add_argument("--stats-file", help="counters as JSON, rewritten every second")
+    parser.add_argument(
+        "--control-file", help="a `WanControl` as JSON, re-read while the link runs"
+    )
     args = parser.parse_args(argv)
     try:
         if args.config:
@@ -272,14 +352,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.address_file:
         write_json(args.address_file, {"pid": os.getpid(), "tun": args.tun})
 
+    ticks, control = 0, _ControlFile(args.control_file)
+
     def tick() -> None:
-        if args.stats_file:
+        nonlocal ticks
+        ticks += 1
+        if args.control_file:
+            control.apply(line)
+        if args.stats_file and ticks % TICKS_PER_STATS == 0:
             write_json(args.stats_file, line.stats())
 
     try:
-        forward(fd, line, stop=stop, on_tick=tick)
+        forward(fd, line, stop=stop, on_tick=tick, tick_s=1.0 / TICKS_PER_STATS)
     finally:
-        tick()
+        if args.stats_file:
+            write_json(args.stats_file, line.stats())
         os.close(fd)
     return 0
 

@@ -30,6 +30,7 @@ import grpc
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
 from prfaas_jax.serving.cluster_config import ClusterConfig
@@ -78,12 +79,24 @@ def _workload(options: SoakOptions, config: ClusterConfig, vocab: int) -> list[t
     return plan
 
 
-def _send(
-    stub: pb_grpc.RouterStub, result: RequestResult, request_id: str, deadline: float
+def send(
+    stub: pb_grpc.RouterStub,
+    result: RequestResult,
+    request_id: str,
+    deadline: float,
+    sampling: SamplingParams = GREEDY,
 ) -> None:
+    """Stream one request (greedy, or seeded-sampled with ``sampling``) into ``result``."""
     request = pb.GenerateRequest(
-        request_id=request_id, prompt_token_ids=result.prompt, max_new_tokens=result.max_new_tokens
+        request_id=request_id,
+        prompt_token_ids=result.prompt,
+        max_new_tokens=result.max_new_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
     )
+    if not sampling.greedy:
+        request.seed = sampling.seed
     try:
         for message in stub.Generate(request, timeout=deadline):
             if message.token_ids and result.ttft_s is None:
@@ -165,7 +178,7 @@ class _Killer(threading.Thread):
                 return names
 
 
-def _active_slots(stub: pb_grpc.RouterStub) -> dict[str, int]:
+def active_slots_of(stub: pb_grpc.RouterStub) -> dict[str, int]:
     """Each worker's active decode slots as the router last polled them."""
     try:
         stats = stub.GetStats(pb.GetStatsRequest(), timeout=2)
@@ -174,7 +187,7 @@ def _active_slots(stub: pb_grpc.RouterStub) -> dict[str, int]:
     return {w.name: w.active_slots for w in stats.workers}
 
 
-def _router_counts(stub: pb_grpc.RouterStub) -> dict[str, int]:
+def router_counts(stub: pb_grpc.RouterStub) -> dict[str, int]:
     try:
         stats = stub.GetStats(pb.GetStatsRequest(), timeout=10)
     except grpc.RpcError:
@@ -223,7 +236,7 @@ def run_soak(
             stub = pb_grpc.RouterStub(channel)
             killer = None
             if options.kill_every_s:
-                busy = functools.partial(_active_slots, stub)
+                busy = functools.partial(active_slots_of, stub)
                 killer = _Killer(cluster, options.kill_every_s, options.seed, busy)
             threads, start = [], time.monotonic()
 
@@ -243,7 +256,7 @@ def run_soak(
                 result = RequestResult(prompt, n, expected, sent=time.monotonic())
                 results.append(result)
                 thread = threading.Thread(
-                    target=_send, args=(stub, result, f"soak-{i:05d}", options.deadline_s)
+                    target=send, args=(stub, result, f"soak-{i:05d}", options.deadline_s)
                 )
                 thread.start()
                 threads.append(thread)
@@ -259,7 +272,7 @@ def run_soak(
             kills = len(killer.kills) if killer else 0
             while cluster.restarts < kills and time.monotonic() < deadline:
                 time.sleep(0.2)
-            router = _router_counts(stub)
+            router = router_counts(stub)
         faults = count_faults(cluster.log_dir)
         restarts = cluster.restarts
     return SoakReport(

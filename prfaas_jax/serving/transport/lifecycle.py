@@ -1,6 +1,6 @@
 """A serving process's own lifecycle: `die_with_parent` (exit with the launcher),
-`install_stop_handlers` (SIGTERM / SIGINT set an event) and `write_json` (the atomic address and
-ready files through which a process announces itself)."""
+`install_stop_handlers` (SIGTERM / SIGINT set an event, from a thread of its own) and
+`write_json` (the atomic address and ready files through which a process announces itself)."""
 
 from __future__ import annotations
 
@@ -35,9 +35,30 @@ def write_json(path: str | os.PathLike[str], payload: dict) -> None:
     tmp.replace(path)
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 def install_stop_handlers() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (the launcher's shutdown, or Ctrl-C)."""
+    """An event set by SIGTERM or SIGINT (the launcher's shutdown, or Ctrl-C). Call it from the
+    main thread.
+
+    The Python handlers do nothing: the interpreter writes each signal's number to a wakeup pipe
+    and a thread of this process sets the event. A handler that set it itself would run in the
+    main thread between two bytecodes, perhaps while that thread holds the event's lock (in
+    `Event.wait`, or in an earlier handler's `set`), and wait for it forever; a killed
+    launcher's children get SIGTERMs in bursts (Linux sends the parent-death signal again as
+    each thread of the dead parent exits), and such a process never stopped."""
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, lambda *_: None)
+
+    def watch() -> None:
+        while data := os.read(read_fd, 64):
+            if any(number in _STOP_SIGNALS for number in data):
+                stop.set()
+
+    threading.Thread(target=watch, name="stop-signals", daemon=True).start()
     return stop
