@@ -1,7 +1,8 @@
 """bench/serving.py's race against `transformers serve`: the arithmetic of
 bench/serving_metrics.py (goodput, throughput, percentiles and the ratios) against numbers worked
 out by hand, and the client's reading of a stream that a server closes without ``data: [DONE]``
-(as `transformers serve` does) against the events a stub HTTP server sent."""
+(as `transformers serve` does) against the events a stub HTTP server sent, and the prfaas
+cluster it serves with (bench/serving_cluster.py) as the cluster's loader reads it."""
 
 from __future__ import annotations
 
@@ -16,14 +17,25 @@ from typing import ClassVar
 
 import pytest
 
+from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
+from prfaas_jax.toml_config import dumps
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
 def metrics():
-    spec = importlib.util.spec_from_file_location("serving_metrics", BENCH / "serving_metrics.py")
+    yield from bench_module("serving_metrics")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from bench_module("serving_cluster")
+
+
+def bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while being made
     spec.loader.exec_module(module)
@@ -127,6 +139,25 @@ def no_done_url():
     yield f"http://127.0.0.1:{server.server_port}/v1"
     server.shutdown()
     server.server_close()
+
+
+def test_the_bench_cluster_takes_set_settings_over_its_own(cluster, tmp_path):
+    """``--set SECTION.KEY=VALUE`` (a TOML value) over the single-node cluster, as the cluster's
+    own loader reads the file the bench writes; a malformed setting is refused."""
+    settings = ["model.preset='tiny'", "engine.prefill_batch_rows = 1", "router.threshold=99"]
+    sections = cluster.cluster_sections("ckpt", "reference", 544, 32, settings)
+    path = tmp_path / "cluster.toml"
+    path.write_text(dumps(sections))
+    config = load_cluster_config(path)
+    assert (config.model.preset, config.model.impl) == ("tiny", "reference")
+    assert (config.engine.max_len, config.engine.max_slots) == (544, 32)
+    assert (config.engine.chunk_len, config.engine.buckets) == (512, (32, 64, 128, 256, 512))
+    assert config.engine.prefill_batch_rows == 1 and config.router.threshold == 99
+    assert (config.instances.pd_prefill, config.instances.pd_decode) == (1, 1)
+    assert not config.prefix_cache.enabled and not config.controller.enabled
+    for bad in ("engine.max_slots", "max_slots=4", "engine.max_slots=[1"):
+        with pytest.raises(ValueError, match="--set"):
+            cluster.cluster_sections("ckpt", "reference", 544, 32, [bad])
 
 
 def test_a_stream_closed_without_done_is_cut_short_unless_told_otherwise(no_done_url):
