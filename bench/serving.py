@@ -18,10 +18,10 @@ then SIGKILL) when the run ends, fails or is interrupted:
     prfaas   `prfaas serve --openai-port 0` on the checkpoint `prfaas convert-hf` wrote from the
              same files: one PD prefill and one PD decode worker (a single-node cluster, no
              PrfaaS instance, prefix cache off: the prompts share nothing), ``[model] impl``
-             bench/engine.py's, ``--max-slots`` decode slots (32: enough for the highest
-             rates' requests at once); ``--set engine.prefill_batch_rows=1`` (any
-             ``SECTION.KEY=VALUE``, repeatable) changes a setting of that cluster, e.g. another
-             instance mode
+             bench/engine.py's, ``--max-slots`` decode slots (16: with more, a step over few
+             busy slots costs more, since it copies their rows in and out; engine/decode.py);
+             ``--set SECTION.KEY=VALUE`` (repeatable, the value in TOML) changes a setting of
+             that cluster, e.g. ``engine.prefill_batch_rows=1`` or another instance mode
     transformers  `transformers serve DIR --device cpu --dtype float32`, OMP threads = cores
 
 The client is the project's (serving/loadgen/openai_client.py, what `prfaas bench --openai`
@@ -40,7 +40,7 @@ replies are compared, prompt by prompt.
     python bench/serving.py [--quick] [--json] [--json-out FILE] [--layouts kimi-linear,mla]
                             [--rates 1,2,4,8,16,24] [--num-prompts 32] [--output-len 32]
                             [--max-prompt 512] [--ttft-ms 1000] [--tpot-ms 100] [--cores 0,1]
-                            [--max-slots 32] [--set SECTION.KEY=VALUE ...]
+                            [--max-slots 16] [--set SECTION.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-prompt", type=int, default=512, help="longest prompt (tokens)")
     parser.add_argument("--ttft-ms", type=float, default=1000.0, help="goodput's TTFT objective")
     parser.add_argument("--tpot-ms", type=float, default=100.0, help="goodput's TPOT objective")
-    parser.add_argument("--max-slots", type=int, default=32, help="prfaas decode slots")
+    parser.add_argument("--max-slots", type=int, default=16, help="prfaas decode slots")
     parser.add_argument(
         "--set",
         action="append",
