@@ -34,7 +34,9 @@ short, or without its usage chunk — counts as failed), a stream over when the 
 (`input_lengths`, as `prfaas bench --input-dist paper`); both servers get the same prompts at
 the same offsets. Before timing, each server answers a warm-up (one prompt per power-of-two
 length up to ``--max-prompt``, then a burst), which compiles prfaas' shapes and warms
-transformers' allocator. Metrics and goodput: bench/serving_metrics.py. Both servers' greedy
+transformers' allocator. Metrics and goodput: bench/serving_metrics.py. Each rate also records
+the CPU seconds each server's processes used (bench/process_cpu.py: per process, XLA's threads
+apart), printed per process and per output token. Both servers' greedy
 replies are compared, prompt by prompt.
 
     python bench/serving.py [--quick] [--json] [--json-out FILE] [--layouts kimi-linear,mla]
@@ -71,6 +73,7 @@ from prfaas_jax.toml_config import dumps
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 from engine import IMPL, PRESET  # bench/ is the script's own directory
+from process_cpu import ProcessCpu, process_tree
 from serving_cluster import cluster_sections
 from serving_metrics import Objective, Reply, compare, format_table, summarize
 
@@ -312,16 +315,38 @@ def serve_sweep(
     summaries, texts = {}, {}
     for rate in args.rates:
         server.check_alive()
+        cpu = ProcessCpu(process_tree(server.process.pid))
         replies, duration = run_rate(server, prompts, lengths, offsets[rate], args.output_len)
         summaries[rate] = summarize(replies, duration, objective)
+        summaries[rate]["cpu_s"] = cpu.used()
         texts[rate] = [r.text if r.complete else None for r in replies]
         s = summaries[rate]
         _log(
             f"  {server.name} at {rate:g} req/s: {s['completed']}/{s['requests']} done in "
             f"{duration:.1f} s, goodput {s['goodput']:.2f} req/s, TTFT P50 "
-            f"{s['ttft_ms']['p50']:,.0f} ms, ITL P50 {s['itl_ms']['p50']:.1f} ms"
+            f"{s['ttft_ms']['p50']:,.0f} ms, ITL P50 {s['itl_ms']['p50']:.1f} ms; "
+            f"CPU s {cpu_line(s['cpu_s'])}"
         )
     return summaries, texts
+
+
+def cpu_line(cpu_s: dict[str, dict[str, float]]) -> str:
+    """``name total (XLA xla)`` for each process, by total CPU seconds."""
+    rows = sorted(cpu_s.items(), key=lambda item: -item[1]["total"])
+    return ", ".join(f"{name} {row['total']:.1f} (XLA {row['xla']:.1f})" for name, row in rows)
+
+
+def cpu_table(ours: dict[float, dict], theirs: dict[float, dict]) -> str:
+    """Per rate, each server's CPU seconds by process, and per output token."""
+    lines = ["| rate (req/s) | server | CPU s by process (XLA threads) | CPU ms per output token |"]
+    lines.append("|" + "---|" * 4)
+    for rate in sorted(set(ours) & set(theirs)):
+        for name, s in (("prfaas serve", ours[rate]), ("transformers serve", theirs[rate])):
+            total = sum(row["total"] for row in s["cpu_s"].values())
+            tokens = s["output_throughput"] * s["duration_s"]
+            per_token = f"{total / tokens * 1e3:.1f}" if tokens else "–"
+            lines.append(f"| {rate:g} | {name} | {cpu_line(s['cpu_s'])} | {per_token} |")
+    return "\n".join(lines)
 
 
 def bench_layout(root: Path, layout: str, args: argparse.Namespace) -> dict:
@@ -434,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{r['layout']} (transformers serve {r['transformers_batching']})")
         print(format_table(r["prfaas"], r["transformers"], r["comparison"]))
         print(f"equal greedy replies by rate: {r['equal_greedy_replies']}")
+        print(cpu_table(r["prfaas"], r["transformers"]))
     return 0
 
 

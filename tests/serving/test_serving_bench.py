@@ -1,8 +1,9 @@
 """bench/serving.py's race against `transformers serve`: the arithmetic of
 bench/serving_metrics.py (goodput, throughput, percentiles and the ratios) against numbers worked
 out by hand, and the client's reading of a stream that a server closes without ``data: [DONE]``
-(as `transformers serve` does) against the events a stub HTTP server sent, and the prfaas
-cluster it serves with (bench/serving_cluster.py) as the cluster's loader reads it."""
+(as `transformers serve` does) against the events a stub HTTP server sent, the prfaas cluster
+it serves with (bench/serving_cluster.py) as the cluster's loader reads it, and the CPU time it
+reads per process (bench/process_cpu.py) against a child's own clock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import http.server
 import importlib.util
 import json
 import math
+import os
 import pathlib
+import subprocess
 import sys
 import threading
 from typing import ClassVar
@@ -32,6 +35,11 @@ def metrics():
 @pytest.fixture(scope="module")
 def cluster():
     yield from bench_module("serving_cluster")
+
+
+@pytest.fixture(scope="module")
+def process_cpu():
+    yield from bench_module("process_cpu")
 
 
 def bench_module(name: str):
@@ -158,6 +166,36 @@ def test_the_bench_cluster_takes_set_settings_over_its_own(cluster, tmp_path):
     for bad in ("engine.max_slots", "max_slots=4", "engine.max_slots=[1"):
         with pytest.raises(ValueError, match="--set"):
             cluster.cluster_sections("ckpt", "reference", 544, 32, [bad])
+
+
+BURN = """
+import sys, time
+sys.stdin.readline()
+start = time.process_time()
+while time.process_time() - start < 0.1:
+    pass
+print(time.process_time(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_process_cpu_counts_a_child_by_its_role(process_cpu):
+    """A child named ``--role pd_decode`` burns 0.1 s of CPU by its own clock between the two
+    readings: the tree from this process holds it, and its time is counted under its role, none
+    on XLA threads."""
+    argv = [sys.executable, "-c", BURN, "--role", "pd_decode"]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
+        try:
+            assert child.pid in process_cpu.process_tree(os.getpid())
+            cpu = process_cpu.ProcessCpu([child.pid])
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            own = float(child.stdout.readline())  # the child's whole CPU time, startup included
+            used = cpu.used()
+        finally:
+            child.kill()
+    assert set(used) == {"pd_decode"} and used["pd_decode"]["xla"] == 0.0
+    assert 0.08 <= used["pd_decode"]["total"] <= own + 0.02
 
 
 def test_a_stream_closed_without_done_is_cut_short_unless_told_otherwise(no_done_url):
