@@ -133,7 +133,8 @@ class EngineFactory:
             prompt = [0] * min(size, engine_cfg.max_len - 1)
             result = engine.prefill(prompt, max_len=engine_cfg.max_len, on_layers=on_layers)
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
-        if engine.mesh is None:  # batched prefill runs on one device only
+        alone = self.group is None or self.group.num_processes == 1
+        if engine.mesh is None and alone:  # batched prefill: one device, one process
             self._warm_batches(engine, sizes)
         return engine
 
