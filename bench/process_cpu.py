@@ -4,9 +4,9 @@ went. ``process_tree`` lists a process and its descendants.
 
 A process is named by its command line: a prfaas worker by its ``--role``, the router, the
 process that runs `prfaas serve` (the launcher and the OpenAI front door) and anything else by
-its program. Threads whose name starts with ``tf_XLA`` are XLA's (its intra-op pool runs the
-compiled programs); the rest of a process's time is the interpreter's, gRPC's, the compiler's
-and the libraries'.
+its program (a Python script or module by its own name). Threads whose name starts with
+``tf_XLA`` are XLA's (its intra-op pool runs the compiled programs); the rest of a process's
+time is the interpreter's, gRPC's, the compiler's and the libraries'.
 """
 
 from __future__ import annotations
@@ -52,7 +52,10 @@ def process_name(pid: int) -> str:
         return "router"
     if "prfaas_jax.cli" in argv and "serve" in argv:
         return "serve + front door"
-    return Path(argv[0]).name if argv and argv[0] else str(pid)
+    argv = [arg for arg in argv if arg]
+    if len(argv) > 1 and Path(argv[0]).name.startswith("python") and argv[1] != "-c":
+        argv = argv[2:] if argv[1] == "-m" else argv[1:]  # a script's or a module's name
+    return Path(argv[0]).name if argv else str(pid)
 
 
 def cpu_seconds(pid: int) -> dict[str, float]:

@@ -170,6 +170,7 @@ def test_the_bench_cluster_takes_set_settings_over_its_own(cluster, tmp_path):
 
 BURN = """
 import sys, time
+print(flush=True)
 sys.stdin.readline()
 start = time.process_time()
 while time.process_time() - start < 0.1:
@@ -179,13 +180,14 @@ sys.stdin.readline()
 """
 
 
-def test_process_cpu_counts_a_child_by_its_role(process_cpu):
+def test_process_cpu_counts_a_child_by_its_role(process_cpu, tmp_path):
     """A child named ``--role pd_decode`` burns 0.1 s of CPU by its own clock between the two
     readings: the tree from this process holds it, and its time is counted under its role, none
     on XLA threads."""
     argv = [sys.executable, "-c", BURN, "--role", "pd_decode"]
     with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
         try:
+            child.stdout.readline()  # it runs as itself by now
             assert child.pid in process_cpu.process_tree(os.getpid())
             cpu = process_cpu.ProcessCpu([child.pid])
             child.stdin.write("go\n")
@@ -196,6 +198,16 @@ def test_process_cpu_counts_a_child_by_its_role(process_cpu):
             child.kill()
     assert set(used) == {"pd_decode"} and used["pd_decode"]["xla"] == 0.0
     assert 0.08 <= used["pd_decode"]["total"] <= own + 0.02
+    # Without a role, a Python module goes by its own name (as `transformers serve` by its script).
+    (tmp_path / "sleeper.py").write_text("import sys\nprint(flush=True)\nsys.stdin.readline()\n")
+    argv = [sys.executable, "-m", "sleeper"]
+    popen = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path, text=True)
+    with subprocess.Popen(argv, **popen) as child:
+        try:
+            child.stdout.readline()  # it runs as itself by now
+            assert process_cpu.process_name(child.pid) == "sleeper"
+        finally:
+            child.kill()
 
 
 def test_a_stream_closed_without_done_is_cut_short_unless_told_otherwise(no_done_url):
