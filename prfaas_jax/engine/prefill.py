@@ -25,7 +25,8 @@ per request, so a request that does not ask costs nothing more.
 
 Batched prefill. ``prefill_batch`` runs several prompts per compiled call, each row in the shape
 its prompt would compile alone (engine/batched_prefill.py), within a budget of padded tokens per
-call — at most one compile per bucket and power-of-two row count. Every row's first token is
+call — at most one compile per bucket and power-of-two row count, each of which ``compile_batch``
+compiles ahead, running nothing. Every row's first token is
 that of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds
 several rows (XLA rounds a matmul differently at another batch size).
 
@@ -58,7 +59,7 @@ from prfaas_jax.engine.sampling import (
     request_key,
     sampling_knobs,
 )
-from prfaas_jax.engine.state_resize import fresh_state, with_capacity
+from prfaas_jax.engine.state_resize import fresh_state, state_shapes, with_capacity
 from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState, prefill, prefill_layers
 from prfaas_jax.model.sharding import shard_params, shard_state, to_host
@@ -382,6 +383,19 @@ class PrefillEngine:
                 "total_s": time.perf_counter() - start,
             },
         )
+
+    def compile_batch(self, rows: int, block_len: int, capacity: int) -> None:
+        """Compile, prefilling nothing, the call `prefill_batch` makes for ``rows`` rows of
+        ``block_len`` tokens in a state of ``capacity`` positions, and the first-token sampler
+        for ``rows`` rows: what a server compiles before it serves, so that no request waits
+        for either."""
+        block = jax.ShapeDtypeStruct((rows, block_len), np.int32)
+        valid = jax.ShapeDtypeStruct((rows,), np.int32)
+        state = state_shapes(self.cfg, rows, capacity)
+        compiled, _ = self._executable(self.params, block, valid, state)
+        logits = compiled.out_info[0]
+        picks = sampling_args([GREEDY] * rows)
+        _DRAW_TOKENS(np.zeros(logits.shape, logits.dtype), *picks)  # cheap: the jit keeps it
 
     def prefill_batch(
         self,

@@ -141,9 +141,10 @@ class EngineFactory:
     def _warm_batches(self, engine: PrefillEngineLike, sizes: list[int]) -> None:
         """Compile every batched call the prefill queue can make (serving/worker/
         prefill_queue.py): each block size a one-chunk prompt uses, at each row count above one
-        that `[engine] prefill_batch_rows` and `prefill_batch_tokens` allow (with the first-token
-        sampler for that many rows). Otherwise the first batch of each shape compiles while its
-        requests wait, seconds at a time, and more often the busier the node."""
+        that `[engine] prefill_batch_rows` and `prefill_batch_tokens` allow, at capacity
+        `max_len`, with the first-token sampler for that many rows. Otherwise the first batch
+        of each shape compiles while its requests wait, seconds at a time, and the busier the
+        node the more shapes it meets."""
         from prfaas_jax.engine.batched_prefill import call_rows
 
         engine_cfg = self.config.engine
@@ -153,13 +154,8 @@ class EngineFactory:
                 max_prompts=engine_cfg.prefill_batch_rows,
                 max_batch_tokens=engine_cfg.prefill_batch_tokens,
             )
-            prompt = [0] * min(size, engine_cfg.max_len - 1)
             for count in rows:
-                engine.prefill_batch(  # type: ignore[attr-defined]
-                    [prompt] * count,
-                    max_len=engine_cfg.max_len,
-                    max_batch_tokens=engine_cfg.prefill_batch_tokens,
-                )
+                engine.compile_batch(count, size, engine_cfg.max_len)  # type: ignore[attr-defined]
 
     def _build_decode(self) -> DecodeEngineLike:
         engine_cfg = self.config.engine
