@@ -53,8 +53,12 @@ def process_name(pid: int) -> str:
     if "prfaas_jax.cli" in argv and "serve" in argv:
         return "serve + front door"
     argv = [arg for arg in argv if arg]
-    if len(argv) > 1 and Path(argv[0]).name.startswith("python") and argv[1] != "-c":
-        argv = argv[2:] if argv[1] == "-m" else argv[1:]  # a script's or a module's name
+    if argv and Path(argv[0]).name.startswith("python"):
+        rest = argv[1:]
+        while rest and rest[0].startswith("-") and rest[0] not in ("-m", "-c"):
+            rest = rest[1:]  # the interpreter's own options
+        if rest and rest[0] != "-c":  # a module's or a script's name; code inline stays python
+            argv = rest[1:] if rest[0] == "-m" else rest
     return Path(argv[0]).name if argv else str(pid)
 
 
