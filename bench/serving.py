@@ -18,7 +18,10 @@ then SIGKILL) when the run ends, fails or is interrupted:
     prfaas   `prfaas serve --openai-port 0` on the checkpoint `prfaas convert-hf` wrote from the
              same files: one PD prefill and one PD decode worker (a single-node cluster, no
              PrfaaS instance, prefix cache off: the prompts share nothing), ``[model] impl``
-             bench/engine.py's, ``--max-slots`` decode slots
+             bench/engine.py's, ``--max-slots`` decode slots (16: with more, a step over few
+             busy slots costs more, since it copies their rows in and out; engine/decode.py);
+             ``--set SECTION.KEY=VALUE`` (repeatable, the value in TOML) changes a setting of
+             that cluster, e.g. ``engine.prefill_batch_rows=1`` or another instance mode
     transformers  `transformers serve DIR --device cpu --dtype float32`, OMP threads = cores
 
 The client is the project's (serving/loadgen/openai_client.py, what `prfaas bench --openai`
@@ -31,12 +34,15 @@ short, or without its usage chunk — counts as failed), a stream over when the 
 (`input_lengths`, as `prfaas bench --input-dist paper`); both servers get the same prompts at
 the same offsets. Before timing, each server answers a warm-up (one prompt per power-of-two
 length up to ``--max-prompt``, then a burst), which compiles prfaas' shapes and warms
-transformers' allocator. Metrics and goodput: bench/serving_metrics.py. Both servers' greedy
+transformers' allocator. Metrics and goodput: bench/serving_metrics.py. Each rate also records
+the CPU seconds each server's processes used (bench/process_cpu.py: per process, XLA's threads
+apart), printed per process and per output token. Both servers' greedy
 replies are compared, prompt by prompt.
 
     python bench/serving.py [--quick] [--json] [--json-out FILE] [--layouts kimi-linear,mla]
-                            [--rates 1,2,4,8] [--num-prompts 32] [--output-len 32]
+                            [--rates 1,2,4,8,16,24] [--num-prompts 32] [--output-len 32]
                             [--max-prompt 512] [--ttft-ms 1000] [--tpot-ms 100] [--cores 0,1]
+                            [--max-slots 16] [--set SECTION.KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -62,12 +68,18 @@ import numpy as np
 
 from prfaas_jax.serving.loadgen.bench import BenchOptions, InputDist, arrival_times, input_lengths
 from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
+from prfaas_jax.toml_config import dumps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
 import hf_fixtures  # the tests' checkpoint builder (tests/model/hf is not a package)
 from engine import IMPL, PRESET  # bench/ is the script's own directory
+from process_cpu import ProcessCpu, process_tree
+from serving_cluster import cluster_sections
 from serving_metrics import Objective, Reply, compare, format_table, summarize
 
+# Up to where both servers saturate on 2 cores (`transformers serve`'s continuous batching near
+# 6 req/s on the all-MLA layout, prfaas above it).
+RATES = [1.0, 2.0, 4.0, 8.0, 16.0, 24.0]
 LAYOUTS = {  # layout → (MLA layers, transformers serve's batching flag)
     "kimi-linear": ((3,), "--no-continuous-batching"),
     "mla": ((0, 1, 2, 3), "--continuous-batching"),
@@ -101,31 +113,6 @@ def make_checkpoints(root: Path, layout: str) -> tuple[Path, Path]:
     convert = [sys.executable, "-m", "prfaas_jax.cli", "convert-hf", str(hf), str(ckpt), "--json"]
     subprocess.run(convert, check=True, stdout=subprocess.DEVNULL)
     return hf, ckpt
-
-
-def cluster_toml(ckpt: Path, max_len: int, max_slots: int) -> str:
-    buckets = [2**k for k in range(5, max_len.bit_length()) if 2**k <= max_len]
-    return f"""[model]
-preset = "{ckpt}"
-impl = "{IMPL}"
-
-[engine]
-max_len = {max_len}
-chunk_len = {buckets[-1]}
-buckets = {buckets}
-max_slots = {max_slots}
-
-[instances]
-prfaas_prefill = 0
-pd_prefill = 1
-pd_decode = 1
-
-[controller]
-enabled = false
-
-[prefix_cache]
-enabled = false
-"""
 
 
 def _free_port() -> int:
@@ -201,11 +188,9 @@ def _wait_ready(server: Server, ready, timeout_s: float) -> None:
 
 
 @contextlib.contextmanager
-def prfaas_server(
-    ckpt: Path, work: Path, cores: str, max_len: int, max_slots: int
-) -> Iterator[Server]:
+def prfaas_server(ckpt: Path, work: Path, cores: str, sections: dict) -> Iterator[Server]:
     config, ready_file = work / "cluster.toml", work / "ready.json"
-    config.write_text(cluster_toml(ckpt, max_len, max_slots))
+    config.write_text(dumps(sections))
     argv = ["taskset", "-c", cores, sys.executable, "-m", "prfaas_jax.cli", "serve"]
     argv += ["--config", str(config), "--ready-file", str(ready_file), "--openai-port", "0"]
     argv += ["--log-dir", str(work / "prfaas-logs")]
@@ -330,16 +315,38 @@ def serve_sweep(
     summaries, texts = {}, {}
     for rate in args.rates:
         server.check_alive()
+        cpu = ProcessCpu(process_tree(server.process.pid))
         replies, duration = run_rate(server, prompts, lengths, offsets[rate], args.output_len)
         summaries[rate] = summarize(replies, duration, objective)
+        summaries[rate]["cpu_s"] = cpu.used()
         texts[rate] = [r.text if r.complete else None for r in replies]
         s = summaries[rate]
         _log(
             f"  {server.name} at {rate:g} req/s: {s['completed']}/{s['requests']} done in "
             f"{duration:.1f} s, goodput {s['goodput']:.2f} req/s, TTFT P50 "
-            f"{s['ttft_ms']['p50']:,.0f} ms, ITL P50 {s['itl_ms']['p50']:.1f} ms"
+            f"{s['ttft_ms']['p50']:,.0f} ms, ITL P50 {s['itl_ms']['p50']:.1f} ms; "
+            f"CPU s {cpu_line(s['cpu_s'])}"
         )
     return summaries, texts
+
+
+def cpu_line(cpu_s: dict[str, dict[str, float]]) -> str:
+    """``name total (XLA xla)`` for each process, by total CPU seconds."""
+    rows = sorted(cpu_s.items(), key=lambda item: -item[1]["total"])
+    return ", ".join(f"{name} {row['total']:.1f} (XLA {row['xla']:.1f})" for name, row in rows)
+
+
+def cpu_table(ours: dict[float, dict], theirs: dict[float, dict]) -> str:
+    """Per rate, each server's CPU seconds by process, and per output token."""
+    lines = ["| rate (req/s) | server | CPU s by process (XLA threads) | CPU ms per output token |"]
+    lines.append("|" + "---|" * 4)
+    for rate in sorted(set(ours) & set(theirs)):
+        for name, s in (("prfaas serve", ours[rate]), ("transformers serve", theirs[rate])):
+            total = sum(row["total"] for row in s["cpu_s"].values())
+            tokens = s["output_throughput"] * s["duration_s"]
+            per_token = f"{total / tokens * 1e3:.1f}" if tokens else "–"
+            lines.append(f"| {rate:g} | {name} | {cpu_line(s['cpu_s'])} | {per_token} |")
+    return "\n".join(lines)
 
 
 def bench_layout(root: Path, layout: str, args: argparse.Namespace) -> dict:
@@ -349,7 +356,8 @@ def bench_layout(root: Path, layout: str, args: argparse.Namespace) -> dict:
     work = root / f"{layout}-runs"
     work.mkdir()
     max_len = args.max_prompt + args.output_len
-    with prfaas_server(ckpt, work, args.cores, max_len, args.max_slots) as server:
+    sections = cluster_sections(ckpt, IMPL, max_len, args.max_slots, args.set)
+    with prfaas_server(ckpt, work, args.cores, sections) as server:
         ours, our_texts = serve_sweep(server, args, objective)
     batching = LAYOUTS[layout][1]
     with transformers_server(hf, work, args.cores, batching) as server:
@@ -379,21 +387,33 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.epilog = __doc__.split("\n\n", 1)[1]
     parser.add_argument("--layouts", default="kimi-linear,mla", help="of: " + ", ".join(LAYOUTS))
-    parser.add_argument("--rates", type=_parse_rates, default=[1.0, 2.0, 4.0, 8.0], help="req/s")
+    parser.add_argument("--rates", type=_parse_rates, default=RATES, help="req/s")
     parser.add_argument("--num-prompts", type=int, default=32, help="requests per rate")
     parser.add_argument("--output-len", type=int, default=32, help="tokens per reply")
     parser.add_argument("--max-prompt", type=int, default=512, help="longest prompt (tokens)")
     parser.add_argument("--ttft-ms", type=float, default=1000.0, help="goodput's TTFT objective")
     parser.add_argument("--tpot-ms", type=float, default=100.0, help="goodput's TPOT objective")
     parser.add_argument("--max-slots", type=int, default=16, help="prfaas decode slots")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a prfaas cluster setting over the bench's (repeatable; VALUE in TOML)",
+    )
     parser.add_argument("--cores", default="0,1", help="the cores both servers are pinned to")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="8 prompts at 1 and 4 req/s")
+    parser.add_argument("--quick", action="store_true", help="8 prompts at 1, 4 and 16 req/s")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--json-out", help="also write the JSON to this file")
     args = parser.parse_args(argv)
     if args.quick:
-        args.rates, args.num_prompts, args.output_len, args.max_prompt = [1.0, 4.0], 8, 16, 128
+        args.rates, args.num_prompts = [1.0, 4.0, 16.0], 8
+        args.output_len, args.max_prompt = 16, 128
+    try:  # a malformed --set stops here, not after the checkpoints are written
+        cluster_sections("-", IMPL, args.max_prompt + args.output_len, args.max_slots, args.set)
+    except ValueError as err:
+        parser.error(str(err))
     layouts = [name for name in args.layouts.split(",") if name]
     unknown = sorted(set(layouts) - set(LAYOUTS))
     if unknown or shutil.which("transformers") is None or shutil.which("taskset") is None:
@@ -423,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
         },
         "cores": args.cores,
+        "prfaas_cluster": {"max_slots": args.max_slots, "settings": args.set},
         "load_average": {"start": load_start, "end": " ".join(f"{x:.2f}" for x in os.getloadavg())},
     }
     if args.json_out:
@@ -438,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{r['layout']} (transformers serve {r['transformers_batching']})")
         print(format_table(r["prfaas"], r["transformers"], r["comparison"]))
         print(f"equal greedy replies by rate: {r['equal_greedy_replies']}")
+        print(cpu_table(r["prfaas"], r["transformers"]))
     return 0
 
 

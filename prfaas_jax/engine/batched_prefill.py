@@ -1,6 +1,8 @@
 """``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
-``BatchCall``: one such packing; ``row_states``: the batch-1 states of a batched state's rows;
-``sampling_args``: the first-token sampler's per-row arguments for a call's rows.
+``call_rows``: the row counts above one that such a call of a given block can have (what a worker
+compiles before it serves); ``BatchCall``: one such packing; ``row_states``: the batch-1 states
+of a batched state's rows; ``sampling_args``: the first-token sampler's per-row arguments for a
+call's rows.
 
 Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
 ``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
@@ -67,8 +69,7 @@ def plan_calls(
         groups.setdefault(shape_of(lengths[row]), []).append(row)
     calls = []
     for (block_len, capacity), rows in groups.items():
-        per_call = max(1, max_batch_tokens // block_len)
-        cap = 1 << (per_call.bit_length() - 1)  # the largest power of two that fits the budget
+        cap = _rows_per_call(block_len, max_batch_tokens)
         while rows:
             # Calls of power-of-two rows, so compiles stay bounded, and no empty rows computed.
             size = min(cap, 1 << (len(rows).bit_length() - 1))
@@ -76,6 +77,22 @@ def plan_calls(
             blocks = -(-max(lengths[r] for r in part) // chunk_len)
             calls.append(BatchCall(tuple(part), block_len, capacity, blocks))
     return calls
+
+
+def _rows_per_call(block_len: int, max_batch_tokens: int) -> int:
+    """The most rows a call of ``block_len`` holds within the budget: a power of two, ≥ 1."""
+    per_call = max(1, max_batch_tokens // block_len)
+    return 1 << (per_call.bit_length() - 1)
+
+
+def call_rows(block_len: int, *, max_prompts: int, max_batch_tokens: int) -> tuple[int, ...]:
+    """The row counts above one that `plan_calls` can give a call of ``block_len`` when it plans
+    at most ``max_prompts`` prompts: each power of two up to both limits. A call of one row is
+    batch-1 prefill's own shape."""
+    cap = min(
+        _rows_per_call(block_len, max_batch_tokens), 1 << (max(max_prompts, 1).bit_length() - 1)
+    )
+    return tuple(1 << k for k in range(1, cap.bit_length()))
 
 
 def row_states(state: ModelState, cfg: ModelConfig, capacities: Sequence[int]) -> list[ModelState]:

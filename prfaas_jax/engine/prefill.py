@@ -25,9 +25,9 @@ per request, so a request that does not ask costs nothing more.
 
 Batched prefill. ``prefill_batch`` runs several prompts per compiled call, each row in the shape
 its prompt would compile alone (engine/batched_prefill.py), within a budget of padded tokens per
-call — at most one compile per bucket and power-of-two row count. Every row's first token is
-that of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds
-several rows (XLA rounds a matmul differently at another batch size).
+call — at most one compile per bucket and power-of-two row count (``compile_batch`` compiles one
+ahead). Every row's first token is that of ``prefill`` on its prompt, and its state too, up to fp32
+rounding where a call holds several rows (XLA rounds a matmul differently at another batch size).
 
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
@@ -35,6 +35,9 @@ runs as G compiled segments over consecutive groups of layers (``model.prefill_l
 became final — while the next group computes (JAX dispatches it first), so a caller that ships
 those states overlaps the wire with the rest of the stack. Earlier calls stay whole: their KV
 rows leave through ``on_chunk`` anyway. G segments cost G compiles per block shape.
+
+The module is over 450 lines: prefill, scoring, batched prefill and layer-wise streaming are one
+engine's calls, planned alike and sharing its table of compiled executables.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ from prfaas_jax.engine.sampling import (
     request_key,
     sampling_knobs,
 )
-from prfaas_jax.engine.state_resize import fresh_state, with_capacity
+from prfaas_jax.engine.state_resize import fresh_state, state_shapes, with_capacity
 from prfaas_jax.errors import EngineError, LengthLimitError
 from prfaas_jax.model import ModelState, prefill, prefill_layers
 from prfaas_jax.model.sharding import shard_params, shard_state, to_host
@@ -382,6 +385,14 @@ class PrefillEngine:
                 "total_s": time.perf_counter() - start,
             },
         )
+
+    def compile_batch(self, rows: int, block_len: int, capacity: int) -> None:
+        """Compile, running nothing, `prefill_batch`'s call of ``rows`` rows of ``block_len``
+        tokens into ``capacity`` positions, and the first-token sampler for ``rows`` rows."""
+        block, valid = (jax.ShapeDtypeStruct(s, np.int32) for s in ((rows, block_len), (rows,)))
+        state = state_shapes(self.cfg, rows, capacity)
+        logits = self._executable(self.params, block, valid, state)[0].out_info[0]
+        _DRAW_TOKENS(np.zeros(logits.shape, logits.dtype), *sampling_args([GREEDY] * rows))
 
     def prefill_batch(
         self,

@@ -37,10 +37,13 @@ from .test_serve_cli import alive
 
 
 def pallas_toy_config(path):
-    """The toy cluster's TOML with `impl = "pallas"` in `[model]`."""
+    """The toy cluster's TOML with `impl = "pallas"` in `[model]`, and one prompt per prefill
+    call (`prefill_batch_rows = 1`): the workers then compile no batched calls, each of which
+    would cost an interpreted kernel's compile at start."""
     toy = resolve_cluster_path("toy").read_text()
-    assert toy.count("[model]\n") == 1
-    path.write_text(toy.replace("[model]\n", '[model]\nimpl = "pallas"\n'))
+    assert toy.count("[model]\n") == 1 and toy.count("[engine]\n") == 1
+    toy = toy.replace("[model]\n", '[model]\nimpl = "pallas"\n')
+    path.write_text(toy.replace("[engine]\n", "[engine]\nprefill_batch_rows = 1\n"))
     return path
 
 

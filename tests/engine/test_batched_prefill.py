@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import PRESETS, preset
 
-from prfaas_jax.engine.batched_prefill import plan_calls
+from prfaas_jax.engine.batched_prefill import call_rows, plan_calls
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import EngineError
@@ -97,6 +97,27 @@ def test_plan_calls_keeps_the_budget_and_one_shape_per_call():
     # the 64-token one fits 3, so its five rows (18, 20, 70, 130, 300) run as 2 + 2 + 1.
     assert [c.rows for c in calls if c.block_len == 16] == [(1, 3), (6,)]
     assert [c.rows for c in calls if c.block_len == 64] == [(7, 4), (0, 5), (2,)]
+
+
+def test_call_rows_are_the_row_counts_plan_calls_gives():
+    """Every batch of at most ``max_prompts`` prompts, planned: each call's row count above one
+    is among ``call_rows`` of its block, and each of those is the count of some batch's call."""
+    rng = np.random.default_rng(0)
+    shape_of = lambda n: (16 if n <= 16 else 64, 0)  # noqa: E731
+    for max_prompts, budget in ((1, 4096), (3, 4096), (8, 4096), (8, 64), (5, 100), (16, 16)):
+        seen: dict[int, set[int]] = {16: set(), 64: set()}
+        for _ in range(200):
+            low, high = ((1, 16), (17, 64), (1, 64))[rng.integers(3)]  # one shape, or both
+            lengths = rng.integers(low, high + 1, rng.integers(1, max_prompts + 1)).tolist()
+            for call in plan_calls(lengths, shape_of, chunk_len=64, max_batch_tokens=budget):
+                if len(call.rows) > 1:
+                    seen[call.block_len].add(len(call.rows))
+        for block, counts in seen.items():
+            rows = call_rows(block, max_prompts=max_prompts, max_batch_tokens=budget)
+            assert counts == set(rows), (max_prompts, budget, block)
+    assert call_rows(16, max_prompts=8, max_batch_tokens=4096) == (2, 4, 8)
+    assert call_rows(64, max_prompts=8, max_batch_tokens=200) == (2,)  # 3 rows fit: calls of 2
+    assert call_rows(16, max_prompts=1, max_batch_tokens=4096) == ()
 
 
 def test_prefill_batch_errors():

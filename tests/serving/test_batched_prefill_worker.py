@@ -15,6 +15,7 @@ import threading
 from collections.abc import Sequence
 
 import grpc
+import jax
 import numpy as np
 import pytest
 from conftest import preset
@@ -34,6 +35,7 @@ from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.serving.worker.engines import EngineFactory
 from prfaas_jax.serving.worker.prefill_queue import PrefillQueue, QueuedPrefill
 
 CFG = load_model_config("tiny")
@@ -193,6 +195,30 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
         alone = prefill.prefill(tokens, max_len=128)
         slot = decode.insert(alone.state, alone.first_token, max_new_tokens=NEW - 1)
         assert replies[index] == [alone.first_token, *decode_alone(decode, slot)], index
+
+
+def test_the_worker_compiles_its_batched_calls_before_it_serves(tmp_path):
+    """After `EngineFactory`'s warm-up, a batched call of one-chunk prompts within `[engine]`'s
+    limits compiles nothing: its shape (block 8, 2 rows) and its first-token sampler are
+    compiled already (`_warm_batches`; which shapes, `call_rows`)."""
+    engine_keys = {"max_len": 16, "chunk_len": 8, "buckets": [8, 16], "max_slots": 2}
+    engine_keys |= {"prefill_batch_rows": 2, "prefill_batch_tokens": 16}
+    sections = {"model": {"preset": "tiny", "engine": "jax"}, "engine": engine_keys}
+    config = load_cluster_config(fake_config(tmp_path / "cluster.toml", **sections))
+    engine = EngineFactory(config).prefill_engine()
+    compiles: list[str] = []
+
+    def on_event(event: str, *_, **__) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(event)
+
+    prompts = [prompt(n, offset) for n, offset in ((3, 0), (8, 5))]
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        outputs = engine.prefill_batch(prompts, max_len=16, max_batch_tokens=16)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert [o.num_tokens for o in outputs] == [3, 8] and compiles == []
 
 
 def test_a_request_whose_own_part_fails_fails_alone():

@@ -201,7 +201,15 @@ def test_the_jax_engines_serve_past_the_presets_limit(tmp_path):
     path = fake_config(
         tmp_path / "cluster.toml",
         model={"engine": "jax"},
-        engine={"max_len": limit, "chunk_len": 512, "buckets": [32, 512], "max_slots": 2},
+        # One row per prefill call: these prompts are too long to share one, so no batched
+        # shapes are warmed up.
+        engine={
+            "max_len": limit,
+            "chunk_len": 512,
+            "buckets": [32, 512],
+            "max_slots": 2,
+            "prefill_batch_rows": 1,
+        },
         router={"threshold": threshold},
     )
     config = load_cluster_config(path)

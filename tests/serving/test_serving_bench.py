@@ -1,7 +1,9 @@
 """bench/serving.py's race against `transformers serve`: the arithmetic of
 bench/serving_metrics.py (goodput, throughput, percentiles and the ratios) against numbers worked
 out by hand, and the client's reading of a stream that a server closes without ``data: [DONE]``
-(as `transformers serve` does) against the events a stub HTTP server sent."""
+(as `transformers serve` does) against the events a stub HTTP server sent, the prfaas cluster
+it serves with (bench/serving_cluster.py) as the cluster's loader reads it, and the CPU time it
+reads per process (bench/process_cpu.py) against a child's own clock."""
 
 from __future__ import annotations
 
@@ -9,21 +11,39 @@ import http.server
 import importlib.util
 import json
 import math
+import os
 import pathlib
+import subprocess
 import sys
 import threading
 from typing import ClassVar
 
 import pytest
 
+from prfaas_jax.serving.cluster_config import load_cluster_config
 from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
+from prfaas_jax.toml_config import dumps
 
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
 
 
 @pytest.fixture(scope="module")
 def metrics():
-    spec = importlib.util.spec_from_file_location("serving_metrics", BENCH / "serving_metrics.py")
+    yield from bench_module("serving_metrics")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    yield from bench_module("serving_cluster")
+
+
+@pytest.fixture(scope="module")
+def process_cpu():
+    yield from bench_module("process_cpu")
+
+
+def bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up while being made
     spec.loader.exec_module(module)
@@ -127,6 +147,67 @@ def no_done_url():
     yield f"http://127.0.0.1:{server.server_port}/v1"
     server.shutdown()
     server.server_close()
+
+
+def test_the_bench_cluster_takes_set_settings_over_its_own(cluster, tmp_path):
+    """``--set SECTION.KEY=VALUE`` (a TOML value) over the single-node cluster, as the cluster's
+    own loader reads the file the bench writes; a malformed setting is refused."""
+    settings = ["model.preset='tiny'", "engine.prefill_batch_rows = 1", "router.threshold=99"]
+    sections = cluster.cluster_sections("ckpt", "reference", 544, 32, settings)
+    path = tmp_path / "cluster.toml"
+    path.write_text(dumps(sections))
+    config = load_cluster_config(path)
+    assert (config.model.preset, config.model.impl) == ("tiny", "reference")
+    assert (config.engine.max_len, config.engine.max_slots) == (544, 32)
+    assert (config.engine.chunk_len, config.engine.buckets) == (512, (32, 64, 128, 256, 512))
+    assert config.engine.prefill_batch_rows == 1 and config.router.threshold == 99
+    assert (config.instances.pd_prefill, config.instances.pd_decode) == (1, 1)
+    assert not config.prefix_cache.enabled and not config.controller.enabled
+    for bad in ("engine.max_slots", "max_slots=4", "engine.max_slots=[1"):
+        with pytest.raises(ValueError, match="--set"):
+            cluster.cluster_sections("ckpt", "reference", 544, 32, [bad])
+
+
+BURN = """
+import sys, time
+print(flush=True)
+sys.stdin.readline()
+start = time.process_time()
+while time.process_time() - start < 0.1:
+    pass
+print(time.process_time(), flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_process_cpu_counts_a_child_by_its_role(process_cpu, tmp_path):
+    """A child named ``--role pd_decode`` burns 0.1 s of CPU by its own clock between the two
+    readings: the tree from this process holds it, and its time is counted under its role, none
+    on XLA threads."""
+    argv = [sys.executable, "-c", BURN, "--role", "pd_decode"]
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as child:
+        try:
+            child.stdout.readline()  # it runs as itself by now
+            assert child.pid in process_cpu.process_tree(os.getpid())
+            cpu = process_cpu.ProcessCpu([child.pid])
+            child.stdin.write("go\n")
+            child.stdin.flush()
+            own = float(child.stdout.readline())  # the child's whole CPU time, startup included
+            used = cpu.used()
+        finally:
+            child.kill()
+    assert set(used) == {"pd_decode"} and used["pd_decode"]["xla"] == 0.0
+    assert 0.08 <= used["pd_decode"]["total"] <= own + 0.02
+    # Without a role, a Python module goes by its own name (as `transformers serve` by its script).
+    (tmp_path / "sleeper.py").write_text("import sys\nprint(flush=True)\nsys.stdin.readline()\n")
+    argv = [sys.executable, "-m", "sleeper"]
+    popen = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path, text=True)
+    with subprocess.Popen(argv, **popen) as child:
+        try:
+            child.stdout.readline()  # it runs as itself by now
+            assert process_cpu.process_name(child.pid) == "sleeper"
+        finally:
+            child.kill()
 
 
 def test_a_stream_closed_without_done_is_cut_short_unless_told_otherwise(no_done_url):

@@ -7,7 +7,8 @@ seeded weights, or the hand-computable fakes
 (engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
 compiles every executable a request can need — one prefill per length bucket at the fixed
 capacity `max_len` (and its segments, with `[engine] layer_groups > 1`), the first-token
-sampler, the decode step and the slot insert — so that no request pays a compile (the paged
+sampler, each batched prefill call the prefill queue can make (`_warm_batches`), the decode step
+and the slot insert — so that no request pays a compile (the paged
 engine's step, once per power-of-two batch of live rows; its insert still compiles per shape of
 a received state and count of its blocks, on first use). In a
 multi-process instance every process builds and warms the same engine, and the leader's is
@@ -132,7 +133,29 @@ class EngineFactory:
             prompt = [0] * min(size, engine_cfg.max_len - 1)
             result = engine.prefill(prompt, max_len=engine_cfg.max_len, on_layers=on_layers)
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
+        alone = self.group is None or self.group.num_processes == 1
+        if engine.mesh is None and alone:  # batched prefill: one device, one process
+            self._warm_batches(engine, sizes)
         return engine
+
+    def _warm_batches(self, engine: PrefillEngineLike, sizes: list[int]) -> None:
+        """Compile every batched call the prefill queue can make (serving/worker/
+        prefill_queue.py): each block size a one-chunk prompt uses, at each row count above one
+        that `[engine] prefill_batch_rows` and `prefill_batch_tokens` allow, at capacity
+        `max_len`, with the first-token sampler for that many rows. Otherwise the first batch
+        of each shape compiles while its requests wait, seconds at a time, and the busier the
+        node the more shapes it meets."""
+        from prfaas_jax.engine.batched_prefill import call_rows
+
+        engine_cfg = self.config.engine
+        for size in sizes:
+            rows = call_rows(
+                size,
+                max_prompts=engine_cfg.prefill_batch_rows,
+                max_batch_tokens=engine_cfg.prefill_batch_tokens,
+            )
+            for count in rows:
+                engine.compile_batch(count, size, engine_cfg.max_len)  # type: ignore[attr-defined]
 
     def _build_decode(self) -> DecodeEngineLike:
         engine_cfg = self.config.engine
