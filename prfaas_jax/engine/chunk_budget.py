@@ -49,7 +49,7 @@ class ChunkBudget:
         self,
         max_tokens: int,
         *,
-        share: float | None = 1.0,
+        share: float | None = 0.5,
         min_tokens: int = 1,
         smoothing: float = 0.25,
         stale_after: int = 64,

@@ -4,15 +4,17 @@ SGLang schedule a node that does both); ``PromptFill``: a prompt being absorbed 
 ``MixedRequest``: one request as it goes, its tokens and when each came.
 
 A step runs the decode engine's step and one prefill block of the head prompt's working state
-in the same compiled program (``DecodeEngine.step_with``): one dispatch, one wait for the
-device, where running the two engines back to back paid both twice — on a small model a step's
-cost is mostly that overhead, so a chunk of 16 tokens beside 8 decode rows cost more than the
-decode step itself. How many prompt tokens a step carries is ``ChunkBudget``'s choice
-(engine/chunk_budget.py): by default the largest block whose measured step cost stays within
-twice the decode step alone, at least one token, so a decoding request waits at most about one
-more decode step between two tokens however long the arriving prompt, and the prompt still
-advances every step; the prefill engine's ``chunk_len`` caps it. With no decode row a step is
-a block of ``chunk_len`` alone; with no prompt waiting (or no free slot for it), a decode step
+in the same compiled program (``DecodeEngine.step_with``): one dispatch and one wait for the
+device, where running the two engines back to back paid both twice. That saves the overhead,
+not the arithmetic: on `tiny` with 2 CPU cores a block of 32 prompt tokens alone costs more than
+a decode step of 8 rows (it pushes 4× the tokens through the MLPs; the capacity it attends over
+barely matters). So how many prompt tokens a step carries is chosen in time, by
+``ChunkBudget`` (engine/chunk_budget.py): the largest block whose measured step cost stays
+within ``1 + share`` decode steps alone (``share`` 0.5 by default, a margin under twice for a
+noisy machine), at least the smallest block, so a decoding request waits at most about half a
+decode step more between two tokens however long the arriving prompt, and the prompt still
+advances every step; the prefill engine's ``chunk_len`` caps it. With no decode row a step is a
+block of ``chunk_len`` alone; with no prompt waiting (or no free slot for it), a decode step
 alone. A prompt starts when a slot is free for it (or it asks for one token); once absorbed,
 its first token is sampled and it goes into that free slot, decoding from the next step.
 
@@ -79,11 +81,12 @@ _STEP_AND_CHUNK = jax.jit(
 @dataclasses.dataclass(eq=False)
 class PromptFill:
     """A prompt being absorbed: its tokens, the working state (capacity of the decode engine's
-    slots), how many tokens it holds, and once all are in, the first token."""
+    slots; None until the last token with an engine that keeps none, engine/fake_mixed.py), how
+    many tokens it holds, and once all are in, the first token."""
 
     tokens: np.ndarray
     sampling: SamplingParams
-    state: ModelState
+    state: ModelState | None
     done: int = 0
     first_token: int | None = None
 
@@ -109,14 +112,16 @@ class MixedStep:
     """Prefill and decode on one node, a chunk of prompt in each decode step (module docstring).
 
     ``share``: a step may cost up to ``1 + share`` decode steps alone (``ChunkBudget``); None
-    puts ``chunk_len`` tokens in every step whatever it costs."""
+    puts ``chunk_len`` tokens in every step whatever it costs. ``min_tokens``: the smallest
+    block (the sizes are powers of two from it to ``chunk_len``, one compile each)."""
 
     def __init__(
         self,
         prefill: PrefillEngine,
         decode: DecodeEngine,
         *,
-        share: float | None = 1.0,
+        share: float | None = 0.5,
+        min_tokens: int = 1,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if prefill.cfg != decode.cfg:
@@ -124,12 +129,34 @@ class MixedStep:
         if decode.mesh is not None:
             raise EngineError("a mixed step runs on one device")
         self.prefill, self.decode, self.clock = prefill, decode, clock
-        self.budget = ChunkBudget(prefill.chunk_len, share=share)
+        self.budget = ChunkBudget(prefill.chunk_len, share=share, min_tokens=min_tokens)
         self.waiting: collections.deque[MixedRequest] = collections.deque()
         self._filling: tuple[MixedRequest, PromptFill] | None = None
         self._slots: dict[int, MixedRequest] = {}
         self.steps = 0  # steps that decoded
         self.chunks = 0  # prefill blocks run
+
+    def warm(self) -> None:
+        """Compile every program a step can run: each block size beside each power-of-two batch
+        of decode rows (as `DecodeEngine.step` runs them) and alone. The costs measured
+        meanwhile (compiles, not steps) are not kept."""
+        timed, max_slots = self.budget, self.decode.max_slots
+        self.budget = ChunkBudget(self.prefill.chunk_len, share=None, min_tokens=timed.sizes[0])
+        one = self.prefill.prefill([0], max_len=self.decode.max_len)
+        batches = [0]
+        while batches[-1] < max_slots:
+            batches.append(min(2 * batches[-1] or 1, max_slots))
+        for rows in batches:
+            budget = len(self.budget.sizes) + 1
+            slots = [self.decode.insert(one.state, 0, max_new_tokens=budget) for _ in range(rows)]
+            for size in self.budget.sizes:
+                self.advance(self.start_fill([0] * size))
+            for slot in slots:
+                self.decode.free(slot)
+        self.budget = ChunkBudget(
+            self.prefill.chunk_len, share=timed.share, min_tokens=timed.sizes[0]
+        )
+        self.steps = self.chunks = 0
 
     # --- one step, for any caller that keeps its own requests -------------------------------
 
@@ -200,6 +227,20 @@ class MixedStep:
         self.waiting.append(request)
         return request
 
+    def insert(
+        self,
+        prompt: Sequence[int],
+        state: ModelState,
+        first_token: int,
+        max_new_tokens: int,
+        sampling: SamplingParams = GREEDY,
+    ) -> MixedRequest:
+        """A request whose prompt was prefilled elsewhere (``state``, ``first_token``: a
+        pushed state): it takes a free slot now and decodes from the next step."""
+        request = MixedRequest([int(t) for t in prompt], max_new_tokens, sampling, self.clock())
+        self._prefilled(request, state, first_token)
+        return request
+
     @property
     def busy(self) -> bool:
         """Whether a prompt waits or is absorbed, or a slot decodes."""
@@ -225,22 +266,21 @@ class MixedStep:
         if self._filling is not None and self._filling[1].first_token is not None:
             request, fill = self._filling
             self._filling = None
-            self._prefilled(request, fill)
+            self._prefilled(request, fill.state, fill.first_token)
 
     def run(self) -> None:
         """Step until no prompt waits and no slot decodes."""
         while self.busy:
             self.step()
 
-    def _prefilled(self, request: MixedRequest, fill: PromptFill) -> None:
-        assert fill.first_token is not None
-        self._emit(request, fill.first_token)
+    def _prefilled(self, request: MixedRequest, state: ModelState, first_token: int) -> None:
+        self._emit(request, first_token)
         if request.max_new_tokens == 1:
             request.done = True
             return
         slot = self.decode.insert(
-            fill.state,
-            fill.first_token,
+            state,
+            first_token,
             request.sampling,
             max_new_tokens=request.max_new_tokens - 1,
         )
