@@ -46,29 +46,15 @@ from prfaas_jax.ops.dispatch import Impl
 
 
 def _step_and_chunk(
-    params: dict,
-    state: ModelState,
-    tokens_S: jax.Array,
-    active_S: jax.Array,
-    keys_S2: jax.Array,
-    index_S: jax.Array,
-    temperature_S: jax.Array,
-    top_k_S: jax.Array,
-    top_p_S: jax.Array,
-    block_1C: jax.Array,
-    valid_1: jax.Array,
-    work: ModelState,
-    *,
-    cfg: ModelConfig,
-    impl: Impl,
-    top: int = 0,
-    rows: int | None = None,
+    params: dict, state: ModelState, *args: jax.Array, cfg: ModelConfig, impl: Impl, **step: int
 ) -> tuple:
-    """A decode step of the slots (as `DecodeEngine.step`) and a prefill block of ``work`` (as
-    `PrefillEngine.prefill`'s calls), in one program: what the step returns, then the block's
-    ``(logits, work)``."""
-    controls = (tokens_S, active_S, keys_S2, index_S, temperature_S, top_k_S, top_p_S)
-    out = _decode_and_sample(params, state, *controls, cfg=cfg, impl=impl, top=top, rows=rows)
+    """A decode step of the slots (as `DecodeEngine.step`) and a prefill block of the working
+    state (as `PrefillEngine.prefill`'s calls), in one program. ``args``: the step's per-slot
+    controls as `DecodeEngine.step` passes them, then the block ``[1, C]``, its valid length
+    ``[1]`` and the working state; ``step``: its ``top`` and ``rows``. Returns what the step
+    returns, then the block's ``(logits, working state)``."""
+    *controls, block_1C, valid_1, work = args
+    out = _decode_and_sample(params, state, *controls, cfg=cfg, impl=impl, **step)
     return (*out, _prefill_block(params, block_1C, valid_1, work, cfg=cfg, impl=impl))
 
 

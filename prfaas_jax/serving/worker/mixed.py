@@ -149,20 +149,24 @@ class MixedPrefillService(pb_grpc.PrefillWorkerServicer):
     ) -> None:
         self.decode, self.max_len, self._admit, self.timeout_s = decode, max_len, admit, timeout_s
 
+    def _checked(self, request: pb.PrefillRequest) -> tuple[list[int], SamplingParams]:
+        """The prompt and its sampling; `UserError` for a request this node refuses."""
+        if request.HasField("logprobs"):
+            raise UserError("a mixed instance scores no prompt")
+        if not request.request_id:
+            raise UserError("request_id is empty")
+        tokens = list(request.prompt_token_ids)
+        check_prompt(tokens, self.decode.cfg, max_len=self.max_len, max_new_tokens=1)
+        s = request.sampling
+        return tokens, sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
+
     def Prefill(  # noqa: N802
         self, request: pb.PrefillRequest, context: grpc.ServicerContext
     ) -> pb.PrefillReply:
         self._admit(context)
-        tokens = list(request.prompt_token_ids)
         try:
-            if not request.request_id:
-                raise UserError("request_id is empty")
-            if request.HasField("logprobs"):
-                raise UserError("a mixed instance scores no prompt")
-            check_prompt(tokens, self.decode.cfg, max_len=self.max_len, max_new_tokens=1)
-            s = request.sampling
-            sampling = sampling_from_proto(s.temperature, s.top_p, s.top_k, s.seed, s.first_index)
-        except UserError as err:
+            tokens, sampling = self._checked(request)
+        except UserError as err:  # the request itself: another attempt would meet the same
             abort_final(context, grpc.StatusCode.INVALID_ARGUMENT, str(err))
         prompt = LocalPrompt(request.request_id, tokens, sampling)
         self.decode.prefill_here(prompt, self.timeout_s)
