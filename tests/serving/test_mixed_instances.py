@@ -2,9 +2,9 @@
 the short prompts routed to it in its own decode steps and decodes them without a state push,
 while PrfaaS states still come by push. Router and workers in this process.
 
-Oracles: the fake engines' hand-computable tokens (`fake_tokens`), and greedy generation by the
-model alone in one process (conftest's `greedy_generation`: one padded `prefill` with the
-reference ops, then `decode_step`s; no engine, chunk, slot or codec).
+Oracles: the fake engines' hand-computable tokens (`fake_tokens`), and each prompt alone through
+the disaggregated engines in this process (`PrefillEngine.prefill`, then a `DecodeEngine` slot of
+its own), whose tokens tests/engine/test_engines.py holds to the model's.
 """
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import greedy_generation
+from conftest import preset
 from serving_support import fake_config, generate, serve_in_process
 
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine, fake_tokens
 from prfaas_jax.engine.fake_mixed import FakeMixedStep
+from prfaas_jax.engine.generate import decode_alone
 from prfaas_jax.engine.mixed_step import MixedStep
 from prfaas_jax.engine.prefill import PrefillEngine
 from prfaas_jax.errors import ConfigError
-from prfaas_jax.model.weights import load_model
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import load_cluster_config, serving_model_config
 
@@ -79,11 +79,12 @@ def test_mixed_instance_tokens_are_single_process_generation(tmp_path):
     }
     config = load_cluster_config(fake_config(tmp_path / "cluster.toml", **sections))
     cfg = serving_model_config(config)
-    _, params = load_model("tiny", seed=0)
+    _, params = preset("tiny")  # the session's seed-0 weights: the config's seed 0
     prefill = PrefillEngine(cfg, params, chunk_len=16, buckets=(16, max_len))
-    # Blocks of 8 or 16 tokens, as the measured step costs allow.
+    # One block size (16) keeps the compiles few; the blocks a time budget picks are
+    # tests/engine/test_chunk_budget.py's, their tokens tests/engine/test_mixed_step.py's.
     mixer = MixedStep(
-        prefill, DecodeEngine(cfg, params, max_slots=2, max_len=max_len), min_tokens=8
+        prefill, DecodeEngine(cfg, params, max_slots=2, max_len=max_len), min_tokens=16
     )
     mixer.warm()  # as a worker does before it serves
     engines = {"prfaas-0": (Role.PRFAAS_PREFILL, prefill), "pd-0": (Role.PD_DECODE, mixer)}
@@ -93,5 +94,8 @@ def test_mixed_instance_tokens_are_single_process_generation(tmp_path):
         replies = _serve_all(cluster, prompts, new)
         assert cluster.decode["pd-0"].local_prefills == 3
     assert [r.report.route for r in replies] == ["pd", "pd", "prfaas", "pd"]
-    expected = greedy_generation(params, cfg, prompts, new - 1, max_len)
-    assert [reply.tokens for reply in replies] == expected
+    alone = DecodeEngine(cfg, params, max_slots=2, max_len=max_len)  # one slot used
+    for prompt, reply in zip(prompts, replies, strict=True):
+        first = prefill.prefill(prompt, max_len=max_len)
+        slot = alone.insert(first.state, first.first_token, max_new_tokens=new - 1)
+        assert reply.tokens == [first.first_token, *decode_alone(alone, slot)]
