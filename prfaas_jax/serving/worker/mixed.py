@@ -86,14 +86,14 @@ class MixedDecodeService(DecodeService):
         if prompt.done.wait(timeout_s):
             return
         with self._cv:
-            if prompt in self._local and prompt.fill is None:  # under way, it would finish
+            waiting = prompt in self._local and prompt.fill is None
+            if waiting:  # one under way gets another timeout_s to finish
                 self._local.remove(prompt)
-                prompt.refusal = (
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"{prompt.request_id}: not prefilled within {timeout_s:g} s",
-                )
-                return
-        prompt.done.wait()
+        if waiting or not prompt.done.wait(timeout_s):
+            prompt.refusal = (
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"{prompt.request_id}: not prefilled within {timeout_s:g} s",
+            )
 
     def _prompts(self) -> int:
         return len(self._local)
