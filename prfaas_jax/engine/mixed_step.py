@@ -11,8 +11,9 @@ a decode step of 8 rows (it pushes 4× the tokens through the MLPs; the capacity
 barely matters). So how many prompt tokens a step carries is chosen in time, by
 ``ChunkBudget`` (engine/chunk_budget.py): the largest block whose measured step cost stays
 within ``1 + share`` decode steps alone (``share`` 0.5 by default, a margin under twice for a
-noisy machine), at least the smallest block, so a decoding request waits at most about half a
-decode step more between two tokens however long the arriving prompt, and the prompt still
+noisy machine), at least the smallest block, so a decoding request waits about half a decode
+step more between two tokens (as measured: a median) however long the arriving prompt, and the
+prompt still
 advances every step but the few that measure a decode step alone (one when a batch size is new,
 then one in about 64); the prefill engine's ``chunk_len`` caps it. With no decode row a step is a
 block of ``chunk_len`` alone; with no prompt waiting (or no free slot for it), a decode step
