@@ -13,12 +13,12 @@ barely matters). So how many prompt tokens a step carries is chosen in time, by
 within ``1 + share`` decode steps alone (``share`` 0.5 by default, a margin under twice for a
 noisy machine), at least the smallest block, so a decoding request waits about half a decode
 step more between two tokens (as measured: a median) however long the arriving prompt, and the
-prompt still
-advances every step but the few that measure a decode step alone (one when a batch size is new,
-then one in about 64); the prefill engine's ``chunk_len`` caps it. With no decode row a step is a
-block of ``chunk_len`` alone; with no prompt waiting (or no free slot for it), a decode step
-alone. A prompt starts when a slot is free for it (or it asks for one token); once absorbed,
-its first token is sampled and it goes into that free slot, decoding from the next step.
+prompt still advances every step but the few that measure a decode step alone (one when a batch
+size is new, then one in about 64); the prefill engine's ``chunk_len`` caps it. With no decode
+row a step is a block of ``chunk_len`` alone; with no prompt waiting (or no free slot for it), a
+decode step alone. A prompt starts when a slot is free for it (or it asks for one token); once
+absorbed, its first token is sampled and it goes into that free slot, decoding from the next
+step.
 
 Tokens are those of single-process generation: prefill split at any boundary is the model's
 invariant (the working state has the decode engine's capacity, so the slot takes it as it is),
