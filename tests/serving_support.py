@@ -47,6 +47,7 @@ from prfaas_jax.serving.transport.link import LinkShaper
 from prfaas_jax.serving.transport.messages import router_max_request_bytes
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
 from prfaas_jax.serving.worker.decode import DecodeService
+from prfaas_jax.serving.worker.mixed import MixedDecodeService, MixedPrefillService
 from prfaas_jax.serving.worker.prefill import PrefillService
 from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
 from prfaas_jax.wire_precision import WIRE_NATIVE
@@ -275,7 +276,9 @@ def serve_in_process(
     decode_kv_caches: bool = False,
 ) -> Iterator[InProcessCluster]:
     """Each instance of `engines` (name → role and engine) as a `PrefillService` or
-    `DecodeService` on a loopback server of its own, and the router's `Router` service over
+    `DecodeService` (with `[instances] pd_mode = "mixed"`, a decode instance's engine is its
+    mixer, served by a `MixedDecodeService` and a `MixedPrefillService`) on a loopback server
+    of its own, and the router's `Router` service over
     them, built from `config` as a `prfaas serve` router would be; until closed. `shapers` and
     `faults` (by prefill instance) are its link and its fault injector, `controls` (by instance)
     a `WorkerControl` servicer to serve beside it (without one, the router's liveness probe gets
@@ -323,10 +326,14 @@ def serve_in_process(
                 batch_tokens=config.engine.prefill_batch_tokens,
             )
         else:
-            # As a worker process does: a data port beside the decode service.
+            # As a worker process does: a data port beside the decode service. A mixed
+            # instance's engine is its mixer, and its prefill calls go to its decode service.
             listeners[name] = DataListener() if config.link.data_path else None
-            decode[name] = DecodeService(
-                engine=lambda engine=engine: engine,
+            service, mixed = DecodeService, {"engine": lambda engine=engine: engine}
+            if config.instances.mixed:
+                service, mixed = MixedDecodeService, {"mixer": lambda engine=engine: engine}
+            decode[name] = service(
+                **mixed,
                 cfg=cfg,
                 max_len=config.engine.max_len,
                 admit=lambda context: None,
@@ -339,8 +346,13 @@ def serve_in_process(
                 if decode_kv_caches or name in prefixes
                 else None,
             )
+        prefill_calls = prefill.get(name)
+        if config.instances.mixed and name in decode:
+            prefill_calls = MixedPrefillService(
+                decode[name], max_len=config.engine.max_len, admit=lambda context: None
+            )
         servers[name] = serve_workers(
-            prefill.get(name), decode.get(name), controls.get(name), prefixes.get(name)
+            prefill_calls, decode.get(name), controls.get(name), prefixes.get(name)
         )
     core = RouterCore(
         config, cfg, {name: (servers[name].address, role) for name, (role, _) in engines.items()}

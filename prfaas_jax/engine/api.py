@@ -1,4 +1,5 @@
-"""The engine interface the serving plane drives: `PrefillEngineLike` and `DecodeEngineLike`.
+"""The engine interface the serving plane drives: `PrefillEngineLike` and `DecodeEngineLike`,
+and `MixedStepLike` for a node that does both in one step.
 
 Also exposes `PrefillOutput` (what a prefill returns that its callers read), `OnChunk` (the
 per-chunk callback), `OnLayers` (the per-layer-group one) and `split_layers` (the groups
@@ -22,11 +23,14 @@ The protocols are `runtime_checkable`: `isinstance` sees whether the members exi
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.model.state import ModelState
+
+if TYPE_CHECKING:
+    from prfaas_jax.engine.mixed_step import PromptFill
 
 OnChunk = Callable[[ModelState, int], None]
 """`on_chunk(state, tokens_done)`: after each prefill call, with every position absorbed so far."""
@@ -130,6 +134,26 @@ class DecodeEngineLike(Protocol):
 
     def free(self, slot: int) -> None:
         """Release the slot, finished or not."""
+        ...
+
+
+@runtime_checkable
+class MixedStepLike(Protocol):
+    """One node that prefills and decodes, a prompt's chunk in each decode step
+    (engine/mixed_step.py `MixedStep`; engine/fake_mixed.py `FakeMixedStep`)."""
+
+    @property
+    def decode(self) -> DecodeEngineLike:
+        """The decode engine whose slots the steps run: requests go in by `insert`."""
+        ...
+
+    def start_fill(self, tokens: Sequence[int], sampling: SamplingParams = GREEDY) -> PromptFill:
+        """A prompt to absorb through `advance`."""
+        ...
+
+    def advance(self, fill: PromptFill | None) -> list[tuple[int, int]]:
+        """One step of the active slots, carrying a chunk of ``fill`` (None: none); ``fill``
+        moves on in place, its ``first_token`` and ``state`` set once its last token is in."""
         ...
 
 

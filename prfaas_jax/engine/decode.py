@@ -21,6 +21,7 @@ travel with each step; only the state stays on the device, donated from step to 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -145,24 +146,42 @@ class DecodeEngine(SlotControls):
         A slot whose token is its EOS, or whose budget this token exhausts, is finished
         (``is_finished``) and produces nothing more.
         """
+        return self.step_with(_STEP)[0]
+
+    def step_with(self, program: Callable, *extra: object) -> tuple[list[tuple[int, int]], object]:
+        """``step`` through ``program``, a jitted function called as this engine's step program
+        is, with ``extra`` after the controls, that returns what the step program returns and
+        then its own outputs (one compiled call that steps the slots and does more:
+        engine/mixed_step.py). Returns the step's ``(slot, token)`` pairs and those outputs
+        (None without ``extra``); ``([], None)`` when no slot is active, calling nothing.
+        """
         active_slots = self.active_slots
         if not active_slots:
-            return []
+            return [], None
         asked, top = self._top(active_slots)
-        # On a mesh the batch axis may be sharded: every step keeps the whole batch.
-        rows = step_rows(active_slots, self.max_slots) if self.mesh is None else self.max_slots
-        self._state, tokens, *scored = _STEP(
+        rows = self.rows()
+        self._state, tokens, *rest = program(
             self.params,
             self._state,
             *(c[:rows] for c in self._controls(active_slots)),
+            *extra,
             cfg=self.cfg,
             impl=self.impl,
             top=top,
             rows=None if rows == self.max_slots else rows,
         )
+        beside = rest.pop() if extra else None
         tokens = np.asarray(tokens)
-        self._keep_logprobs(asked, {slot: slot for slot in asked}, tokens, scored)
-        return self._advance(active_slots, tokens)
+        self._keep_logprobs(asked, {slot: slot for slot in asked}, tokens, rest)
+        return self._advance(active_slots, tokens), beside
+
+    def rows(self) -> int:
+        """The rows the next ``step`` runs (0: no active slot)."""
+        active_slots = self.active_slots
+        if not active_slots:
+            return 0
+        # On a mesh the batch axis may be sharded: every step keeps the whole batch.
+        return step_rows(active_slots, self.max_slots) if self.mesh is None else self.max_slots
 
     def free(self, slot: int) -> None:
         """Release ``slot`` (finished or not); its state is overwritten by the next insert."""

@@ -282,7 +282,9 @@ class PrefillEngine:
             )
         return ids
 
-    def _sample_first(self, logits_1V: jax.Array, sampling: SamplingParams) -> tuple[int, float]:
+    def sample_first(self, logits_1V: jax.Array, sampling: SamplingParams) -> tuple[int, float]:
+        """Token 0 of a request from its last prompt position's logits ``[1, V]``, and the
+        seconds spent compiling the sampler (0 once it exists)."""
         index = np.array([sampling.first_index], np.int32)
         args = (logits_1V, request_key(sampling.seed)[None], index)
         args += sampling_knobs(sampling)
@@ -362,7 +364,7 @@ class PrefillEngine:
             if on_chunk is not None:
                 jax.block_until_ready(state)
                 on_chunk(state, end)
-        first_token, seconds = self._sample_first(logits, sampling)
+        first_token, seconds = self.sample_first(logits, sampling)
         compile_s += seconds
         if self.mesh is not None:
             # The result is layout-free, as from one device: gathered (across hosts if the mesh

@@ -19,7 +19,9 @@ optional except `[model] preset` (docs/serving.md explains each):
     [fake]        prefill_s_per_token, decode_step_s, chunk_len  (engine = "fake" only)
     [instances]   prfaas_prefill, pd_prefill, pd_decode, prfaas_processes (JAX processes per
                   PrfaaS instance, sharing its mesh: engine/spmd.py), prfaas_class, pd_class
-                  (the node class of each cluster's instances)
+                  (the node class of each cluster's instances), pd_mode ("disaggregated" |
+                  "mixed": each pd_decode instance prefills local prompts in its decode
+                  steps, serving/worker/mixed.py; no pd_prefill then)
     [node_classes.NAME]  cpus, cpu_quota, period_ms: a node's speed, set per instance by
                   cgroups (serving/cluster/cgroups.py)
     [link]        bandwidth_mbps, latency_ms, rtt_ms, jitter_ms, loss_percent, loss_burst, reorder
@@ -84,6 +86,7 @@ from prfaas_jax.policy.routing import Role
 from prfaas_jax.policy.threshold_controller import ControllerConfig, threshold_candidates
 from prfaas_jax.policy.wire_choice import AdaptiveWireConfig
 from prfaas_jax.serving.cluster_sections import (
+    Allocator,
     ControllerSection,
     Endpoint,
     EngineKind,
@@ -291,6 +294,16 @@ def _parse(path: Path, doc: dict[str, object], *, security_files: bool = True) -
                 where.at("instances").at(key).error(f"no [node_classes.{name}] (classes: {known})")
             )
     _check_processes(config, where)
+    paged = config.engine.allocator is Allocator.PAGED
+    if config.instances.mixed and (paged or config.engine.decode_mesh):
+        raise (
+            where.at("instances")
+            .at("pd_mode")
+            .error(
+                '"mixed" steps the slot decode engine on one device: no allocator = "paged", '
+                "no decode_mesh"
+            )
+        )
     model = load_model_config(config.model.preset)
     try:
         model.with_max_len(engine.max_len)

@@ -2,15 +2,17 @@
 `EngineSection`, `FakeSection`, `InstancesSection`, `LinkSection`, `RouterSection`,
 `ControllerSection`, `RebalancerSection`, `ProfileSection`, `PrefixCacheSection`,
 `SecuritySection`, `FaultsSection`, `HostsSection` (with its `Endpoint`s) and `NodeClassSection`
-(one `[node_classes.NAME]` table); `EngineKind`, the `[model] engine` choice, and `Allocator`,
-the `[engine] allocator` one. `SecuritySection.check_bind` applies the rule beyond loopback
-(serving/bind_rule.py).
+(one `[node_classes.NAME]` table); `EngineKind`, the `[model] engine` choice, `Allocator`, the
+`[engine] allocator` one, and `PdMode`, the `[instances] pd_mode` one.
+`SecuritySection.check_bind` applies the rule beyond loopback (serving/bind_rule.py).
 
 Each field's default is the value a config that omits the key gets, and its type is the type
 the reader checks (`toml_config.build`, called by serving/cluster_config.py). Each section
 checks its values in `__post_init__`, naming the key; `[security]`'s files are checked by the
 reader, which resolves them against the config's folder. Separate from that reader because
 most serving modules need one section (security, faults, the link) and none of the parsing.
+The module is over 450 lines because it holds every section, each with its checks, and a
+config's sections are read side by side.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ def _check(ok: bool, key: str, message: str) -> None:
 class EngineKind(enum.StrEnum):
     JAX = "jax"  # the model in JAX
     FAKE = "fake"  # engine/fake.py: tokens computable by hand, timed by [fake]
+
+
+class PdMode(enum.StrEnum):
+    """How the PD cluster's instances share the work (`[instances] pd_mode`)."""
+
+    DISAGGREGATED = "disaggregated"  # pd_prefill instances push states to pd_decode ones
+    # every PD instance prefills local prompts in its own decode steps (serving/worker/mixed.py)
+    MIXED = "mixed"
 
 
 class Allocator(enum.StrEnum):
@@ -130,13 +140,23 @@ class InstancesSection:
     # instance of the PrfaaS cluster and of the PD cluster; "": the machine as it is.
     prfaas_class: str = ""
     pd_class: str = ""
+    # "mixed": the pd_decode instances prefill the PD cluster's prompts in their decode steps,
+    # and there is no pd_prefill instance
+    pd_mode: PdMode = PdMode.DISAGGREGATED
 
     def __post_init__(self) -> None:
         _check(min(self.prfaas_prefill, self.pd_prefill) >= 0, "instances", "counts must be ≥ 0")
         _check(self.prfaas_processes >= 1, "instances.prfaas_processes", "must be ≥ 1")
         _check(self.pd_decode >= 1, "instances.pd_decode", "must be ≥ 1")
-        ok = self.prfaas_prefill + self.pd_prefill >= 1
+        ok = self.prfaas_prefill + self.pd_prefill >= 1 or self.mixed
         _check(ok, "instances", "need a prefill instance")
+        ok = not (self.mixed and self.pd_prefill)
+        _check(ok, "instances.pd_prefill", 'must be 0 with pd_mode = "mixed"')
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the PD instances prefill and decode in one step (`pd_mode = "mixed"`)."""
+        return self.pd_mode is PdMode.MIXED
 
 
 @dataclass(frozen=True)

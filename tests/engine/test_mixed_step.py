@@ -26,6 +26,7 @@ def test_mixed_steps_give_single_process_tokens_and_interleave():
     mixed = MixedStep(
         PrefillEngine(cfg, params, chunk_len=BUDGET, buckets=(16, MAX_LEN)),
         DecodeEngine(cfg, params, max_slots=2, max_len=MAX_LEN),
+        share=None,  # every chunk BUDGET tokens: the interleaving below is fixed
     )
     rng = np.random.default_rng(3)
     asks = [(10, 12, GREEDY), (40, 5, GREEDY), (25, 1, GREEDY)]

@@ -72,7 +72,10 @@ class RouterControl:
             self.shape(),
             core.threshold,
             controller=config.controller_config() if config.controller.enabled else None,
-            rebalancer=config.rebalancer.config if config.rebalancer.enabled else None,
+            # Mixed PD instances have no prefill role to trade for a decode one.
+            rebalancer=config.rebalancer.config
+            if config.rebalancer.enabled and not config.instances.mixed
+            else None,
             rebalance_period_s=config.rebalancer.period_s,
             now=time.monotonic(),
         )
@@ -83,9 +86,11 @@ class RouterControl:
 
     def shape(self) -> ClusterShape:
         roles = [w.role for w in self.core.workers.values()]
+        # Mixed PD instances prefill too: the throughput model sees each as a PD prefill node.
+        local = Role.PD_DECODE if self.core.config.instances.mixed else Role.PD_PREFILL
         return ClusterShape(
             roles.count(Role.PRFAAS_PREFILL),
-            roles.count(Role.PD_PREFILL),
+            roles.count(local),
             roles.count(Role.PD_DECODE),
         )
 

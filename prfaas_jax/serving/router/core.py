@@ -251,7 +251,10 @@ class RouterCore:
                     for w in self.serving(role)
                 )
 
-            prfaas, pd_prefill = loads(Role.PRFAAS_PREFILL), loads(Role.PD_PREFILL)
+            # Mixed PD instances prefill the local prompts they decode (serving/worker/mixed.py).
+            mixed = self.config.instances.mixed
+            prfaas = loads(Role.PRFAAS_PREFILL)
+            pd_prefill = loads(Role.PD_DECODE if mixed else Role.PD_PREFILL)
             decoders = self.serving(Role.PD_DECODE)
             if not (prfaas or pd_prefill) or not decoders:
                 raise _NoInstanceError("no live prefill or no live decode instance is serving")
@@ -269,9 +272,12 @@ class RouterCore:
             )
             decision = route(request_len, view, now)
             slots = self.config.engine.max_slots
-            decode_name = pick_decode(
-                [DecodeLoad(w.name, w.assigned_decodes, slots) for w in decoders]
-            )
+            if mixed and decision.cluster is ClusterKind.PD:
+                decode_name = decision.instance  # no state push: it decodes what it prefills
+            else:
+                decode_name = pick_decode(
+                    [DecodeLoad(w.name, w.assigned_decodes, slots) for w in decoders]
+                )
             prefill, decode = self.workers[decision.instance], self.workers[decode_name]
             slo = self.config.router.ttft_slo_s
             if first and slo > 0:

@@ -62,7 +62,9 @@ import numpy as np
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import DecodeEngineLike
+from prfaas_jax.engine.sampling_params import SamplingParams
 from prfaas_jax.errors import LengthLimitError, UserError
+from prfaas_jax.model.state import ModelState
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transfer.api import ReceivedState, TransferError
@@ -202,33 +204,52 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
     ) -> None:
         """Park ``received`` for its request, or make the waiting request ready; a second
         state, or one whose length differs from the prompt's, is refused."""
-        length = received.length
         with self._cv:
-            req = self._requests.setdefault(
-                received.request_id, DecodeRequest(received.request_id, time.monotonic())
+            refusal = self._hold(
+                received.request_id,
+                received.length,
+                received.state,
+                received.first_token,
+                received.sampling,
+                received.payload_nbytes,
             )
-            if req.phase not in (Phase.NEW, Phase.WAITING):  # parked, or on its way by now
-                push.refuse()
-                context.abort(
-                    grpc.StatusCode.ALREADY_EXISTS, f"{req.request_id}: state already received"
-                )
-            if req.phase is Phase.WAITING and length != req.prompt_len:
-                self._fail(req, f"the state holds {length} tokens, the prompt has {req.prompt_len}")
-                push.refuse()
-                context.abort(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"{req.request_id}: state length {length} ≠ prompt length {req.prompt_len}",
-                )
-            # Counted as held from here on, by its phase: a push that arrives before this call
-            # returns must not see the one state twice.
-            self._receiving.discard(stream)
-            req.state, req.first_token = received.state, received.first_token
-            req.sampling, req.state_bytes = received.sampling, received.payload_nbytes
-            self.state_bytes_received += received.payload_nbytes
-            if req.phase is Phase.WAITING:
-                self._make_ready(req)
-            else:
-                req.move(Phase.PARKED)
+            if refusal is None:
+                # Counted as held from here on, by its phase: a push that arrives before this
+                # call returns must not see the one state twice.
+                self._receiving.discard(stream)
+        if refusal is not None:
+            push.refuse()
+            context.abort(*refusal)
+
+    def _hold(
+        self,
+        request_id: str,
+        length: int,
+        state: ModelState,
+        first_token: int,
+        sampling: SamplingParams | None,
+        state_bytes: int,
+    ) -> tuple[grpc.StatusCode, str] | None:
+        """Keep ``state`` (``length`` tokens) for its request: parked until its `Generate`
+        comes, or ready if it waits (caller holds `_cv`). A second state, or one whose length
+        differs from the prompt's, keeps nothing: the status and message to refuse it with."""
+        req = self._requests.setdefault(request_id, DecodeRequest(request_id, time.monotonic()))
+        if req.phase not in (Phase.NEW, Phase.WAITING):  # parked, or on its way by now
+            return grpc.StatusCode.ALREADY_EXISTS, f"{request_id}: state already received"
+        if req.phase is Phase.WAITING and length != req.prompt_len:
+            self._fail(req, f"the state holds {length} tokens, the prompt has {req.prompt_len}")
+            return (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{request_id}: state length {length} ≠ prompt length {req.prompt_len}",
+            )
+        req.state, req.first_token = state, first_token
+        req.sampling, req.state_bytes = sampling, state_bytes
+        self.state_bytes_received += state_bytes
+        if req.phase is Phase.WAITING:
+            self._make_ready(req)
+        else:
+            req.move(Phase.PARKED)
+        return None
 
     def DataPath(  # noqa: N802
         self, request: pb.DataPathRequest, context: grpc.ServicerContext
@@ -405,7 +426,7 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
         nothing live is taken all the same: its insert says why, and it fails."""
         with self._cv:
             self._reap()
-            while not self._ready and not self._slots and not self._stop:
+            while not (self._ready or self._slots or self._prompts() or self._stop):
                 self._cv.wait(timeout=1.0)
                 self._reap()
             wanted = [(req.prompt_len, max(1, req.max_new_tokens - 1)) for req in self._ready]
@@ -416,6 +437,15 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
             for req in taken:
                 self._advance(req, Phase.TAKEN)
             return taken
+
+    def _prompts(self) -> int:
+        """Prompts this node prefills itself, waiting or under way (none here: a mixed node's,
+        serving/worker/mixed.py; caller holds `_cv`)."""
+        return 0
+
+    def _step(self, engine: DecodeEngineLike) -> list[tuple[int, int]]:
+        """One step of the engine's active slots (a mixed node's carries a prompt's chunk)."""
+        return engine.step()
 
     def _reap(self) -> None:
         """Drop states that no Generate claimed in time (the router gave up on them)."""
@@ -496,9 +526,9 @@ class DecodeService(pb_grpc.DecodeWorkerServicer):
                 engine.free(slot)
                 with self._cv:
                     del self._slots[slot]
-        if not self._slots:
+        if not (self._slots or self._prompts()):
             return
-        produced = engine.step()
+        produced = self._step(engine)
         with self._cv:
             self.tokens_generated += len(produced)
         for slot, token in produced:

@@ -25,7 +25,7 @@ import threading
 import time
 
 from prfaas_jax.config import Impl, ModelConfig
-from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
+from prfaas_jax.engine.api import DecodeEngineLike, MixedStepLike, PrefillEngineLike
 from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.cluster_sections import Allocator, EngineKind
@@ -51,6 +51,7 @@ class EngineFactory:
         self._params: dict | None = None
         self._prefill: PrefillEngineLike | None = None
         self._decode: DecodeEngineLike | None = None
+        self._mixer: MixedStepLike | None = None
         self._lock = threading.Lock()
 
     @property
@@ -98,6 +99,31 @@ class EngineFactory:
                 self._decode = self._build_decode()
                 log.info("decode engine ready in %.1f s", time.perf_counter() - start)
             return self._decode
+
+    def mixer(self) -> MixedStepLike:
+        """A mixed PD instance's mixer (serving/worker/mixed.py), over this factory's prefill
+        and decode engines (built once): `MixedStep`, or with fake engines `FakeMixedStep`.
+        Its blocks run from ``[engine] chunk_len`` / 8 to ``chunk_len`` tokens (4 sizes), each
+        compiled here beside every power-of-two batch of decode rows."""
+        prefill, decode = self.prefill_engine(), self.decode_engine()
+        with self._lock:
+            if self._mixer is None:
+                if self.fake:
+                    from prfaas_jax.engine.fake_mixed import FakeMixedStep
+
+                    self._mixer = FakeMixedStep(prefill, decode)  # type: ignore[arg-type]
+                else:
+                    from prfaas_jax.engine.mixed_step import MixedStep
+
+                    chunk_len = self.config.engine.chunk_len
+                    mixer = MixedStep(
+                        prefill,  # type: ignore[arg-type]
+                        decode,  # type: ignore[arg-type]
+                        min_tokens=max(1, chunk_len // 8),
+                    )
+                    mixer.warm()
+                    self._mixer = mixer
+            return self._mixer
 
     def _build_prefill(self) -> PrefillEngineLike:
         engine_cfg = self.config.engine

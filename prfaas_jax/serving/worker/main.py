@@ -68,6 +68,7 @@ from prfaas_jax.serving.transport.security import server_credentials
 from prfaas_jax.serving.transport.server import ServingServer, full_service_name
 from prfaas_jax.serving.worker.decode import DecodeService
 from prfaas_jax.serving.worker.engines import EngineFactory
+from prfaas_jax.serving.worker.mixed import MixedDecodeService, MixedPrefillService
 from prfaas_jax.serving.worker.prefill import PrefillService
 from prfaas_jax.serving.worker.prefix import PrefixService, build_prefix_cache
 from prfaas_jax.wire_precision import WIRE_NATIVE
@@ -148,8 +149,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             precision=config.link.wire_precision if prfaas else WIRE_NATIVE,
             data_path=config.link.data_path,
         )
-        self.decode = DecodeService(
-            engine=self.factory.decode_engine,
+        decode_options = dict(
             cfg=cfg,
             max_len=engine.max_len,
             admit=self._admit_decode,
@@ -161,6 +161,22 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             kv_cache=None if prfaas else build_decode_kv_cache(cfg, config, self.prefixes.cache),
             data_path=data_path,
         )
+        # A mixed PD instance (`pd_mode = "mixed"`) prefills local prompts in its decode steps:
+        # its PrefillWorker calls go to its decode service (serving/worker/mixed.py).
+        self.mixed = config.instances.mixed and role is Role.PD_DECODE
+        self.prefill_calls: pb_grpc.PrefillWorkerServicer = self.prefill
+        if self.mixed:
+            self.decode = MixedDecodeService(
+                mixer=self.factory.mixer, max_prompts=engine.max_prefill_queue, **decode_options
+            )
+            self.prefill_calls = MixedPrefillService(
+                self.decode,
+                max_len=engine.max_len,
+                admit=self._admit_decode,
+                timeout_s=config.router.request_timeout_s,
+            )
+        else:
+            self.decode = DecodeService(engine=self.factory.decode_engine, **decode_options)
 
     @property
     def rpc_threads(self) -> int:
@@ -180,6 +196,8 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         """Build the engine of the current role (compiles happen here, before SERVING)."""
         if self.role.is_prefill:
             self.prefixes.warm(self.factory.prefill_engine())
+        elif self.mixed:
+            self.factory.mixer()
         else:
             self.factory.decode_engine()
 
@@ -348,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             (pb_grpc.add_WorkerControlServicer_to_server, node, full_service_name("WorkerControl")),
             (
                 pb_grpc.add_PrefillWorkerServicer_to_server,
-                node.prefill,
+                node.prefill_calls,
                 full_service_name("PrefillWorker"),
             ),
             (
