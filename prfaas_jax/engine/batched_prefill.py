@@ -1,6 +1,8 @@
 """``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
-``BatchCall``: one such packing; ``row_states``: the batch-1 states of a batched state's rows;
-``sampling_args``: the first-token sampler's per-row arguments for a call's rows.
+``BatchCall``: one such packing; ``share_rows``: the prompts split between threads that run their
+calls at once; ``batch_threads``: how many such threads; ``row_states``: the batch-1 states of a
+batched state's rows; ``sampling_args``: the first-token sampler's per-row arguments for a call's
+rows.
 
 Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
 ``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
@@ -10,11 +12,20 @@ first) fill calls of at most ``max_batch_tokens`` padded tokens, each call a pow
 row. Long prompts still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its
 positions ``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block
 (``valid_len`` 0: it neither writes nor decays anything) while longer rows finish.
+
+Threads. XLA:CPU runs one of these programs on one core: a call of B rows costs about B times
+one row, so rows in one call save only the per-prompt host work and calls. What batching gives on
+a CPU is that prompts are independent: ``share_rows`` splits them into as many shares as the
+process has cores (``batch_threads``), balanced by padded tokens, and each share's calls run in a
+thread of their own, at the same time as the others'. One device stream would only serialise
+them, so an accelerator runs one share.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -76,6 +87,29 @@ def plan_calls(
             blocks = -(-max(lengths[r] for r in part) // chunk_len)
             calls.append(BatchCall(tuple(part), block_len, capacity, blocks))
     return calls
+
+
+def share_rows(costs: Sequence[int], shares: int) -> list[list[int]]:
+    """Rows ``0 … len(costs) − 1`` dealt into at most ``shares`` non-empty shares, each in
+    ascending row order, the costliest row first to the share with the least cost so far: no
+    share exceeds another by more than the costliest row."""
+    if shares < 1:
+        raise EngineError(f"shares must be ≥ 1, got {shares}")
+    heap = [(0, share) for share in range(min(shares, len(costs)))]
+    out: list[list[int]] = [[] for _ in heap]
+    for row in sorted(range(len(costs)), key=lambda r: -costs[r]):
+        cost, share = heapq.heappop(heap)
+        out[share].append(row)
+        heapq.heappush(heap, (cost + costs[row], share))
+    return [sorted(rows) for rows in out]
+
+
+def batch_threads() -> int:
+    """Threads ``prefill_batch`` runs its shares on: the cores this process may run on when the
+    default backend is the CPU, else 1."""
+    if jax.default_backend() != "cpu":
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def row_states(state: ModelState, cfg: ModelConfig, capacities: Sequence[int]) -> list[ModelState]:
