@@ -6,7 +6,7 @@ process:
 
     batch-1          ``prefill`` on each prompt in turn (a prefill worker's single request)
     batched, 1 share ``prefill_batch(threads=1)``: every call one after another,
-                     ``--max-batch-tokens`` padded tokens per call (rows grouped by their bucket:
+                     ``--max-batch-tokens`` padded tokens per call (rows grouped by shape:
                      engine/batched_prefill.py)
     batched          ``prefill_batch`` as a worker runs it: the prompts in ``--threads`` shares
                      (default: the cores this process may use), each share's calls in a thread

@@ -1,17 +1,20 @@
 """``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
-``BatchCall``: one such packing; ``share_rows``: the prompts split between threads that run their
-calls at once; ``batch_threads``: how many such threads; ``row_states``: the batch-1 states of a
-batched state's rows; ``sampling_args``: the first-token sampler's per-row arguments for a call's
-rows.
+``BatchCall``: one such packing; ``row_size``: the positions a row is padded to; ``share_rows``:
+the prompts split between threads that run their calls at once; ``batch_threads``: how many
+such threads; ``row_states``: the batch-1 states of a batched state's rows; ``sampling_args``:
+the first-token sampler's per-row arguments for a call's rows.
 
-Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
-``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
-buffers and block size it would alone, only beside other rows. Within a group, rows (shortest
-first) fill calls of at most ``max_batch_tokens`` padded tokens, each call a power of two of rows
-(a group of 5 runs as 4 + 1), so compiles stay bounded per bucket and no call computes an empty
-row. Long prompts still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its
-positions ``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block
-(``valid_len`` 0: it neither writes nor decays anything) while longer rows finish.
+Rows are grouped by shape, ``(block_len, capacity)``: those batch-1 ``prefill`` compiles for the
+prompt alone, except that a row is padded to ``row_size`` — its length rounded up to a multiple
+of an eighth of its bucket, and of the linear ops' 64-token chunk — rather than to the whole
+bucket. Prompts of 257–512 tokens then run in blocks of 320, 384, 448 or 512 positions, not all
+in 512: for lengths spread evenly over a bucket's upper half about a fifth fewer padded positions,
+for at most four compiles per bucket and row count. Within a group, rows (shortest first) fill
+calls of at most ``max_batch_tokens`` padded tokens, each call a power of two of rows (a group
+of 5 runs as 4 + 1), so compiles stay bounded and no call computes an empty row. Long prompts
+still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its positions
+``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block (``valid_len``
+0: it neither writes nor decays anything) while longer rows finish.
 
 Threads. XLA:CPU runs one of these programs on one core: a call of B rows costs about B times
 one row, so rows in one call save only the per-prompt host work and calls. What batching gives on
@@ -37,6 +40,9 @@ from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState
 
+# The delta rule's and Lightning's chunk (ops/): a block of a multiple of it pads nothing inside.
+_LINEAR_CHUNK = 64
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchCall:
@@ -59,6 +65,14 @@ class BatchCall:
                 ]
             out.append(spans)
         return out
+
+
+def row_size(length: int, bucket: int) -> int:
+    """The positions a batched row of ``length`` tokens is padded to, ``bucket`` (≥ ``length``)
+    being batch-1 prefill's: ``length`` rounded up to a multiple of ``bucket / 8`` and of the
+    linear ops' chunk, at most ``bucket``."""
+    step = max(_LINEAR_CHUNK, bucket // 8)
+    return min(bucket, -(-length // step) * step)
 
 
 def plan_calls(

@@ -24,9 +24,10 @@ returns each token's log-probability after the tokens before it (engine/logprobs
 per request, so a request that does not ask costs nothing more.
 
 Batched prefill. ``prefill_batch`` runs several prompts per compiled call, each row in the shape
-its prompt would compile alone (engine/batched_prefill.py), within a budget of padded tokens per
-call — at most one compile per bucket and power-of-two row count — and, on a CPU, the prompts in
-shares whose calls run in threads at once, one per core. Every row's first token is
+its prompt would compile alone but padded to a finer size than the bucket
+(engine/batched_prefill.py), within a budget of padded tokens per call — at most four compiles
+per bucket and power-of-two row count — and, on a CPU, the prompts in shares whose calls run in
+threads at once, one per core. Every row's first token is
 that of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds
 several rows (XLA rounds a matmul differently at another batch size).
 
@@ -56,6 +57,7 @@ from prfaas_jax.engine.batched_prefill import (
     BatchCall,
     batch_threads,
     plan_calls,
+    row_size,
     row_states,
     sampling_args,
     share_rows,
@@ -418,8 +420,8 @@ class PrefillEngine:
         sampling = [GREEDY] * len(rows) if sampling is None else list(sampling)
         if len(sampling) != len(rows):
             raise EngineError(f"{len(sampling)} sampling settings for {len(rows)} prompts")
-        plans = [self.plan(ids.size, max_len=max_len) for ids in rows]
         sizes = [ids.size for ids in rows]
+        plans = [self._batch_plan(n, max_len) for n in sizes]
         shapes = {n: (plan.block_len, plan.capacity) for n, plan in zip(sizes, plans, strict=True)}
         results: list[PrefillResult | None] = [None] * len(rows)
 
@@ -451,6 +453,13 @@ class PrefillEngine:
         # The calls are shared: every row reports the whole batch's times.
         timings = {"compile_s": compile_s, "run_s": total_s - compile_s, "total_s": total_s}
         return [dataclasses.replace(r, timings=timings) for r in results if r is not None]
+
+    def _batch_plan(self, num_tokens: int, max_len: int | None) -> PrefillPlan:
+        """``plan``'s calls for a prompt, in the shape of a batched row (``row_size``)."""
+        plan = self.plan(num_tokens, max_len=max_len)
+        size = row_size(num_tokens, self.bucket(num_tokens))
+        capacity = size if max_len is None else max_len
+        return dataclasses.replace(plan, block_len=min(size, self.chunk_len), capacity=capacity)
 
     def _batch_call(
         self,

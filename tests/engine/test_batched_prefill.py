@@ -1,7 +1,8 @@
 """``PrefillEngine.prefill_batch`` against ``prefill`` on each prompt alone: the same first token
 and the same state, field by field, for every tiny preset, with ragged lengths in one call
-(finished rows riding along as empty blocks) and a prompt past ``chunk_len``, and with the
-prompts split between threads; ``share_rows`` against the best split found by trying them all.
+(finished rows riding along as empty blocks) and a prompt past ``chunk_len``, with the prompts
+split between threads, and with rows padded to less than their bucket; ``share_rows`` against the
+best split found by trying them all, ``row_size`` against the smallest size its rule allows.
 
 A call of one row is bit for bit the batch-1 call. Several rows change the matrix products' batch
 dimension, which moves XLA's fp32 rounding (by about 1e-5 on these presets), so there states
@@ -20,8 +21,8 @@ import numpy as np
 import pytest
 from conftest import PRESETS, preset
 
-from prfaas_jax.engine.batched_prefill import plan_calls, share_rows
-from prfaas_jax.engine.prefill import PrefillEngine
+from prfaas_jax.engine.batched_prefill import plan_calls, row_size, share_rows
+from prfaas_jax.engine.prefill import PrefillEngine, default_buckets, pick_bucket
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import EngineError
 
@@ -94,6 +95,33 @@ def test_shares_in_threads_equal_each_prompt_alone():
         assert got.first_token == want.first_token and got.plan == want.plan
         np.testing.assert_allclose(got.logits_last, want.logits_last, rtol=0, atol=ATOL)
         assert_same_state(got.state, want.state, ATOL)
+
+
+def test_rows_padded_to_less_than_their_bucket_equal_each_prompt_alone():
+    cfg, params = preset("tiny")
+    eng = PrefillEngine(cfg, params, chunk_len=64, buckets=(16, 512))
+    prompts = [prompt(n) for n in (70, 100)]
+    # Both rows in one call of 128 positions (two blocks of 64), where alone each runs in 512.
+    batched = eng.prefill_batch(prompts, threads=1)
+    for tokens, got in zip(prompts, batched, strict=True):
+        want = eng.prefill(tokens)
+        assert (got.plan.capacity, want.plan.capacity) == (128, 512)
+        assert got.plan.chunks == want.plan.chunks and got.plan.block_len == want.plan.block_len
+        assert got.first_token == want.first_token
+        np.testing.assert_allclose(got.logits_last, want.logits_last, rtol=0, atol=ATOL)
+        assert_same_state(got.state, want.state, ATOL)
+
+
+def test_row_size_is_the_smallest_allowed_size():
+    buckets = default_buckets(4096)
+    sizes = {}
+    for length in range(1, 4097):
+        bucket = pick_bucket(buckets, length)
+        step = max(64, bucket // 8)
+        smallest = next(n for n in range(length, bucket + 1) if n % step == 0 or n == bucket)
+        assert row_size(length, bucket) == smallest, length
+        sizes.setdefault(bucket, set()).add(smallest)
+    assert max(map(len, sizes.values())) == 4  # compiles per bucket and row count
 
 
 def test_share_rows_is_within_a_third_of_the_best_split():
