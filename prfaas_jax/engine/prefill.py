@@ -29,7 +29,9 @@ its prompt would compile alone but padded to a finer size than the bucket
 per bucket and power-of-two row count — and, on a CPU, the prompts in shares whose calls run in
 threads at once, one per core. Every row's first token is
 that of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds
-several rows (XLA rounds a matmul differently at another batch size).
+several rows (XLA rounds a matmul differently at another batch size). The module is over 450
+lines because both paths, one prompt and several per call, live on the engine whose executables,
+compile lock and sampler they share; how several are packed is engine/batched_prefill.py's.
 
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
