@@ -1,20 +1,26 @@
 """Batched prefill against batch-1 prefill on one engine: prompt tokens/s for many short prompts.
 
 ``--prompts`` prompts of lengths drawn uniformly from ``[--min-len, --max-len]`` (``--seed``)
-are prefilled twice by one ``PrefillEngine`` (default buckets, ``--chunk-len``) in this process:
+are prefilled three times by one ``PrefillEngine`` (default buckets, ``--chunk-len``) in this
+process:
 
-    batch-1  ``prefill`` on each prompt in turn (what a prefill worker runs today)
-    batched  ``prefill_batch`` on all of them, ``--max-batch-tokens`` padded tokens per call
-             (rows grouped by their bucket: engine/batched_prefill.py)
+    batch-1          ``prefill`` on each prompt in turn (a prefill worker's single request)
+    batched, 1 share ``prefill_batch(threads=1)``: every call one after another,
+                     ``--max-batch-tokens`` padded tokens per call (rows grouped by shape:
+                     engine/batched_prefill.py)
+    batched          ``prefill_batch`` as a worker runs it: the prompts in ``--threads`` shares
+                     (default: the cores this process may use), each share's calls in a thread
 
 Each side runs once untimed (every compile happens there), then ``--repeats`` timed runs; the
-best is reported. A run's time is the wall time until every result state is ready: uploads,
-the compiled calls, the first-token samples and each row's batch-1 state. Both sides must give
-every prompt the same first token (greedy). Prints a table, or with ``--json`` the same numbers.
+best is reported, with the CPU seconds that run took in all threads. A run's time is the wall
+time until every result state is ready: uploads, the compiled calls, the first-token samples and
+each row's batch-1 state. Every side must give every prompt the same first token (greedy).
+Prints a table, or with ``--json`` the same numbers.
 
     python bench/batched_prefill.py [--model tiny] [--prompts 32] [--min-len 64]
                                     [--max-len 512] [--chunk-len 512]
-                                    [--max-batch-tokens 4096] [--repeats 3] [--seed 0] [--json]
+                                    [--max-batch-tokens 4096] [--threads N] [--repeats 3]
+                                    [--seed 0] [--json]
 """
 
 from __future__ import annotations
@@ -29,21 +35,24 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import load_model_config
+from prfaas_jax.engine.batched_prefill import batch_threads
 from prfaas_jax.engine.prefill import PrefillEngine, PrefillResult
 from prfaas_jax.model.seeded_weights import seeded_params
 from prfaas_jax.tables import table
 
 
-def best_of(run: Callable[[], list[PrefillResult]], repeats: int) -> tuple[float, list[int]]:
-    """The fastest of ``repeats`` timed runs (after one untimed) and the first tokens."""
+def best_of(run: Callable[[], list[PrefillResult]], repeats: int) -> tuple[float, float, list[int]]:
+    """The fastest of ``repeats`` timed runs (after one untimed): its wall and CPU seconds, and
+    the first tokens."""
     results = run()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         results = run()
         jax.block_until_ready([r.state for r in results])
-        times.append(time.perf_counter() - start)
-    return min(times), [r.first_token for r in results]
+        times.append((time.perf_counter() - start, time.process_time() - cpu))
+    wall, cpu = min(times)
+    return wall, cpu, [r.first_token for r in results]
 
 
 def main() -> None:
@@ -54,6 +63,7 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=512)
     parser.add_argument("--chunk-len", type=int, default=512)
     parser.add_argument("--max-batch-tokens", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=batch_threads())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
@@ -69,12 +79,19 @@ def main() -> None:
     def alone() -> list[PrefillResult]:
         return [engine.prefill(p) for p in prompts]
 
-    def batched() -> list[PrefillResult]:
-        return engine.prefill_batch(prompts, max_batch_tokens=args.max_batch_tokens)
+    def batched(threads: int) -> Callable[[], list[PrefillResult]]:
+        return lambda: engine.prefill_batch(
+            prompts, max_batch_tokens=args.max_batch_tokens, threads=threads
+        )
 
-    single_s, single_tokens = best_of(alone, args.repeats)
-    batch_s, batch_tokens = best_of(batched, args.repeats)
-    assert single_tokens == batch_tokens, "batched prefill's first tokens differ from batch-1"
+    sides = {
+        "batch-1": best_of(alone, args.repeats),
+        "batched, 1 share": best_of(batched(1), args.repeats),
+        f"batched, {args.threads} shares": best_of(batched(args.threads), args.repeats),
+    }
+    single_s = sides["batch-1"][0]
+    for name, (_, _, tokens) in sides.items():
+        assert tokens == sides["batch-1"][2], f"{name}: first tokens differ from batch-1"
     total = int(lengths.sum())
     report = {
         "model": cfg.name,
@@ -84,11 +101,16 @@ def main() -> None:
         "lengths": [args.min_len, args.max_len],
         "chunk_len": args.chunk_len,
         "max_batch_tokens": args.max_batch_tokens,
-        "batch1_s": single_s,
-        "batched_s": batch_s,
-        "batch1_tokens_per_s": total / single_s,
-        "batched_tokens_per_s": total / batch_s,
-        "speedup": single_s / batch_s,
+        "threads": args.threads,
+        "sides": {
+            name: {
+                "s": wall,
+                "cpu_s": cpu,
+                "tokens_per_s": total / wall,
+                "speedup": single_s / wall,
+            }
+            for name, (wall, cpu, _) in sides.items()
+        },
         "first_tokens_equal": True,
         "compiles": engine.compile_count,
         "load_avg": [load, os.getloadavg()[0]],
@@ -103,10 +125,16 @@ def main() -> None:
         f"{load:.2f} → {report['load_avg'][1]:.2f}"
     )
     rows = [
-        ["batch-1", f"{single_s:.3f}", f"{total / single_s:,.0f}", "1.00×"],
-        ["batched", f"{batch_s:.3f}", f"{total / batch_s:,.0f}", f"{report['speedup']:.2f}×"],
+        [
+            name,
+            f"{side['s']:.3f}",
+            f"{side['cpu_s']:.3f}",
+            f"{side['tokens_per_s']:,.0f}",
+            f"{side['speedup']:.2f}×",
+        ]
+        for name, side in report["sides"].items()
     ]
-    print(table(rows, ["prefill", "s", "tokens/s", "speedup"]))
+    print(table(rows, ["prefill", "s", "CPU s", "tokens/s", "speedup"]))
     print("first tokens equal: yes")
 
 

@@ -1,22 +1,35 @@
 """``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
 ``call_rows``: the row counts above one that such a call of a given block can have (what a worker
-compiles before it serves); ``BatchCall``: one such packing; ``row_states``: the batch-1 states
-of a batched state's rows; ``sampling_args``: the first-token sampler's per-row arguments for a
-call's rows.
+compiles before it serves); ``BatchCall``: one such packing; ``row_size``: the positions a row is
+padded to; ``share_rows``: the prompts split between threads that run their calls at once;
+``batch_threads``: how many such threads; ``row_states``: the batch-1 states of a batched state's
+rows; ``sampling_args``: the first-token sampler's per-row arguments for a call's rows.
 
-Rows are grouped by the shape batch-1 ``prefill`` would compile for them alone — its
-``(block_len, capacity)``, both functions of the prompt's bucket — so each row runs in the very
-buffers and block size it would alone, only beside other rows. Within a group, rows (shortest
-first) fill calls of at most ``max_batch_tokens`` padded tokens, each call a power of two of rows
-(a group of 5 runs as 4 + 1), so compiles stay bounded per bucket and no call computes an empty
-row. Long prompts still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its
-positions ``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block
-(``valid_len`` 0: it neither writes nor decays anything) while longer rows finish.
+Rows are grouped by shape, ``(block_len, capacity)``: those batch-1 ``prefill`` compiles for the
+prompt alone, except that a row is padded to ``row_size`` — its length rounded up to a multiple
+of an eighth of its bucket, and of the linear ops' 64-token chunk — rather than to the whole
+bucket. Prompts of 257–512 tokens then run in blocks of 320, 384, 448 or 512 positions, not all
+in 512: for lengths spread evenly over a bucket's upper half about a fifth fewer padded positions,
+for at most four compiles per bucket and row count. Within a group, rows (shortest first) fill
+calls of at most ``max_batch_tokens`` padded tokens, each call a power of two of rows (a group
+of 5 runs as 4 + 1), so compiles stay bounded and no call computes an empty row. Long prompts
+still chunk at multiples of ``chunk_len``: block ``c`` of every row absorbs its positions
+``[c·chunk_len, (c+1)·chunk_len)``, and a row already done takes an empty block (``valid_len``
+0: it neither writes nor decays anything) while longer rows finish.
+
+Threads. XLA:CPU runs one of these programs on one core: a call of B rows costs about B times
+one row, so rows in one call save only the per-prompt host work and calls. What batching gives on
+a CPU is that prompts are independent: ``share_rows`` splits them into as many shares as the
+process has cores (``batch_threads``), balanced by padded tokens, and each share's calls run in a
+thread of their own, at the same time as the others'. One device stream would only serialise
+them, so an accelerator runs one share.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import os
 from collections.abc import Callable, Sequence
 
 import jax
@@ -27,6 +40,9 @@ from prfaas_jax.engine.sampling import SamplingParams, request_key, sampling_kno
 from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.errors import EngineError
 from prfaas_jax.model import ModelState
+
+# The delta rule's and Lightning's chunk (ops/): a block of a multiple of it pads nothing inside.
+_LINEAR_CHUNK = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +66,14 @@ class BatchCall:
                 ]
             out.append(spans)
         return out
+
+
+def row_size(length: int, bucket: int) -> int:
+    """The positions a batched row of ``length`` tokens is padded to, ``bucket`` (≥ ``length``)
+    being batch-1 prefill's: ``length`` rounded up to a multiple of ``bucket / 8`` and of the
+    linear ops' chunk, at most ``bucket``."""
+    step = max(_LINEAR_CHUNK, bucket // 8)
+    return min(bucket, -(-length // step) * step)
 
 
 def plan_calls(
@@ -93,6 +117,29 @@ def call_rows(block_len: int, *, max_prompts: int, max_batch_tokens: int) -> tup
         _rows_per_call(block_len, max_batch_tokens), 1 << (max(max_prompts, 1).bit_length() - 1)
     )
     return tuple(1 << k for k in range(1, cap.bit_length()))
+
+
+def share_rows(costs: Sequence[int], shares: int) -> list[list[int]]:
+    """Rows ``0 … len(costs) − 1`` dealt into at most ``shares`` non-empty shares, each in
+    ascending row order, the costliest row first to the share with the least cost so far: no
+    share exceeds another by more than the costliest row."""
+    if shares < 1:
+        raise EngineError(f"shares must be ≥ 1, got {shares}")
+    heap = [(0, share) for share in range(min(shares, len(costs)))]
+    out: list[list[int]] = [[] for _ in heap]
+    for row in sorted(range(len(costs)), key=lambda r: -costs[r]):
+        cost, share = heapq.heappop(heap)
+        out[share].append(row)
+        heapq.heappush(heap, (cost + costs[row], share))
+    return [sorted(rows) for rows in out]
+
+
+def batch_threads() -> int:
+    """Threads ``prefill_batch`` runs its shares on: the cores this process may run on when the
+    default backend is the CPU, else 1."""
+    if jax.default_backend() != "cpu":
+        return 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def row_states(state: ModelState, cfg: ModelConfig, capacities: Sequence[int]) -> list[ModelState]:

@@ -24,10 +24,14 @@ returns each token's log-probability after the tokens before it (engine/logprobs
 per request, so a request that does not ask costs nothing more.
 
 Batched prefill. ``prefill_batch`` runs several prompts per compiled call, each row in the shape
-its prompt would compile alone (engine/batched_prefill.py), within a budget of padded tokens per
-call — at most one compile per bucket and power-of-two row count (``compile_batch`` compiles one
-ahead). Every row's first token is that of ``prefill`` on its prompt, and its state too, up to fp32
-rounding where a call holds several rows (XLA rounds a matmul differently at another batch size).
+its prompt would compile alone but padded to a finer size than the bucket
+(engine/batched_prefill.py), within a budget of padded tokens per call — at most four compiles per
+bucket and power-of-two row count (``compile_batch`` compiles one ahead) — and, on a CPU, the
+prompts in shares whose calls run in threads at once, one per core. Every row's first token is that
+of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds several
+rows (XLA rounds a matmul differently at another batch size). The module is over 450 lines because
+both paths, one prompt and several per call, live on the engine whose executables, compile lock and
+sampler they share; how several are packed is engine/batched_prefill.py's.
 
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
@@ -43,8 +47,10 @@ engine's calls, planned alike and sharing its table of compiled executables.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import numpy as np
@@ -52,7 +58,15 @@ import numpy as np
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.engine.api import OnLayers
 from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
-from prfaas_jax.engine.batched_prefill import plan_calls, row_states, sampling_args
+from prfaas_jax.engine.batched_prefill import (
+    BatchCall,
+    batch_threads,
+    plan_calls,
+    row_size,
+    row_states,
+    sampling_args,
+    share_rows,
+)
 from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
     GREEDY,
@@ -191,6 +205,7 @@ class PrefillEngine:
             raise EngineError(f"layer_groups must be ≥ 1, got {layer_groups}")
         self.groups = split_layers(cfg.num_layers, layer_groups)
         self._executables: dict[tuple, jax.stages.Compiled] = {}
+        self._compiling = threading.Lock()  # prefill_batch's threads compile one at a time
         self._sampler: jax.stages.Compiled | None = None
 
     @property
@@ -233,10 +248,13 @@ class PrefillEngine:
         key = (args[1].shape[1], *(leaf.shape for leaf in jax.tree.leaves(args[3])))
         if key in self._executables:
             return self._executables[key], 0.0
-        start = time.perf_counter()
-        compiled = _PREFILL_BLOCK.lower(*args, cfg=self.cfg, impl=self.impl).compile()
-        self._executables[key] = compiled
-        return compiled, time.perf_counter() - start
+        with self._compiling:
+            if key in self._executables:  # another thread compiled it while this one waited
+                return self._executables[key], 0.0
+            start = time.perf_counter()
+            compiled = _PREFILL_BLOCK.lower(*args, cfg=self.cfg, impl=self.impl).compile()
+            self._executables[key] = compiled
+            return compiled, time.perf_counter() - start
 
     def _segment(self, group: range, args: tuple) -> tuple[jax.stages.Compiled, float]:
         """The compiled segment of ``group``'s layers for these argument shapes."""
@@ -403,10 +421,13 @@ class PrefillEngine:
         max_len: int | None = None,
         max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
         sampling: Sequence[SamplingParams] | None = None,
+        threads: int | None = None,
     ) -> list[PrefillResult]:
         """``prefill`` of each prompt (``sampling[i]`` for prompt ``i``, greedy by default), rows
-        of one compiled shape sharing calls of at most ``max_batch_tokens`` padded tokens
-        (module docstring). No prefix, callbacks or mesh: those stay with ``prefill``."""
+        of one compiled shape sharing calls of at most ``max_batch_tokens`` padded tokens, the
+        prompts split into ``threads`` shares (default ``batch_threads()``) whose calls run at
+        once (engine/batched_prefill.py). No prefix, callbacks or mesh: those stay with
+        ``prefill``."""
         start = time.perf_counter()
         if self.mesh is not None:
             raise EngineError("batched prefill runs on one device; prefill on a mesh one by one")
@@ -414,48 +435,91 @@ class PrefillEngine:
         sampling = [GREEDY] * len(rows) if sampling is None else list(sampling)
         if len(sampling) != len(rows):
             raise EngineError(f"{len(sampling)} sampling settings for {len(rows)} prompts")
-        plans = [self.plan(ids.size, max_len=max_len) for ids in rows]
         sizes = [ids.size for ids in rows]
+        plans = [self._batch_plan(n, max_len) for n in sizes]
         shapes = {n: (plan.block_len, plan.capacity) for n, plan in zip(sizes, plans, strict=True)}
         results: list[PrefillResult | None] = [None] * len(rows)
-        compile_s = 0.0
-        for call in plan_calls(
-            sizes, shapes.__getitem__, chunk_len=self.chunk_len, max_batch_tokens=max_batch_tokens
-        ):
-            state = fresh_state(self.cfg, call.capacity, None, batch=len(call.rows))
-            last: dict[int, jax.Array] = {}  # slot -> the logits of the call that ended its row
-            for spans in call.windows(sizes, self.chunk_len):
-                block = np.zeros((len(call.rows), call.block_len), np.int32)
-                for slot, row in enumerate(call.rows):
-                    begin, end = spans[slot]
-                    block[slot, : end - begin] = rows[row][begin:end]
-                valid = (spans[:, 1] - spans[:, 0]).astype(np.int32)
-                args = (self.params, block, valid, state)
-                compiled, seconds = self._executable(*args)
+
+        def run(share: list[int]) -> float:
+            """The calls of ``share``'s rows, one after another; returns their compile seconds."""
+            calls = plan_calls(
+                [sizes[row] for row in share],
+                shapes.__getitem__,
+                chunk_len=self.chunk_len,
+                max_batch_tokens=max_batch_tokens,
+            )
+            compile_s = 0.0
+            for call in calls:
+                call = dataclasses.replace(call, rows=tuple(share[slot] for slot in call.rows))
+                outputs, seconds = self._batch_call(call, rows, plans, sampling, max_len)
                 compile_s += seconds
-                logits, state = compiled(*args)
-                for slot, row in enumerate(call.rows):
-                    if valid[slot] and spans[slot, 1] == sizes[row]:
-                        last[slot] = logits
-            # Each row's last logits, from the call that ended it, sampled in one call.
-            host = {id(out): np.asarray(out) for out in last.values()}
-            logits_BV = np.stack([host[id(last[slot])][slot] for slot in range(len(call.rows))])
-            picks = [sampling[row] for row in call.rows]
-            firsts = np.asarray(_DRAW_TOKENS(logits_BV, *sampling_args(picks)))
-            capacities = [sizes[row] if max_len is None else max_len for row in call.rows]
-            for slot, (row, row_state) in enumerate(
-                zip(call.rows, row_states(state, self.cfg, capacities), strict=True)
-            ):
-                results[row] = PrefillResult(
-                    state=row_state,
-                    first_token=int(firsts[slot]),
-                    logits_last=logits_BV[slot],
-                    prefix_len=0,
-                    num_tokens=sizes[row],
-                    plan=plans[row],
-                    timings={},
-                )
+                for row, result in zip(call.rows, outputs, strict=True):
+                    results[row] = result
+            return compile_s
+
+        padded = [plan.block_len * len(plan.chunks) for plan in plans]
+        shares = share_rows(padded, batch_threads() if threads is None else threads)
+        if len(shares) > 1:
+            with ThreadPoolExecutor(len(shares)) as pool:
+                compile_s = sum(pool.map(run, shares))
+        else:
+            compile_s = sum(map(run, shares))
         total_s = time.perf_counter() - start
         # The calls are shared: every row reports the whole batch's times.
         timings = {"compile_s": compile_s, "run_s": total_s - compile_s, "total_s": total_s}
         return [dataclasses.replace(r, timings=timings) for r in results if r is not None]
+
+    def _batch_plan(self, num_tokens: int, max_len: int | None) -> PrefillPlan:
+        """``plan``'s calls for a prompt, in the shape of a batched row (``row_size``)."""
+        plan = self.plan(num_tokens, max_len=max_len)
+        size = row_size(num_tokens, self.bucket(num_tokens))
+        capacity = size if max_len is None else max_len
+        return dataclasses.replace(plan, block_len=min(size, self.chunk_len), capacity=capacity)
+
+    def _batch_call(
+        self,
+        call: BatchCall,
+        rows: Sequence[np.ndarray],
+        plans: Sequence[PrefillPlan],
+        sampling: Sequence[SamplingParams],
+        max_len: int | None,
+    ) -> tuple[list[PrefillResult], float]:
+        """The results of ``call``'s rows (prompts ``rows[r]``, planned ``plans[r]``), in its row
+        order, without timings; and the seconds spent compiling."""
+        sizes = [ids.size for ids in rows]
+        state = fresh_state(self.cfg, call.capacity, None, batch=len(call.rows))
+        last: dict[int, jax.Array] = {}  # slot -> the logits of the call that ended its row
+        compile_s = 0.0
+        for spans in call.windows(sizes, self.chunk_len):
+            block = np.zeros((len(call.rows), call.block_len), np.int32)
+            for slot, row in enumerate(call.rows):
+                begin, end = spans[slot]
+                block[slot, : end - begin] = rows[row][begin:end]
+            valid = (spans[:, 1] - spans[:, 0]).astype(np.int32)
+            args = (self.params, block, valid, state)
+            compiled, seconds = self._executable(*args)
+            compile_s += seconds
+            logits, state = compiled(*args)
+            for slot, row in enumerate(call.rows):
+                if valid[slot] and spans[slot, 1] == sizes[row]:
+                    last[slot] = logits
+        # Each row's last logits, from the call that ended it, sampled in one call.
+        host = {id(out): np.asarray(out) for out in last.values()}
+        logits_BV = np.stack([host[id(last[slot])][slot] for slot in range(len(call.rows))])
+        picks = [sampling[row] for row in call.rows]
+        firsts = np.asarray(_DRAW_TOKENS(logits_BV, *sampling_args(picks)))
+        capacities = [sizes[row] if max_len is None else max_len for row in call.rows]
+        states = row_states(state, self.cfg, capacities)
+        results = [
+            PrefillResult(
+                state=row_state,
+                first_token=int(firsts[slot]),
+                logits_last=logits_BV[slot],
+                prefix_len=0,
+                num_tokens=sizes[row],
+                plan=plans[row],
+                timings={},
+            )
+            for slot, (row, row_state) in enumerate(zip(call.rows, states, strict=True))
+        ]
+        return results, compile_s

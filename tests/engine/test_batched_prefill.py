@@ -1,6 +1,8 @@
 """``PrefillEngine.prefill_batch`` against ``prefill`` on each prompt alone: the same first token
 and the same state, field by field, for every tiny preset, with ragged lengths in one call
-(finished rows riding along as empty blocks) and a prompt past ``chunk_len``.
+(finished rows riding along as empty blocks) and a prompt past ``chunk_len``, with the prompts
+split between threads, and with rows padded to less than their bucket; ``share_rows`` against the
+best split found by trying them all, ``row_size`` against the smallest size its rule allows.
 
 A call of one row is bit for bit the batch-1 call. Several rows change the matrix products' batch
 dimension, which moves XLA's fp32 rounding (by about 1e-5 on these presets), so there states
@@ -12,14 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 
 import jax
 import numpy as np
 import pytest
 from conftest import PRESETS, preset
 
-from prfaas_jax.engine.batched_prefill import call_rows, plan_calls
-from prfaas_jax.engine.prefill import PrefillEngine
+from prfaas_jax.engine.batched_prefill import call_rows, plan_calls, row_size, share_rows
+from prfaas_jax.engine.prefill import PrefillEngine, default_buckets, pick_bucket
 from prfaas_jax.engine.sampling import SamplingParams
 from prfaas_jax.errors import EngineError
 
@@ -59,7 +62,7 @@ def test_each_row_equals_its_prompt_prefilled_alone(name):
     # 64 padded tokens per call: each shape's four rows share one call; 16: one row per call,
     # the batch-1 program itself.
     for budget, atol in ((64, ATOL), (CHUNK, 0.0)):
-        batched = eng.prefill_batch(prompts, max_batch_tokens=budget)
+        batched = eng.prefill_batch(prompts, max_batch_tokens=budget, threads=1)
         assert len(batched) == len(prompts)
         for tokens, want, got in zip(prompts, alone, batched, strict=True):
             assert got.first_token == want.first_token
@@ -72,12 +75,72 @@ def test_fixed_capacity_and_sampling_per_row():
     eng = engine("tiny")
     prompts = [prompt(n) for n in (3, 40)]
     params = [SamplingParams(temperature=1.0, seed=7), SamplingParams(temperature=1.0, seed=8)]
-    batched = eng.prefill_batch(prompts, max_len=64, sampling=params, max_batch_tokens=64)
+    batched = eng.prefill_batch(
+        prompts, max_len=64, sampling=params, max_batch_tokens=64, threads=1
+    )
     for tokens, sampling, got in zip(prompts, params, batched, strict=True):
         alone = eng.prefill(tokens, max_len=64, sampling=sampling)
         assert got.first_token == alone.first_token
         assert got.state.capacity == 64
         assert_same_state(got.state, alone.state, ATOL)
+
+
+def test_shares_in_threads_equal_each_prompt_alone():
+    eng = engine("tiny")
+    prompts = [prompt(n) for n in LENGTHS]
+    # Two shares of four rows, each running its calls (two rows per shape) in a thread.
+    batched = eng.prefill_batch(prompts, max_batch_tokens=64, threads=2)
+    for tokens, got in zip(prompts, batched, strict=True):
+        want = eng.prefill(tokens)
+        assert got.first_token == want.first_token and got.plan == want.plan
+        np.testing.assert_allclose(got.logits_last, want.logits_last, rtol=0, atol=ATOL)
+        assert_same_state(got.state, want.state, ATOL)
+
+
+def test_rows_padded_to_less_than_their_bucket_equal_each_prompt_alone():
+    cfg, params = preset("tiny")
+    eng = PrefillEngine(cfg, params, chunk_len=64, buckets=(16, 512))
+    prompts = [prompt(n) for n in (70, 100)]
+    # Both rows in one call of 128 positions (two blocks of 64), where alone each runs in 512.
+    batched = eng.prefill_batch(prompts, threads=1)
+    for tokens, got in zip(prompts, batched, strict=True):
+        want = eng.prefill(tokens)
+        assert (got.plan.capacity, want.plan.capacity) == (128, 512)
+        assert got.plan.chunks == want.plan.chunks and got.plan.block_len == want.plan.block_len
+        assert got.first_token == want.first_token
+        np.testing.assert_allclose(got.logits_last, want.logits_last, rtol=0, atol=ATOL)
+        assert_same_state(got.state, want.state, ATOL)
+
+
+def test_row_size_is_the_smallest_allowed_size():
+    buckets = default_buckets(4096)
+    sizes = {}
+    for length in range(1, 4097):
+        bucket = pick_bucket(buckets, length)
+        step = max(64, bucket // 8)
+        smallest = next(n for n in range(length, bucket + 1) if n % step == 0 or n == bucket)
+        assert row_size(length, bucket) == smallest, length
+        sizes.setdefault(bucket, set()).add(smallest)
+    assert max(map(len, sizes.values())) == 4  # compiles per bucket and row count
+
+
+def test_share_rows_is_within_a_third_of_the_best_split():
+    rng = np.random.default_rng(0)
+    for rows, shares in [(7, 2), (8, 3), (5, 4), (3, 5), (0, 2)]:
+        costs = rng.integers(1, 100, rows).tolist()
+        split = share_rows(costs, shares)
+        assert sorted(r for share in split for r in share) == list(range(rows))
+        assert len(split) == min(rows, shares) and all(s == sorted(s) for s in split)
+        if not rows:
+            continue
+        loads = [sum(costs[r] for r in share) for share in split]
+        assert max(loads) - min(loads) <= max(costs)
+        # The best split, by trying every assignment of rows to shares.
+        best = min(
+            max(np.bincount(owner, weights=costs, minlength=shares))
+            for owner in itertools.product(range(shares), repeat=rows)
+        )
+        assert max(loads) <= best * 4 / 3  # the bound of dealing the costliest first
 
 
 def test_plan_calls_keeps_the_budget_and_one_shape_per_call():
@@ -130,5 +193,7 @@ def test_prefill_batch_errors():
         eng.prefill_batch([[1]], sampling=[])
     with pytest.raises(EngineError, match="max_batch_tokens"):
         eng.prefill_batch([[1]], max_batch_tokens=0)
+    with pytest.raises(EngineError, match="shares"):
+        eng.prefill_batch([[1]], threads=0)
     assert jax.devices()  # the engine stays usable after refusals
     assert eng.prefill_batch([[1, 2]])[0].first_token == eng.prefill([1, 2]).first_token

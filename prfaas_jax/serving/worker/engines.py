@@ -161,19 +161,27 @@ class EngineFactory:
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
         alone = self.group is None or self.group.num_processes == 1
         if engine.mesh is None and alone:  # batched prefill: one device, one process
-            self._warm_batches(engine, sizes)
+            self._warm_batches(engine)
         return engine
 
-    def _warm_batches(self, engine: PrefillEngineLike, sizes: list[int]) -> None:
+    def _warm_batches(self, engine: PrefillEngineLike) -> None:
         """Compile every batched call the prefill queue can make (serving/worker/
-        prefill_queue.py): each block size a one-chunk prompt uses, at each row count above one
-        that `[engine] prefill_batch_rows` and `prefill_batch_tokens` allow, at capacity
-        `max_len`, with the first-token sampler for that many rows. Otherwise the first batch
-        of each shape compiles while its requests wait, seconds at a time, and the busier the
-        node the more shapes it meets."""
-        from prfaas_jax.engine.batched_prefill import call_rows
+        prefill_queue.py): each block size a one-chunk prompt uses as a batched row (its
+        `row_size`, finer than its bucket), at each row count above one that `[engine]
+        prefill_batch_rows` and `prefill_batch_tokens` allow, at capacity `max_len`, with the
+        first-token sampler for that many rows. Otherwise the first batch of each shape
+        compiles while its requests wait, seconds at a time, and the busier the node the more
+        shapes it meets."""
+        from prfaas_jax.engine.batched_prefill import call_rows, row_size
 
         engine_cfg = self.config.engine
+        longest = min(engine_cfg.chunk_len, engine_cfg.max_len - 1)
+        sizes = sorted(
+            {
+                min(row_size(n, engine.bucket(n)), engine_cfg.chunk_len)
+                for n in range(1, longest + 1)
+            }  # type: ignore[attr-defined]
+        )
         for size in sizes:
             rows = call_rows(
                 size,
