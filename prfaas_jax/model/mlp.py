@@ -27,6 +27,7 @@ from flax import nnx
 from prfaas_jax.config import MoeConfig, MoeScoring
 from prfaas_jax.model import initializers as init
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 
 class SwiGLU(nnx.Module):
@@ -38,7 +39,8 @@ class SwiGLU(nnx.Module):
         self.down = init.dense(rngs, (width, dim), dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
+        hidden = jax.nn.silu(weight_dot(x, self.gate[...])) * weight_dot(x, self.up[...])
+        return weight_dot(hidden, self.down[...])
 
 
 def select_experts(
@@ -104,8 +106,8 @@ def _tiled_experts(
 
         def run(x: jax.Array) -> jax.Array:
             e_ = jnp.minimum(e, num_experts - 1)
-            hidden = jax.nn.silu(x @ gate_EDF[e_]) * (x @ up_EDF[e_])
-            return hidden @ down_EFD[e_]
+            hidden = jax.nn.silu(weight_dot(x, gate_EDF[e_])) * weight_dot(x, up_EDF[e_])
+            return weight_dot(hidden, down_EFD[e_])
 
         return jax.lax.cond(index < tile_end[-1], run, jnp.zeros_like, x)
 
@@ -148,15 +150,18 @@ class MoE(nnx.Module):
             ys = _tiled_experts((gate, up, down), xs, flat_experts[order])
         else:
             group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
-            hidden = jax.nn.silu(jax.lax.ragged_dot(xs, gate, group_sizes)) * (
-                jax.lax.ragged_dot(xs, up, group_sizes)
-            )
-            ys = jax.lax.ragged_dot(hidden, down, group_sizes)
+            # Narrowed expert weights (model/narrow_weights.py) are read as stored.
+            rows, wide = xs.astype(gate.dtype), xs.dtype
+            hidden = jax.nn.silu(
+                jax.lax.ragged_dot(rows, gate, group_sizes, preferred_element_type=wide)
+            ) * jax.lax.ragged_dot(rows, up, group_sizes, preferred_element_type=wide)
+            hidden = hidden.astype(down.dtype)
+            ys = jax.lax.ragged_dot(hidden, down, group_sizes, preferred_element_type=wide)
         combine = weights.reshape(-1)[order].astype(ys.dtype)
         out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
         if moe.num_shared_experts:
             shared = self.shared(x)
             if moe.use_shared_gate:
-                shared = shared * jax.nn.sigmoid(x @ self.shared_gate[...])
+                shared = shared * jax.nn.sigmoid(weight_dot(x, self.shared_gate[...]))
             out = out + shared
         return out.reshape(batch, seq_len, dim)
