@@ -63,7 +63,7 @@ def _forms(w: np.ndarray) -> dict:
     }
 
 
-def _interleaved(calls: dict, rounds: int, per_round: int) -> dict[str, float]:
+def interleaved(calls: dict, rounds: int, per_round: int) -> dict[str, float]:
     """Each call's best round (mean seconds per call), the rounds taking turns."""
     for call in calls.values():
         jax.block_until_ready(call())
@@ -87,7 +87,7 @@ def measure(rows: list[int], rounds: int, per_round: int, bandwidth: float) -> l
             x = jnp.asarray(rng.standard_normal((m, dim)).astype(np.float32))
             exact = np.asarray(x) @ w
             calls = {name: (lambda f=f, v=v, x=x: f(x, v)) for name, (f, v, _) in forms.items()}
-            seconds = _interleaved(calls, rounds, per_round)
+            seconds = interleaved(calls, rounds, per_round)
             for name, (f, v, nbytes) in forms.items():
                 error = np.abs(np.asarray(f(x, v)) - exact).max() / np.abs(exact).max()
                 results.append(
