@@ -25,7 +25,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
-from weight_dots import interleaved  # bench/ is the script's own directory
+from timing import add_round_flags, interleaved_s  # bench/ is the script's own directory
 
 from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.model.mlp import _tiled_experts
@@ -89,7 +89,7 @@ def measure(tokens: list[int], rounds: int, calls: int) -> list[dict]:
         w = jnp.asarray(rng.random((n, TOP_K)).astype(np.float32))
         reference = np.asarray(forms["tile loop"](x, ids, w))
         calls_of = {name: (lambda f=f, a=(x, ids, w): f(*a)) for name, f in forms.items()}
-        seconds = interleaved(calls_of, rounds, calls)
+        seconds = interleaved_s(calls_of, rounds, calls)
         for name, f in forms.items():
             error = np.abs(np.asarray(f(x, ids, w)) - reference).max()
             results.append(
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--tokens", type=parse_int_list, default=[1, 8, 32], help="N")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds, taking turns (5)")
-    parser.add_argument("--calls", type=int, default=20, help="calls per round (20)")
+    add_round_flags(parser, calls=20)
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
     if not args.tokens or min(args.tokens) < 1 or args.rounds < 1 or args.calls < 1:

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from roofline import ceilings  # bench/ is the script's own directory
+from timing import add_round_flags, interleaved_s
 
 from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.ops.weight_dot import weight_dot
@@ -63,20 +63,6 @@ def _forms(w: np.ndarray) -> dict:
     }
 
 
-def interleaved(calls: dict, rounds: int, per_round: int) -> dict[str, float]:
-    """Each call's best round (mean seconds per call), the rounds taking turns."""
-    for call in calls.values():
-        jax.block_until_ready(call())
-    best = dict.fromkeys(calls, float("inf"))
-    for _ in range(rounds):
-        for name, call in calls.items():
-            start = time.perf_counter()
-            for _ in range(per_round):
-                jax.block_until_ready(call())
-            best[name] = min(best[name], (time.perf_counter() - start) / per_round)
-    return best
-
-
 def measure(rows: list[int], rounds: int, per_round: int, bandwidth: float) -> list[dict]:
     rng = np.random.default_rng(0)
     results = []
@@ -87,7 +73,7 @@ def measure(rows: list[int], rounds: int, per_round: int, bandwidth: float) -> l
             x = jnp.asarray(rng.standard_normal((m, dim)).astype(np.float32))
             exact = np.asarray(x) @ w
             calls = {name: (lambda f=f, v=v, x=x: f(x, v)) for name, (f, v, _) in forms.items()}
-            seconds = interleaved(calls, rounds, per_round)
+            seconds = interleaved_s(calls, rounds, per_round)
             for name, (f, v, nbytes) in forms.items():
                 error = np.abs(np.asarray(f(x, v)) - exact).max() / np.abs(exact).max()
                 results.append(
@@ -110,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rows", type=parse_int_list, default=[1, 2, 4, 8, 16], help="M")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds, taking turns (5)")
-    parser.add_argument("--calls", type=int, default=10, help="calls per round (10)")
+    add_round_flags(parser, calls=10)
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
     if not args.rows or min(args.rows) < 1 or args.rounds < 1 or args.calls < 1:
