@@ -1,15 +1,17 @@
 """A decode step's routed experts at a few tokens, in four forms, timed in one process and
-interleaved: what the MoE runs on CPU (the tile loop) against the forms that skip it.
+interleaved: the three the MoE chooses between on CPU by the number of (token, expert) pairs
+(model/mlp.py's ``_cpu_experts``) and a gather of the routed weights.
 
 Shapes are bench/engine.py's model's MoE layer (8 experts, top-2, hidden 512, expert width 256,
-fp32); each of N tokens routes to 2 distinct experts drawn at random with random weights.
+fp32); each of N tokens routes to 2 distinct experts drawn at random with random weights. Every
+form takes the pairs sorted by expert and is combined as the MoE combines them.
 
-    tile loop     model/mlp.py's ``_tiled_experts``: the pairs sorted by expert, one tile of rows
-                  per expert, a ``lax.map`` over the tiles
+    tile loop     ``_tiled_experts``: one tile of rows per expert, a ``lax.map`` over the tiles
     gather        the routed experts' weights gathered once per step (``[N·k, D, F]``), one
                   batched product per matrix
-    all experts   every token through every expert, the unrouted ones weighted 0
-    pair loop     a ``fori_loop`` over the N·k pairs, each reading its expert's matrices in place
+    every expert  ``_every_expert``: every expert on every token, each pair taking its own
+    pair loop     ``_looped_experts``: a ``fori_loop`` over the pairs, each reading its
+                  expert's matrices in place
 
 A form's time is its best round's mean call (``--rounds`` rounds of ``--calls`` calls, the
 forms taking turns); ``error`` is its largest difference from the tile loop.
@@ -28,7 +30,7 @@ import numpy as np
 from timing import add_round_flags, interleaved_s  # bench/ is the script's own directory
 
 from prfaas_jax.cli.flags import parse_int_list, print_json
-from prfaas_jax.model.mlp import _tiled_experts
+from prfaas_jax.model.mlp import _every_expert, _looped_experts, _tiled_experts
 from prfaas_jax.tables import table
 
 EXPERTS, TOP_K, DIM, WIDTH = 8, 2, 512, 256
@@ -37,40 +39,33 @@ EXPERTS, TOP_K, DIM, WIDTH = 8, 2, 512, 256
 def _forms(gate: jax.Array, up: jax.Array, down: jax.Array) -> dict:
     """name -> jitted ``f(x [N, D], ids [N, k], weights [N, k]) -> [N, D]``."""
 
-    def tile_loop(x, ids, w):
-        flat = ids.reshape(-1)
-        order = jnp.argsort(flat, stable=True)
-        token = order // TOP_K
-        ys = _tiled_experts((gate, up, down), x[token], flat[order])
-        return jnp.zeros_like(x).at[token].add(ys * w.reshape(-1)[order][:, None])
+    def sorted_pairs(expert_rows):
+        """The MoE's CPU path around ``expert_rows(x, experts, tokens)`` (pairs sorted by
+        expert), combined as the MoE combines them."""
 
-    def gather(x, ids, w):
-        flat, xs = ids.reshape(-1), jnp.repeat(x, TOP_K, axis=0)
-        hidden = jax.nn.silu(jnp.einsum("pd,pdf->pf", xs, gate[flat]))
-        hidden = hidden * jnp.einsum("pd,pdf->pf", xs, up[flat])
-        ys = jnp.einsum("pf,pfd->pd", hidden, down[flat]) * w.reshape(-1)[:, None]
-        return ys.reshape(x.shape[0], TOP_K, DIM).sum(axis=1)
+        def run(x, ids, w):
+            flat = ids.reshape(-1)
+            order = jnp.argsort(flat, stable=True)
+            token = order // TOP_K
+            ys = expert_rows(x, flat[order], token)
+            return jnp.zeros_like(x).at[token].add(ys * w.reshape(-1)[order][:, None])
 
-    def all_experts(x, ids, w):
-        rows = jnp.arange(x.shape[0])[:, None]
-        combine = jnp.zeros((x.shape[0], EXPERTS), x.dtype).at[rows, ids].add(w)
-        hidden = jax.nn.silu(jnp.einsum("nd,edf->enf", x, gate))
-        hidden = hidden * jnp.einsum("nd,edf->enf", x, up)
-        return jnp.einsum("enf,efd,ne->nd", hidden, down, combine)
+        return run
 
-    def pair_loop(x, ids, w):
-        flat, xs, wf = ids.reshape(-1), jnp.repeat(x, TOP_K, axis=0), w.reshape(-1)
+    def gather(x, experts, tokens):
+        xs = x[tokens]
+        hidden = jax.nn.silu(jnp.einsum("pd,pdf->pf", xs, gate[experts]))
+        hidden = hidden * jnp.einsum("pd,pdf->pf", xs, up[experts])
+        return jnp.einsum("pf,pfd->pd", hidden, down[experts])
 
-        def pair(p, out):
-            e, row = flat[p], xs[p][None]
-            hidden = jax.nn.silu(row @ gate[e]) * (row @ up[e])
-            return out.at[p // TOP_K].add((hidden @ down[e])[0] * wf[p])
-
-        return jax.lax.fori_loop(0, xs.shape[0], pair, jnp.zeros_like(x))
-
-    forms = {"tile loop": tile_loop, "gather": gather, "all experts": all_experts}
-    forms["pair loop"] = pair_loop
-    return {name: jax.jit(f) for name, f in forms.items()}
+    matrices = (gate, up, down)
+    forms = {
+        "tile loop": lambda x, e, t: _tiled_experts(matrices, x[t], e),
+        "gather": gather,
+        "every expert": lambda x, e, t: _every_expert(matrices, x, e, t),
+        "pair loop": lambda x, e, t: _looped_experts(matrices, x[t], e),
+    }
+    return {name: jax.jit(sorted_pairs(f)) for name, f in forms.items()}
 
 
 def measure(tokens: list[int], rounds: int, calls: int) -> list[dict]:

@@ -12,7 +12,9 @@ token by ``sigmoid(x w_gate)`` when ``use_shared_gate`` (Qwen3-Next).
 Routed experts run as grouped matmuls over token copies sorted by expert, so compute scales with
 ``top_k``, not with the number of experts: ``lax.ragged_dot`` on accelerators; on CPU, where XLA
 expands ``ragged_dot`` into a dense matmul over every expert (plus a copy of each weight per
-call), a loop over row tiles that each belong to one expert (``_tiled_experts``).
+call), a loop over row tiles that each belong to one expert (``_tiled_experts``); a decode
+step's few rows take a loop over its (token, expert) pairs or every expert on every row instead
+(``_cpu_experts``).
 
 ``SwiGLU`` and ``MoE`` are the blocks as Flax NNX modules; the routing and expert arithmetic are
 functions of arrays.
@@ -118,6 +120,62 @@ def _tiled_experts(
     return tiles_out.reshape(-1, dim)[dest_P]
 
 
+@jax.jit
+def _looped_experts(
+    experts: tuple[jax.Array, jax.Array, jax.Array], xs_PD: jax.Array, experts_P: jax.Array
+) -> jax.Array:
+    """``_tiled_experts``' result one row at a time: a ``fori_loop`` over the (token, expert)
+    pairs, each reading its expert's matrices in place, with none of the tile loop's sorting,
+    padding and skipped tiles."""
+    gate_EDF, up_EDF, down_EFD = experts
+
+    def pair(p: jax.Array, out_PD: jax.Array) -> jax.Array:
+        e, row = experts_P[p], xs_PD[p][None]
+        hidden = jax.nn.silu(weight_dot(row, gate_EDF[e])) * weight_dot(row, up_EDF[e])
+        return out_PD.at[p].set(weight_dot(hidden, down_EFD[e])[0])
+
+    return jax.lax.fori_loop(0, xs_PD.shape[0], pair, jnp.zeros_like(xs_PD))
+
+
+@jax.jit
+def _every_expert(
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    x_ND: jax.Array,
+    experts_P: jax.Array,
+    tokens_P: jax.Array,
+) -> jax.Array:
+    """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND``, from every expert
+    run on every token (one batched product per matrix): when a step's tokens route to about
+    every expert anyway, reading each expert once in one call beats a loop over tiles."""
+    gate_EDF, up_EDF, down_EFD = experts
+    per_expert = jax.vmap(weight_dot, in_axes=(None, 0))
+    hidden = jax.nn.silu(per_expert(x_ND, gate_EDF)) * per_expert(x_ND, up_EDF)
+    return jax.vmap(weight_dot)(hidden, down_EFD)[experts_P, tokens_P]
+
+
+# Which CPU form runs a step's (token, expert) pairs (bench/moe_decode.py times them): a loop
+# over the pairs up to this many; every expert on every token from as many pairs as experts up
+# to this many; the tile loop otherwise.
+_MAX_LOOP_PAIRS = 4
+_MAX_EVERY_EXPERT_PAIRS = 16
+
+
+def _cpu_experts(
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    x_ND: jax.Array,
+    experts_P: jax.Array,
+    tokens_P: jax.Array,
+) -> jax.Array:
+    """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND`` (pairs sorted by
+    expert), in the form that is fastest on CPU for this many pairs."""
+    pairs, num_experts = experts_P.shape[0], experts[0].shape[0]
+    if pairs <= _MAX_LOOP_PAIRS:
+        return _looped_experts(experts, x_ND[tokens_P], experts_P)
+    if num_experts <= pairs <= _MAX_EVERY_EXPERT_PAIRS:
+        return _every_expert(experts, x_ND, experts_P, tokens_P)
+    return _tiled_experts(experts, x_ND[tokens_P], experts_P)
+
+
 class MoE(nnx.Module):
     """Routed experts (top-k of ``num_experts``) plus optional shared experts (module docstring)."""
 
@@ -144,11 +202,11 @@ class MoE(nnx.Module):
         flat_experts = expert_ids.reshape(-1)
         order = jnp.argsort(flat_experts, stable=True)
         token_of = order // moe.top_k
-        xs = x[token_of]
         gate, up, down = self.experts_gate[...], self.experts_up[...], self.experts_down[...]
         if jax.default_backend() == "cpu":
-            ys = _tiled_experts((gate, up, down), xs, flat_experts[order])
+            ys = _cpu_experts((gate, up, down), x, flat_experts[order], token_of)
         else:
+            xs = x[token_of]
             group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
             # Narrowed expert weights (model/narrow_weights.py) are read as stored.
             rows, wide = xs.astype(gate.dtype), xs.dtype
