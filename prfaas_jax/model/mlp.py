@@ -153,9 +153,10 @@ def _every_expert(
     return jax.vmap(weight_dot)(hidden, down_EFD)[experts_P, tokens_P]
 
 
-# Which CPU form runs a step's (token, expert) pairs (bench/moe_decode.py times them): a loop
-# over the pairs up to this many; every expert on every token from as many pairs as experts up
-# to this many; the tile loop otherwise.
+# Which CPU form runs a step's (token, expert) pairs (bench/moe_decode.py times them): every
+# expert on every token up to this many pairs, if they are at least half as many as the experts
+# (the tile loop's overhead then costs more than reading the unrouted experts); otherwise a loop
+# over the pairs up to this many; the tile loop beyond.
 _MAX_LOOP_PAIRS = 4
 _MAX_EVERY_EXPERT_PAIRS = 16
 
@@ -169,10 +170,10 @@ def _cpu_experts(
     """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND`` (pairs sorted by
     expert), in the form that is fastest on CPU for this many pairs."""
     pairs, num_experts = experts_P.shape[0], experts[0].shape[0]
+    if num_experts <= 2 * pairs and pairs <= _MAX_EVERY_EXPERT_PAIRS:
+        return _every_expert(experts, x_ND, experts_P, tokens_P)
     if pairs <= _MAX_LOOP_PAIRS:
         return _looped_experts(experts, x_ND[tokens_P], experts_P)
-    if num_experts <= pairs <= _MAX_EVERY_EXPERT_PAIRS:
-        return _every_expert(experts, x_ND, experts_P, tokens_P)
     return _tiled_experts(experts, x_ND[tokens_P], experts_P)
 
 

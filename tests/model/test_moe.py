@@ -61,8 +61,8 @@ def test_moe_matches_dense_computation(moe):
     _check_against_oracle(moe, (3, 7))
 
 
-# A decode step's few tokens: 1 token's pairs take the pair loop, 3 tokens' (as many pairs as
-# experts, or more) every expert on every token (model/mlp.py's _cpu_experts).
+# A decode step's few tokens: 1 token's 2 pairs take the pair loop, 3 tokens' 6 (as many as the
+# experts) every expert on every token (model/mlp.py's _cpu_experts).
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_moe_of_a_few_tokens_matches_dense_computation(tokens):
     _check_against_oracle(BASE, (tokens, 1))
