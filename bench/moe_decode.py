@@ -1,6 +1,6 @@
 """A decode step's routed experts at a few tokens, in four forms, timed in one process and
-interleaved: the three the MoE chooses between on CPU by the number of (token, expert) pairs
-(model/mlp.py's ``_cpu_experts``) and a gather of the routed weights.
+interleaved: the two the MoE chooses between on CPU by the number of (token, expert) pairs
+(model/mlp.py's ``_cpu_experts``), a gather of the routed weights and a loop over the pairs.
 
 Shapes are bench/engine.py's model's MoE layer (8 experts, top-2, hidden 512, expert width 256,
 fp32); each of N tokens routes to 2 distinct experts drawn at random with random weights. Every
@@ -10,8 +10,7 @@ form takes the pairs sorted by expert and is combined as the MoE combines them.
     gather        the routed experts' weights gathered once per step (``[N·k, D, F]``), one
                   batched product per matrix
     every expert  ``_every_expert``: every expert on every token, each pair taking its own
-    pair loop     ``_looped_experts``: a ``fori_loop`` over the pairs, each reading its
-                  expert's matrices in place
+    pair loop     a ``fori_loop`` over the pairs, each reading its expert's matrices in place
 
 A form's time is its best round's mean call (``--rounds`` rounds of ``--calls`` calls, the
 forms taking turns); ``error`` is its largest difference from the tile loop.
@@ -30,7 +29,7 @@ import numpy as np
 from timing import add_round_flags, interleaved_s  # bench/ is the script's own directory
 
 from prfaas_jax.cli.flags import parse_int_list, print_json
-from prfaas_jax.model.mlp import _every_expert, _looped_experts, _tiled_experts
+from prfaas_jax.model.mlp import _every_expert, _tiled_experts
 from prfaas_jax.tables import table
 
 EXPERTS, TOP_K, DIM, WIDTH = 8, 2, 512, 256
@@ -58,12 +57,20 @@ def _forms(gate: jax.Array, up: jax.Array, down: jax.Array) -> dict:
         hidden = hidden * jnp.einsum("pd,pdf->pf", xs, up[experts])
         return jnp.einsum("pf,pfd->pd", hidden, down[experts])
 
+    def pair_loop(x, experts, tokens):
+        def pair(p, out):
+            e, row = experts[p], x[tokens[p]][None]
+            hidden = jax.nn.silu(row @ gate[e]) * (row @ up[e])
+            return out.at[p].set((hidden @ down[e])[0])
+
+        return jax.lax.fori_loop(0, len(experts), pair, jnp.zeros((len(experts), DIM), x.dtype))
+
     matrices = (gate, up, down)
     forms = {
         "tile loop": lambda x, e, t: _tiled_experts(matrices, x[t], e),
         "gather": gather,
         "every expert": lambda x, e, t: _every_expert(matrices, x, e, t),
-        "pair loop": lambda x, e, t: _looped_experts(matrices, x[t], e),
+        "pair loop": pair_loop,
     }
     return {name: jax.jit(sorted_pairs(f)) for name, f in forms.items()}
 

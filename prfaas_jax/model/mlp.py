@@ -13,8 +13,8 @@ Routed experts run as grouped matmuls over token copies sorted by expert, so com
 ``top_k``, not with the number of experts: ``lax.ragged_dot`` on accelerators; on CPU, where XLA
 expands ``ragged_dot`` into a dense matmul over every expert (plus a copy of each weight per
 call), a loop over row tiles that each belong to one expert (``_tiled_experts``); a decode
-step's few rows take a loop over its (token, expert) pairs or every expert on every row instead
-(``_cpu_experts``).
+step's few tokens, when they route to about every expert anyway, run every expert on every token
+instead (``_every_expert``; ``_cpu_experts`` chooses).
 
 ``SwiGLU`` and ``MoE`` are the blocks as Flax NNX modules; the routing and expert arithmetic are
 functions of arrays.
@@ -121,23 +121,6 @@ def _tiled_experts(
 
 
 @jax.jit
-def _looped_experts(
-    experts: tuple[jax.Array, jax.Array, jax.Array], xs_PD: jax.Array, experts_P: jax.Array
-) -> jax.Array:
-    """``_tiled_experts``' result one row at a time: a ``fori_loop`` over the (token, expert)
-    pairs, each reading its expert's matrices in place, with none of the tile loop's sorting,
-    padding and skipped tiles."""
-    gate_EDF, up_EDF, down_EFD = experts
-
-    def pair(p: jax.Array, out_PD: jax.Array) -> jax.Array:
-        e, row = experts_P[p], xs_PD[p][None]
-        hidden = jax.nn.silu(weight_dot(row, gate_EDF[e])) * weight_dot(row, up_EDF[e])
-        return out_PD.at[p].set(weight_dot(hidden, down_EFD[e])[0])
-
-    return jax.lax.fori_loop(0, xs_PD.shape[0], pair, jnp.zeros_like(xs_PD))
-
-
-@jax.jit
 def _every_expert(
     experts: tuple[jax.Array, jax.Array, jax.Array],
     x_ND: jax.Array,
@@ -153,11 +136,9 @@ def _every_expert(
     return jax.vmap(weight_dot)(hidden, down_EFD)[experts_P, tokens_P]
 
 
-# Which CPU form runs a step's (token, expert) pairs (bench/moe_decode.py times them): every
-# expert on every token up to this many pairs, if they are at least half as many as the experts
-# (the tile loop's overhead then costs more than reading the unrouted experts); otherwise a loop
-# over the pairs up to this many; the tile loop beyond.
-_MAX_LOOP_PAIRS = 4
+# Up to this many (token, expert) pairs, if they are at least half as many as the experts, every
+# expert runs on every token: the tile loop's overhead then costs more than reading the unrouted
+# experts (bench/moe_decode.py).
 _MAX_EVERY_EXPERT_PAIRS = 16
 
 
@@ -168,12 +149,10 @@ def _cpu_experts(
     tokens_P: jax.Array,
 ) -> jax.Array:
     """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND`` (pairs sorted by
-    expert), in the form that is fastest on CPU for this many pairs."""
+    expert), in the form that is faster on CPU for this many pairs."""
     pairs, num_experts = experts_P.shape[0], experts[0].shape[0]
-    if num_experts <= 2 * pairs and pairs <= _MAX_EVERY_EXPERT_PAIRS:
+    if num_experts <= 2 * pairs <= 2 * _MAX_EVERY_EXPERT_PAIRS:
         return _every_expert(experts, x_ND, experts_P, tokens_P)
-    if pairs <= _MAX_LOOP_PAIRS:
-        return _looped_experts(experts, x_ND[tokens_P], experts_P)
     return _tiled_experts(experts, x_ND[tokens_P], experts_P)
 
 
