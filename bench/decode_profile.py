@@ -26,9 +26,11 @@ beside its bound shows which of them stands between the step and the weight-stre
 A part timed alone returns a new copy of its layer's state (the step donates it and writes in
 place), so the mixers' times are upper bounds; the timed steps grow the context from
 ``--context`` by up to 2·``--calls`` + 4 tokens, which the bytes (counted at ``--context``)
-leave out.
+leave out. With ``--weight-dtype bfloat16`` the engine and every part run on the narrowed
+weights (model/narrow_weights.py), and the bytes count them at their width.
 
-    python bench/decode_profile.py [--batches 1,8] [--context 512] [--calls 200] [--json]
+    python bench/decode_profile.py [--batches 1,8] [--context 512] [--calls 200]
+                                   [--weight-dtype bfloat16] [--json]
 """
 
 from __future__ import annotations
@@ -65,15 +67,34 @@ def _nbytes(tree) -> int:
     return sum(leaf.nbytes for leaf in jax.tree.leaves(tree))
 
 
+_EXPERTS = ("experts_gate", "experts_up", "experts_down")
+
+
+def _narrowing_saves(wide, narrow) -> int:
+    """The bytes narrowing ``wide`` to ``narrow`` (the same tree) saves."""
+    return _nbytes(wide) - _nbytes(narrow)
+
+
 def _context(state, impl: Impl) -> StepContext:
     batch = state.lengths.shape[0]
     valid = jnp.ones((batch,), jnp.int32)
     return StepContext(lengths=state.lengths, valid_len=valid, seq_len=1, impl=impl, decode=True)
 
 
-def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwidth: float):
+def profile(
+    prefill: PrefillEngine,
+    batch: int,
+    context: int,
+    calls: int,
+    bandwidth: float,
+    weight_dtype: str | None = None,
+):
     cfg, params, impl = prefill.cfg, prefill.params, Impl(prefill.impl)
-    engine = DecodeEngine(cfg, params, max_slots=batch, max_len=context + 4 * calls + 16, impl=impl)
+    max_len = context + 4 * calls + 16
+    engine = DecodeEngine(
+        cfg, params, max_slots=batch, max_len=max_len, impl=impl, weight_dtype=weight_dtype
+    )
+    params = engine.params
     rng = np.random.default_rng(batch)
     for _ in range(batch):
         result = prefill.prefill(rng.integers(0, cfg.vocab_size, context))
@@ -84,7 +105,14 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
         bound_us = None if nbytes is None else 1e6 * nbytes / bandwidth
         rows.append({"part": name, "us": 1e6 * seconds, "bytes": nbytes, "bound_us": bound_us})
 
-    step_bytes = decode_step_bytes(cfg, batch, context)
+    moe = cfg.moe
+    step_bytes = decode_step_bytes(cfg, batch, context) - _narrowing_saves(prefill.params, params)
+    if moe is not None:  # ... less what it saves on the experts a step never reads
+        untouched = moe.num_experts - experts_touched(moe.num_experts, moe.top_k, batch)
+        for wide, narrow in zip(prefill.params["layers"], params["layers"], strict=True):
+            experts = [k for k in _EXPERTS if k in wide["mlp"]]
+            saved = sum(_narrowing_saves(wide["mlp"][k], narrow["mlp"][k]) for k in experts)
+            step_bytes += untouched * saved / moe.num_experts
     add("engine.step()", median_s(engine.step, calls), step_bytes)
 
     controls = tuple(jnp.asarray(a) for a in (engine._tokens, np.ones(batch, bool), engine._keys))
@@ -114,7 +142,6 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
 
     mixer = jax.jit(run_mixer_part, static_argnames="index")
     mlp = jax.jit(functools.partial(mlp_part, cfg), static_argnames="index")
-    moe = cfg.moe
     for index, kind in enumerate(cfg.layers):
         layer = params["layers"][index]
         layer_state = state.layers[index]
@@ -126,7 +153,7 @@ def profile(prefill: PrefillEngine, batch: int, context: int, calls: int, bandwi
         add(f"L{index} {kind.value} mixer", median_s(run_mixer, calls), nbytes)
         weights = _nbytes(layer["mlp"])
         if cfg.mlps[index] is MlpKind.MOE:
-            expert = 3 * cfg.hidden_dim * moe.expert_dim * 4
+            expert = 3 * cfg.hidden_dim * moe.expert_dim * layer["mlp"]["experts_up"].itemsize
             untouched = moe.num_experts - experts_touched(moe.num_experts, moe.top_k, batch)
             weights -= untouched * expert
             name = f"L{index} MoE mlp"
@@ -155,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=parse_int_list, default=[1, 8], help="rows (1,8)")
     parser.add_argument("--context", type=int, default=512, help="prompt tokens (512)")
     parser.add_argument("--calls", type=int, default=200, help="timed calls per part (200)")
+    parser.add_argument("--weight-dtype", help="narrow the projections (bfloat16)")
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
     if not args.batches or min(args.batches) < 1 or args.context < 1 or args.calls < 1:
@@ -164,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     prefill = PrefillEngine(cfg, params, impl=IMPL, chunk_len=args.context)
     result = {"ceilings": machine, "options": vars(args), "batches": {}}
     for batch in args.batches:
-        rows = profile(prefill, batch, args.context, args.calls, machine["read_bytes_s"])
+        bandwidth = machine["read_bytes_s"]
+        rows = profile(prefill, batch, args.context, args.calls, bandwidth, args.weight_dtype)
         result["batches"][batch] = rows
         if args.json:
             continue

@@ -33,6 +33,7 @@ from prfaas_jax.engine.logprobs import log_softmax_top
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
 from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState, decode_step, init_state
+from prfaas_jax.model.narrow_weights import narrow_weights
 from prfaas_jax.model.sharding import shard_params, shard_state
 from prfaas_jax.ops.dispatch import Impl
 
@@ -88,7 +89,12 @@ _INSERT = jax.jit(_insert_row, donate_argnums=(0,))
 
 
 class DecodeEngine(SlotControls):
-    """``max_slots`` concurrent requests, each up to ``max_len`` tokens of state."""
+    """``max_slots`` concurrent requests, each up to ``max_len`` tokens of state.
+
+    ``weight_dtype`` (e.g. ``"bfloat16"``) narrows the projection matrices for decode
+    (model/narrow_weights.py): half the bytes per step, activations and state unchanged, tokens
+    within rounding of the full-width weights (docs/performance.md has where it pays on CPU).
+    """
 
     def __init__(
         self,
@@ -99,8 +105,11 @@ class DecodeEngine(SlotControls):
         max_len: int,
         impl: Impl | str = Impl.CHUNK,
         mesh: jax.sharding.Mesh | None = None,
+        weight_dtype: str | None = None,
     ) -> None:
         super().__init__(cfg, max_slots, max_len)
+        if weight_dtype is not None:
+            params = narrow_weights(params, weight_dtype)
         # On a mesh params and slots are placed once by the sharding rules; jit propagates them.
         self.mesh = mesh
         if mesh is not None:

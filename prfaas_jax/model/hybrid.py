@@ -45,6 +45,7 @@ from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.state import LayerState, ModelState
 from prfaas_jax.ops.dispatch import Impl
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 Params = dict
 Mixer = DeltaMixer | LightningMixer | MlaMixer | GqaMixer
@@ -136,6 +137,10 @@ class HybridLM(nnx.Module):
             h_BTD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)
         h_BTD = rms_norm(h_BTD, self.final_norm[...], self.cfg.norm_eps)
         head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+        if head.dtype != jnp.dtype(self.cfg.dtype):
+            # Weights narrowed for decode (model/narrow_weights.py) are read as stored: widening
+            # the head would copy all of it on every step.
+            return weight_dot(upcast(h_BTD), head)
         # Logits in fp32 so sampling and cross-implementation comparisons see the same numbers.
         return jnp.einsum(
             "btd,dv->btv",

@@ -12,7 +12,9 @@ token by ``sigmoid(x w_gate)`` when ``use_shared_gate`` (Qwen3-Next).
 Routed experts run as grouped matmuls over token copies sorted by expert, so compute scales with
 ``top_k``, not with the number of experts: ``lax.ragged_dot`` on accelerators; on CPU, where XLA
 expands ``ragged_dot`` into a dense matmul over every expert (plus a copy of each weight per
-call), a loop over row tiles that each belong to one expert (``_tiled_experts``).
+call), a loop over row tiles that each belong to one expert (``_tiled_experts``); a decode
+step's few tokens, when they route to about every expert anyway, run every expert on every token
+instead (``_every_expert``; ``_cpu_experts`` chooses).
 
 ``SwiGLU`` and ``MoE`` are the blocks as Flax NNX modules; the routing and expert arithmetic are
 functions of arrays.
@@ -27,6 +29,7 @@ from flax import nnx
 from prfaas_jax.config import MoeConfig, MoeScoring
 from prfaas_jax.model import initializers as init
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 
 class SwiGLU(nnx.Module):
@@ -38,7 +41,8 @@ class SwiGLU(nnx.Module):
         self.down = init.dense(rngs, (width, dim), dtype)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return (jax.nn.silu(x @ self.gate[...]) * (x @ self.up[...])) @ self.down[...]
+        hidden = jax.nn.silu(weight_dot(x, self.gate[...])) * weight_dot(x, self.up[...])
+        return weight_dot(hidden, self.down[...])
 
 
 def select_experts(
@@ -104,8 +108,8 @@ def _tiled_experts(
 
         def run(x: jax.Array) -> jax.Array:
             e_ = jnp.minimum(e, num_experts - 1)
-            hidden = jax.nn.silu(x @ gate_EDF[e_]) * (x @ up_EDF[e_])
-            return hidden @ down_EFD[e_]
+            hidden = jax.nn.silu(weight_dot(x, gate_EDF[e_])) * weight_dot(x, up_EDF[e_])
+            return weight_dot(hidden, down_EFD[e_])
 
         return jax.lax.cond(index < tile_end[-1], run, jnp.zeros_like, x)
 
@@ -114,6 +118,42 @@ def _tiled_experts(
         (padded.reshape(num_tiles, tile_len, dim), tile_expert, jnp.arange(num_tiles)),
     )
     return tiles_out.reshape(-1, dim)[dest_P]
+
+
+@jax.jit
+def _every_expert(
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    x_ND: jax.Array,
+    experts_P: jax.Array,
+    tokens_P: jax.Array,
+) -> jax.Array:
+    """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND``, from every expert
+    run on every token (one batched product per matrix): when a step's tokens route to about
+    every expert anyway, reading each expert once in one call beats a loop over tiles."""
+    gate_EDF, up_EDF, down_EFD = experts
+    per_expert = jax.vmap(weight_dot, in_axes=(None, 0))
+    hidden = jax.nn.silu(per_expert(x_ND, gate_EDF)) * per_expert(x_ND, up_EDF)
+    return jax.vmap(weight_dot)(hidden, down_EFD)[experts_P, tokens_P]
+
+
+# Up to this many (token, expert) pairs, if they are at least half as many as the experts, every
+# expert runs on every token: the tile loop's overhead then costs more than reading the unrouted
+# experts (bench/moe_decode.py).
+_MAX_EVERY_EXPERT_PAIRS = 16
+
+
+def _cpu_experts(
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    x_ND: jax.Array,
+    experts_P: jax.Array,
+    tokens_P: jax.Array,
+) -> jax.Array:
+    """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND`` (pairs sorted by
+    expert), in the form that is faster on CPU for this many pairs."""
+    pairs, num_experts = experts_P.shape[0], experts[0].shape[0]
+    if num_experts <= 2 * pairs <= 2 * _MAX_EVERY_EXPERT_PAIRS:
+        return _every_expert(experts, x_ND, experts_P, tokens_P)
+    return _tiled_experts(experts, x_ND[tokens_P], experts_P)
 
 
 class MoE(nnx.Module):
@@ -142,21 +182,24 @@ class MoE(nnx.Module):
         flat_experts = expert_ids.reshape(-1)
         order = jnp.argsort(flat_experts, stable=True)
         token_of = order // moe.top_k
-        xs = x[token_of]
         gate, up, down = self.experts_gate[...], self.experts_up[...], self.experts_down[...]
         if jax.default_backend() == "cpu":
-            ys = _tiled_experts((gate, up, down), xs, flat_experts[order])
+            ys = _cpu_experts((gate, up, down), x, flat_experts[order], token_of)
         else:
+            xs = x[token_of]
             group_sizes = jnp.bincount(flat_experts, length=moe.num_experts).astype(jnp.int32)
-            hidden = jax.nn.silu(jax.lax.ragged_dot(xs, gate, group_sizes)) * (
-                jax.lax.ragged_dot(xs, up, group_sizes)
-            )
-            ys = jax.lax.ragged_dot(hidden, down, group_sizes)
+            # Narrowed expert weights (model/narrow_weights.py) are read as stored.
+            rows, wide = xs.astype(gate.dtype), xs.dtype
+            hidden = jax.nn.silu(
+                jax.lax.ragged_dot(rows, gate, group_sizes, preferred_element_type=wide)
+            ) * jax.lax.ragged_dot(rows, up, group_sizes, preferred_element_type=wide)
+            hidden = hidden.astype(down.dtype)
+            ys = jax.lax.ragged_dot(hidden, down, group_sizes, preferred_element_type=wide)
         combine = weights.reshape(-1)[order].astype(ys.dtype)
         out = jnp.zeros_like(x).at[token_of].add(ys * combine[:, None])
         if moe.num_shared_experts:
             shared = self.shared(x)
             if moe.use_shared_gate:
-                shared = shared * jax.nn.sigmoid(x @ self.shared_gate[...])
+                shared = shared * jax.nn.sigmoid(weight_dot(x, self.shared_gate[...]))
             out = out + shared
         return out.reshape(batch, seq_len, dim)

@@ -58,6 +58,17 @@ BASE = MoeConfig(num_experts=6, top_k=2, expert_dim=8, num_shared_experts=1)
     ids=["softmax-top2-shared", "top1-plain", "sigmoid-bias-top3"],
 )
 def test_moe_matches_dense_computation(moe):
+    _check_against_oracle(moe, (3, 7))
+
+
+# A decode step's few tokens: 1 token's 2 pairs take the tile loop, 3 tokens' 6 (as many as the
+# experts) every expert on every token (model/mlp.py's _cpu_experts).
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_moe_of_a_few_tokens_matches_dense_computation(tokens):
+    _check_against_oracle(BASE, (tokens, 1))
+
+
+def _check_against_oracle(moe: MoeConfig, batch_shape: tuple[int, int]) -> None:
     dim = 10
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 16))
     p = {
@@ -72,7 +83,7 @@ def test_moe_matches_dense_computation(moe):
             "down": jax.random.normal(next(keys), (moe.expert_dim, dim)) / 3,
         },
     }
-    x = jax.random.normal(next(keys), (3, 7, dim))
+    x = jax.random.normal(next(keys), (*batch_shape, dim))
     graph, state = nnx.split(MoE(dim, moe, jnp.float32, rngs=nnx.Rngs(0)))
     got = nnx.merge(graph, {name: p[name] for name in state})(x)
     want = _dense_oracle(p, moe, np.asarray(x).reshape(-1, dim)).reshape(x.shape)

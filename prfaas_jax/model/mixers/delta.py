@@ -37,6 +37,7 @@ from prfaas_jax.model.state import DeltaState
 from prfaas_jax.ops.conv import short_conv
 from prfaas_jax.ops.dispatch import linear_op
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 
 class DeltaMixer(nnx.Module):
@@ -76,10 +77,10 @@ class DeltaMixer(nnx.Module):
         """KDA's log decay ``g [B,T,Hv,K]`` (fp32) and output-gate pre-activation ``[B,T,Hv,V]``."""
         lin = self.cfg.linear
         if lin.full_rank_gates:
-            f, gate = x_BTD @ self.f_proj[...], x_BTD @ self.g_proj[...]
+            f, gate = weight_dot(x_BTD, self.f_proj[...]), weight_dot(x_BTD, self.g_proj[...])
         else:
-            f = x_BTD @ self.f_a[...] @ self.f_b[...]
-            gate = x_BTD @ self.g_a[...] @ self.g_b[...]
+            f = weight_dot(weight_dot(x_BTD, self.f_a[...]), self.f_b[...])
+            gate = weight_dot(weight_dot(x_BTD, self.g_a[...]), self.g_b[...])
         raw = rearrange(upcast(f) + self.dt_bias[...], "b t (h k) -> b t h k", k=lin.head_dim)
         # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
         rate = jnp.exp(upcast(self.A_log[...]))[:, None]
@@ -95,7 +96,12 @@ class DeltaMixer(nnx.Module):
         lin = self.cfg.linear
         qk_out = lin.num_heads * lin.head_dim
         mixed = jnp.concatenate(
-            [x_BTD @ self.q_proj[...], x_BTD @ self.k_proj[...], x_BTD @ self.v_proj[...]], -1
+            [
+                weight_dot(x_BTD, self.q_proj[...]),
+                weight_dot(x_BTD, self.k_proj[...]),
+                weight_dot(x_BTD, self.v_proj[...]),
+            ],
+            -1,
         )
         mixed, conv_tail = short_conv(
             mixed, self.conv[...], tail=state.conv, valid_len=ctx.valid_len
@@ -112,11 +118,11 @@ class DeltaMixer(nnx.Module):
         else:
             # Gates in fp32: g reaches −2000 with real weights and feeds exp() inside the op.
             rate = -jnp.exp(upcast(self.A_log[...]))
-            raw = upcast(x_BTD @ self.a_proj[...]) + self.dt_bias[...]
+            raw = upcast(weight_dot(x_BTD, self.a_proj[...])) + self.dt_bias[...]
             g = rate * jax.nn.softplus(raw)
-            gate = rearrange(x_BTD @ self.z_proj[...], heads, d=lin.v_head_dim)
+            gate = rearrange(weight_dot(x_BTD, self.z_proj[...]), heads, d=lin.v_head_dim)
             act = jax.nn.silu
-        beta = jax.nn.sigmoid(upcast(x_BTD @ self.b_proj[...]))
+        beta = jax.nn.sigmoid(upcast(weight_dot(x_BTD, self.b_proj[...])))
 
         valid = ctx.valid
         g = jnp.where(valid.reshape(valid.shape + (1,) * (g.ndim - 2)), g, 0.0)
@@ -134,5 +140,5 @@ class DeltaMixer(nnx.Module):
         )
 
         o = gated_rms_norm(o, self.o_norm[...], gate, lin.o_norm_eps or self.cfg.norm_eps, act)
-        y = rearrange(o, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]
+        y = weight_dot(rearrange(o, "b t h v -> b t (h v)").astype(x_BTD.dtype), self.o_proj[...])
         return y, DeltaState(recurrent=recurrent.astype(state.recurrent.dtype), conv=conv_tail)

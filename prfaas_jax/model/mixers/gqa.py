@@ -31,6 +31,7 @@ from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import KvState, PagedKvState, WindowKvState
 from prfaas_jax.ops.dispatch import attention_op, paged_attention_op
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 
 def attention_section(cfg: ModelConfig, kind: LayerKind) -> AttentionConfig:
@@ -61,9 +62,9 @@ class GqaMixer(nnx.Module):
     ) -> tuple[jax.Array, KvState | WindowKvState | PagedKvState]:
         att = attention_section(self.cfg, self.kind)
         heads = "b t (h d) -> b t h d"
-        q = rearrange(x_BTD @ self.q_proj[...], heads, d=att.head_dim)
-        k = rearrange(x_BTD @ self.k_proj[...], heads, d=att.head_dim)
-        v = rearrange(x_BTD @ self.v_proj[...], heads, d=att.value_dim)
+        q = rearrange(weight_dot(x_BTD, self.q_proj[...]), heads, d=att.head_dim)
+        k = rearrange(weight_dot(x_BTD, self.k_proj[...]), heads, d=att.head_dim)
+        v = rearrange(weight_dot(x_BTD, self.v_proj[...]), heads, d=att.value_dim)
         if att.use_qk_norm:
             q = rms_norm(q, self.q_norm[...], self.cfg.norm_eps)
             k = rms_norm(k, self.k_norm[...], self.cfg.norm_eps)
@@ -118,8 +119,8 @@ class GqaMixer(nnx.Module):
         """The heads' outputs ``[B, T, H, V]`` gated (when configured) and projected back."""
         att = attention_section(self.cfg, self.kind)
         if att.use_output_gate:
-            gate = x_BTD @ self.gate_proj[...]
+            gate = weight_dot(x_BTD, self.gate_proj[...])
             gate = rearrange(gate, "b t (h d) -> b t h d", d=att.value_dim)
             out = (upcast(out) * jax.nn.sigmoid(upcast(gate))).astype(out.dtype)
         y = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype)
-        return y @ self.o_proj[...]
+        return weight_dot(y, self.o_proj[...])

@@ -30,6 +30,7 @@ from prfaas_jax.model.norms import gated_rms_norm
 from prfaas_jax.model.state import LightningState
 from prfaas_jax.ops.dispatch import linear_op
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -78,7 +79,7 @@ class LightningMixer(nnx.Module):
         qk_out = lin.num_heads * lin.head_dim
         heads = "b t (h d) -> b t h d"
         # The projection and activation run in fp32, as MiniMax computes them.
-        qkv = jax.nn.silu(upcast(x_BTD @ self.qkv_proj[...]))
+        qkv = jax.nn.silu(upcast(weight_dot(x_BTD, self.qkv_proj[...])))
         q = rearrange(qkv[..., :qk_out], heads, d=lin.head_dim)
         k = rearrange(qkv[..., qk_out : 2 * qk_out], heads, d=lin.head_dim)
         v = rearrange(qkv[..., 2 * qk_out :], heads, d=lin.v_head_dim)
@@ -96,5 +97,8 @@ class LightningMixer(nnx.Module):
         )
         o = rearrange(o, "b t h v -> b t (h v)")
         eps = lin.o_norm_eps or self.cfg.norm_eps
-        o = gated_rms_norm(o, self.o_norm[...], x_BTD @ self.gate_proj[...], eps, jax.nn.sigmoid)
-        return o.astype(x_BTD.dtype) @ self.o_proj[...], LightningState(recurrent=recurrent)
+        o = gated_rms_norm(
+            o, self.o_norm[...], weight_dot(x_BTD, self.gate_proj[...]), eps, jax.nn.sigmoid
+        )
+        y = weight_dot(o.astype(x_BTD.dtype), self.o_proj[...])
+        return y, LightningState(recurrent=recurrent)

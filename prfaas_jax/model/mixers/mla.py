@@ -30,6 +30,7 @@ from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import MlaState, PagedKvState
 from prfaas_jax.ops.dispatch import attention_op, mla_decode_op, paged_mla_op
 from prfaas_jax.ops.precision import upcast
+from prfaas_jax.ops.weight_dot import weight_dot
 
 
 class MlaMixer(nnx.Module):
@@ -63,14 +64,15 @@ class MlaMixer(nnx.Module):
         rope = {"kind": mla.rope, "rotary_dim": rope_dim, "theta": mla.rope_theta}
 
         if mla.q_lora_rank:
-            q = rms_norm(x_BTD @ self.q_a[...], self.q_a_norm[...], latent_eps) @ self.q_b[...]
+            q_low = rms_norm(weight_dot(x_BTD, self.q_a[...]), self.q_a_norm[...], latent_eps)
+            q = weight_dot(q_low, self.q_b[...])
         else:
-            q = x_BTD @ self.q_proj[...]
+            q = weight_dot(x_BTD, self.q_proj[...])
         q = rearrange(q, "b t (h d) -> b t h d", h=heads)
         q_nope = q[..., :nope]
         q_rope = apply_rope(q[..., nope:], positions, **rope)
 
-        kv = x_BTD @ self.kv_a[...]
+        kv = weight_dot(x_BTD, self.kv_a[...])
         c_kv = rms_norm(kv[..., : mla.kv_lora_rank], self.kv_a_norm[...], latent_eps)
         k_rope = apply_rope(kv[..., None, mla.kv_lora_rank :], positions, **rope)[:, :, 0]
         w_kv = rearrange(self.kv_b[...], "r (h d) -> r h d", h=heads)
@@ -124,6 +126,7 @@ class MlaMixer(nnx.Module):
     def _output(self, x_BTD: jax.Array, out: jax.Array) -> jax.Array:
         """The heads' outputs ``[B, T, H, V]`` gated (Bailing) and projected back."""
         if self.cfg.mla.use_output_gate:
-            gate = jax.nn.sigmoid(upcast(x_BTD @ self.gate_proj[...]))
+            gate = jax.nn.sigmoid(upcast(weight_dot(x_BTD, self.gate_proj[...])))
             out = (upcast(out) * gate[..., None]).astype(out.dtype)
-        return rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype) @ self.o_proj[...]
+        heads_out = rearrange(out, "b t h v -> b t (h v)").astype(x_BTD.dtype)
+        return weight_dot(heads_out, self.o_proj[...])
