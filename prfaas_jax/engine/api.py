@@ -1,5 +1,6 @@
 """The engine interface the serving plane drives: `PrefillEngineLike` and `DecodeEngineLike`,
-and `MixedStepLike` for a node that does both in one step.
+and `MixedStepLike` for a node that does both in one step, with `PromptFill`, the prompt such a
+node absorbs chunk by chunk.
 
 Also exposes `PrefillOutput` (what a prefill returns that its callers read), `OnChunk` (the
 per-chunk callback), `OnLayers` (the per-layer-group one) and `split_layers` (the groups
@@ -22,15 +23,15 @@ The protocols are `runtime_checkable`: `isinstance` sees whether the members exi
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.model.state import ModelState
-
-if TYPE_CHECKING:
-    from prfaas_jax.engine.mixed_step import PromptFill
 
 OnChunk = Callable[[ModelState, int], None]
 """`on_chunk(state, tokens_done)`: after each prefill call, with every position absorbed so far."""
@@ -135,6 +136,23 @@ class DecodeEngineLike(Protocol):
     def free(self, slot: int) -> None:
         """Release the slot, finished or not."""
         ...
+
+
+@dataclasses.dataclass(eq=False)
+class PromptFill:
+    """A prompt being absorbed: its tokens, the working state (capacity of the decode engine's
+    slots; None until the last token with an engine that keeps none, engine/fake_mixed.py), how
+    many tokens it holds, and once all are in, the first token."""
+
+    tokens: np.ndarray
+    sampling: SamplingParams
+    state: ModelState | None
+    done: int = 0
+    first_token: int | None = None
+
+    @property
+    def remaining(self) -> int:
+        return self.tokens.size - self.done
 
 
 @runtime_checkable

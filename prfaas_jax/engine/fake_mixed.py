@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from prfaas_jax.engine.api import PromptFill
 from prfaas_jax.engine.fake import FakeDecodeEngine, FakePrefillEngine
-from prfaas_jax.engine.mixed_step import PromptFill
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 
 

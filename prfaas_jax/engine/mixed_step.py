@@ -1,6 +1,6 @@
 """``MixedStep``: one process that prefills and decodes, each step one compiled call carrying the
 decode rows and a chunk of the prompt at the head of the queue (chunked prefill, as vLLM and
-SGLang schedule a node that does both); ``PromptFill``: a prompt being absorbed chunk by chunk;
+SGLang schedule a node that does both), each prompt a ``PromptFill`` (engine/api.py);
 ``MixedRequest``: one request as it goes, its tokens and when each came.
 
 A step runs the decode engine's step and one prefill block of the head prompt's working state
@@ -37,6 +37,7 @@ import jax
 import numpy as np
 
 from prfaas_jax.config import ModelConfig
+from prfaas_jax.engine.api import PromptFill
 from prfaas_jax.engine.chunk_budget import ChunkBudget
 from prfaas_jax.engine.decode import DecodeEngine, _decode_and_sample
 from prfaas_jax.engine.prefill import _PREFILL_BLOCK, PrefillEngine, _prefill_block
@@ -64,23 +65,6 @@ def _step_and_chunk(
 _STEP_AND_CHUNK = jax.jit(
     _step_and_chunk, static_argnames=("cfg", "impl", "top", "rows"), donate_argnums=(1, 11)
 )
-
-
-@dataclasses.dataclass(eq=False)
-class PromptFill:
-    """A prompt being absorbed: its tokens, the working state (capacity of the decode engine's
-    slots; None until the last token with an engine that keeps none, engine/fake_mixed.py), how
-    many tokens it holds, and once all are in, the first token."""
-
-    tokens: np.ndarray
-    sampling: SamplingParams
-    state: ModelState | None
-    done: int = 0
-    first_token: int | None = None
-
-    @property
-    def remaining(self) -> int:
-        return self.tokens.size - self.done
 
 
 @dataclasses.dataclass(eq=False)

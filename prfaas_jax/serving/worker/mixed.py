@@ -37,7 +37,7 @@ from prfaas_jax.serving.transport.messages import abort_final, check_prompt, sam
 from prfaas_jax.serving.worker.decode import DecodeService
 
 if TYPE_CHECKING:
-    from prfaas_jax.engine.mixed_step import PromptFill
+    from prfaas_jax.engine.api import PromptFill
 
 
 @dataclasses.dataclass(eq=False)
