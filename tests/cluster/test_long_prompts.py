@@ -99,7 +99,13 @@ def test_the_jax_engines_prefill_ship_and_decode_past_4k_tokens(tmp_path):
     config = fake_config(
         tmp_path / "cluster.toml",
         model={"engine": "jax"},
-        engine={"max_len": limit, "chunk_len": chunk, "buckets": [32, chunk], "max_slots": 2},
+        engine={
+            "max_len": limit,
+            "chunk_len": chunk,
+            "buckets": [32, chunk],
+            "max_slots": 2,
+            "prefill_batch_rows": 1,  # one prompt: no batched calls to warm up
+        },
         instances={"prfaas_prefill": 1, "pd_prefill": 0, "pd_decode": 1},
         link={"bandwidth_mbps": 400.0, "latency_ms": 0.0},
     )
