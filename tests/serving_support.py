@@ -74,7 +74,16 @@ def toml(sections: dict[str, dict]) -> str:
 
 # The engine section of the real-model cluster tests (tiny): one set of executables, compiled
 # once per session into the cache their workers share.
-REAL_ENGINE = {"max_len": 512, "chunk_len": 128, "buckets": [32, 128], "max_slots": 8}
+# One prompt per prefill call (`prefill_batch_rows` 1): these clusters test faults, routing and
+# states, not batching (tests/serving/test_batched_prefill_worker.py does), so their workers
+# warm no batched calls at start.
+REAL_ENGINE = {
+    "max_len": 512,
+    "chunk_len": 128,
+    "buckets": [32, 128],
+    "max_slots": 8,
+    "prefill_batch_rows": 1,
+}
 
 
 @contextlib.contextmanager
