@@ -29,9 +29,8 @@ its prompt would compile alone but padded to a finer size than the bucket
 bucket and power-of-two row count (``compile_batch`` compiles one ahead) — and, on a CPU, the
 prompts in shares whose calls run in threads at once, one per core. Every row's first token is that
 of ``prefill`` on its prompt, and its state too, up to fp32 rounding where a call holds several
-rows (XLA rounds a matmul differently at another batch size). The module is over 450 lines because
-both paths, one prompt and several per call, live on the engine whose executables, compile lock and
-sampler they share; how several are packed is engine/batched_prefill.py's.
+rows (XLA rounds a matmul differently at another batch size). How several prompts are packed and
+dealt between threads is engine/batched_prefill.py's.
 
 Layer-wise streaming. With ``layer_groups = G > 1`` and an ``on_layers`` callback, the last call
 runs as G compiled segments over consecutive groups of layers (``model.prefill_layers``), and
@@ -40,8 +39,9 @@ became final — while the next group computes (JAX dispatches it first), so a c
 those states overlaps the wire with the rest of the stack. Earlier calls stay whole: their KV
 rows leave through ``on_chunk`` anyway. G segments cost G compiles per block shape.
 
-The module is over 450 lines: prefill, scoring, batched prefill and layer-wise streaming are one
-engine's calls, planned alike and sharing its table of compiled executables.
+The module is over 500 lines: prefill, scoring, batched prefill and layer-wise streaming are one
+engine's calls, planned alike and sharing its table of compiled executables, its compile lock and
+its first-token sampler.
 """
 
 from __future__ import annotations

@@ -176,11 +176,9 @@ class EngineFactory:
 
         engine_cfg = self.config.engine
         longest = min(engine_cfg.chunk_len, engine_cfg.max_len - 1)
+        bucket = engine.bucket  # type: ignore[attr-defined]
         sizes = sorted(
-            {
-                min(row_size(n, engine.bucket(n)), engine_cfg.chunk_len)
-                for n in range(1, longest + 1)
-            }  # type: ignore[attr-defined]
+            {min(row_size(n, bucket(n)), engine_cfg.chunk_len) for n in range(1, longest + 1)}
         )
         for size in sizes:
             rows = call_rows(
