@@ -1,7 +1,7 @@
 """The fault schedule of `prfaas soak --netns` (serving/loadgen/fault_schedule.py) against its
-definition, and the report's accounting of faults and memory (serving/loadgen/
-netns_soak_report.py) on hand-made runs. The soak itself runs a cluster in namespaces:
-tests/cluster/test_netns_soak.py."""
+definition, and the report's accounting of faults (serving/loadgen/netns_soak_report.py) on
+hand-made runs (its memory rule: tests/serving/test_soak_memory.py). The soak itself runs a
+cluster in namespaces: tests/cluster/test_netns_soak.py."""
 
 from __future__ import annotations
 
@@ -18,11 +18,7 @@ from prfaas_jax.serving.loadgen.fault_schedule import (
     allows_twice,
     fault_schedule,
 )
-from prfaas_jax.serving.loadgen.netns_soak_report import (
-    NetnsSoakReport,
-    corrupt_detections,
-    rss_trends,
-)
+from prfaas_jax.serving.loadgen.netns_soak_report import NetnsSoakReport, corrupt_detections
 from prfaas_jax.serving.loadgen.soak_report import RequestResult
 
 K = len(FAULT_KINDS)
@@ -135,22 +131,6 @@ def test_the_report_counts_each_kind():
     # A link fault after which no PrfaaS request came back is not recovered.
     late = Injection("blackhole", 20.0, end_s=23.0, injected=True, detected=True)
     assert _report(results, [late], [late]).by_kind()["blackhole"]["recovered"] == 0
-
-
-def test_rss_trends_fit_a_slope_per_minute():
-    mib = 2**20
-    samples = [(t, "router", 9, (100 + 0.05 * t) * mib) for t in range(0, 120, 5)]
-    samples += [(0.0, "pd-0", 10, 50 * mib), (5.0, "pd-0", 10, 60 * mib)]
-    trends = rss_trends(samples)
-    assert trends["router"]["slope_mib_per_min"] == pytest.approx(3.0, abs=1e-3)
-    assert trends["router"]["late_slope_mib_per_min"] == pytest.approx(3.0, abs=1e-3)
-    assert trends["router"]["first_mib"] == 100.0 and trends["router"]["samples"] == 24
-    assert trends["pd-0"]["slope_mib_per_min"] is None  # too short to say
-    assert trends["pd-0"]["max_mib"] == 60.0
-    # Warm-up, then flat: growth over the life, none in its second half.
-    warm = [(t, "pd-1", 11, (50 + min(t, 20)) * mib) for t in range(0, 200, 5)]
-    trend = rss_trends(warm)["pd-1"]
-    assert trend["slope_mib_per_min"] > 1 and trend["late_slope_mib_per_min"] == 0.0
 
 
 def test_checksum_failures_are_told_apart_by_whether_a_worker_corrupted_the_request(tmp_path):

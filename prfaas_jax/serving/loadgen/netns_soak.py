@@ -8,7 +8,8 @@ restarts on, and an OpenAI front door (`prfaas openai`) in front of its router; 
 arrivals at `rate` for `duration_s` while a `FaultRunner` (serving/loadgen/fault_runner.py)
 applies the seeded `fault_schedule` (serving/loadgen/fault_schedule.py); samples the RSS of
 every process (the launcher, the router, each worker and its replacements, the delay line, the
-front door) every `rss_every_s`; then waits for every request to end and stops everything.
+front door) every `rss_every_s` (the report judges whether each stayed bounded:
+serving/loadgen/soak_memory.py); then waits for every request to end and stops everything.
 
 The requests (`mixed_workload`): prompt lengths half at or below the routing threshold t, the
 rest above it up to 4t, and a share `long_share` long ones, from 4K tokens up to `longest` (16K
@@ -45,7 +46,7 @@ from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
-from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_config import ClusterConfig, instance_roles
 from prfaas_jax.serving.cluster_sections import EngineKind
 from prfaas_jax.serving.loadgen.fault_runner import RECOVER_WAIT_S, FaultRunner
 from prfaas_jax.serving.loadgen.fault_schedule import fault_schedule
@@ -171,6 +172,18 @@ def _processes(cluster: ClusterProcesses, frontdoor: FrontDoorProcess) -> dict[s
     if (pid := frontdoor.pid) is not None:
         labels[f"frontdoor-{frontdoor.starts}"] = pid
     return labels
+
+
+def memory_budgets(config: ClusterConfig) -> dict[str, float]:
+    """The MiB each process may fill by its configuration (serving/loadgen/soak_memory.py): a
+    prefill worker its prefix cache."""
+    if not config.prefix_cache.enabled:
+        return {}
+    return {
+        name: float(config.prefix_cache.capacity_mib)
+        for name, role in instance_roles(config).items()
+        if role.is_prefill
+    }
 
 
 def _busy(stub: pb_grpc.RouterStub) -> dict[str, int]:
@@ -336,4 +349,5 @@ def run_netns_soak(
         wall_s=time.monotonic() - started,
         corrupt_ids=corrupt_ids,
         checksum_unexplained=unexplained,
+        memory_budgets=memory_budgets(config),
     )
