@@ -133,6 +133,21 @@ def test_the_report_counts_each_kind():
     assert _report(results, [late], [late]).by_kind()["blackhole"]["recovered"] == 0
 
 
+def test_the_mix_counts_prfaas_requests_by_the_precision_they_crossed_in():
+    results = [
+        _result(101.0, 1.0, route="prfaas", wire_precision="int8"),
+        _result(102.0, 1.0, route="prfaas", wire_precision="int8"),
+        _result(103.0, 1.0, route="prfaas", wire_precision="fp8_e4m3"),
+        _result(104.0, 1.0, route="prfaas"),  # the config's
+        _result(105.0, 1.0, route="pd", wire_precision=""),  # pushed natively, not counted
+        _result(106.0, 1.0, route="prfaas", wire_precision="native", outcome="failed"),
+    ]
+    report = _report(results, [], [])
+    report.link_precision = "bf16"
+    assert report.to_dict()["mix"]["prfaas_by_precision"] == {"bf16": 1, "fp8_e4m3": 1, "int8": 2}
+    assert "PrfaaS pushes completed      4  (bf16 1, fp8_e4m3 1, int8 2)" in report.format_table()
+
+
 def test_checksum_failures_are_told_apart_by_whether_a_worker_corrupted_the_request(tmp_path):
     (tmp_path / "prfaas-0.log").write_text(
         "t prfaas-0 faults: corrupted data frame 2 (byte 9) of soak-00007.9f2a → 198.18.0.3:1\n"

@@ -18,8 +18,11 @@ by default: the fake engine holds a real state of that length, so the codec carr
 workers' prefix caches reuse them); `sampled_share` sampled with a seed
 (temperature 0.8, top-p 0.875, top-k 0 or 50), the rest greedy; max_new_tokens uniform on [8, 32];
 `frontdoor_share` of all, greedy ones, through the front door (streamed completions), the rest
-on the router's gRPC API. The wire precision is the config's (`[link] precision`: the PrfaaS push;
-PD pushes are native).
+on the router's gRPC API. Those ask, in turn, each wire precision of `WIRE_MIX` (native, bf16,
+int8, fp8_e4m3: `GenerateRequest.wire_precision`) for their state when it crosses the link on
+the PrfaaS route; front-door requests cross in the config's `[link] precision`; PD pushes are
+native. The fake decode engines take a state as its precision delivers it and nothing else
+(engine/fake.py).
 
 Each request is judged by the soak's oracle (serving/loadgen/soak_report.py): the fake engines'
 tokens for that prompt and sampling, which depend on the whole sequence and the sampling key, so
@@ -58,9 +61,11 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.security import router_channel
+from prfaas_jax.wire_precision import ENCODINGS
 
 LONG_FROM = 4096
 PREFIXES = 4
+WIRE_MIX = ENCODINGS  # asked in turn by the requests on the router's API
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +100,7 @@ class Planned:
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
     frontdoor: bool = False
+    wire_precision: str = ""  # asked for the PrfaaS push; "": the config's
 
 
 def mixed_workload(options: NetnsSoakOptions, config: ClusterConfig, vocab: int) -> list[Planned]:
@@ -127,7 +133,8 @@ def mixed_workload(options: NetnsSoakOptions, config: ClusterConfig, vocab: int)
             sampling = SamplingParams(0.8, top_k, 0.875, rng.randrange(2**63))
         else:
             frontdoor = rng.random() < options.frontdoor_share / (1 - options.sampled_share)
-        plan.append(Planned(round(offset, 4), prompt, n, sampling, frontdoor))
+        wire = "" if frontdoor else WIRE_MIX[len(plan) % len(WIRE_MIX)]
+        plan.append(Planned(round(offset, 4), prompt, n, sampling, frontdoor, wire))
         offset += rng.expovariate(options.rate)
     return plan
 
@@ -226,7 +233,13 @@ class _Requests:
             )
         else:
             target = functools.partial(
-                send, self.stub, result, f"soak-{index:05d}", self.deadline_s, planned.sampling
+                send,
+                self.stub,
+                result,
+                f"soak-{index:05d}",
+                self.deadline_s,
+                planned.sampling,
+                planned.wire_precision,
             )
         thread = threading.Thread(target=target, daemon=True)
         thread.start()
@@ -350,4 +363,5 @@ def run_netns_soak(
         corrupt_ids=corrupt_ids,
         checksum_unexplained=unexplained,
         memory_budgets=memory_budgets(config),
+        link_precision=str(config.link.wire_precision),
     )

@@ -15,6 +15,9 @@ serving/loadgen/fault_runner.py):
 - in flight: requests open at some moment of the fault (from its start to `AFTER_S` after its
   end); affected: those of them retried, resumed, failed or lost.
 
+The mix counts the requests completed on the PrfaaS route by the wire precision their state
+last crossed in (`by_precision`, from the router's reports).
+
 Memory (serving/loadgen/soak_memory.py): each incarnation's RSS trend (`rss_trends`: a
 restarted process is a series of its own) and each process's verdict (`memory_verdicts`:
 bounded, growing or too short to judge, by the rule stated there).
@@ -81,6 +84,17 @@ class NetnsSoakReport:
     corrupt_ids: list[str] = dataclasses.field(default_factory=list)  # `corrupt_detections`
     checksum_unexplained: list[str] = dataclasses.field(default_factory=list)
     memory_budgets: dict[str, float] = dataclasses.field(default_factory=dict)  # MiB by process
+    link_precision: str = "native"  # the config's `[link] precision`
+
+    def by_precision(self) -> dict[str, int]:
+        """Requests completed on the PrfaaS route by the precision their state last crossed in
+        (the router's report; "" there is the config's)."""
+        counts = collections.Counter(
+            r.wire_precision or self.link_precision
+            for r in self.results
+            if r.route == "prfaas" and r.outcome == "completed"
+        )
+        return dict(sorted(counts.items()))
 
     def memory(self) -> dict[str, dict]:
         return memory_verdicts(self.rss, self.memory_budgets)
@@ -218,6 +232,7 @@ class NetnsSoakReport:
                 ),
                 "longest_prompt": max((len(r.prompt) for r in self.results), default=0),
                 "prompts_over_4k": sum(len(r.prompt) > 4096 for r in self.results),
+                "prfaas_by_precision": self.by_precision(),
             },
             "failures": requests["failures"],
             "latency": requests["latency"],
@@ -247,6 +262,11 @@ class NetnsSoakReport:
                 f"({mix['sampled']} sampled, {mix['frontdoor']} via "
                 f"the front door, {mix['prompts_over_4k']} over 4K tokens, longest "
                 f"{mix['longest_prompt']})",
+            ),
+            (
+                "PrfaaS pushes completed",
+                sum(mix["prfaas_by_precision"].values()),
+                "(" + ", ".join(f"{p} {n}" for p, n in mix["prfaas_by_precision"].items()) + ")",
             ),
             ("rejected at admission", c["rejected"], ""),
             ("completed", c["completed"], f"of {c['accepted']} accepted"),

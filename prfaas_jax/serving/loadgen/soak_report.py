@@ -51,6 +51,7 @@ class RequestResult:
     attempts: int = 0
     resumed_from: int = 0
     route: str = ""
+    wire_precision: str = ""  # the report's: asked or narrowed; "": the cluster's
 
     @property
     def duplicated(self) -> bool:
