@@ -133,7 +133,7 @@ def test_the_report_counts_each_kind():
     assert _report(results, [late], [late]).by_kind()["blackhole"]["recovered"] == 0
 
 
-def test_the_mix_counts_prfaas_requests_by_the_precision_they_crossed_in():
+def test_the_mix_counts_prfaas_requests_by_precision_and_prefix_hits():
     results = [
         _result(101.0, 1.0, route="prfaas", wire_precision="int8"),
         _result(102.0, 1.0, route="prfaas", wire_precision="int8"),
@@ -142,8 +142,13 @@ def test_the_mix_counts_prfaas_requests_by_the_precision_they_crossed_in():
         _result(105.0, 1.0, route="pd", wire_precision=""),  # pushed natively, not counted
         _result(106.0, 1.0, route="prfaas", wire_precision="native", outcome="failed"),
     ]
+    results[2].cached_len = 256  # a prefix hit
     report = _report(results, [], [])
     report.link_precision = "bf16"
+    report.router = {"cached_tokens": 256, "prompt_tokens": 1024}
+    assert report.to_dict()["mix"]["prefix_hits"] == 1
+    table = report.format_table()
+    assert "prefix hits                  1  (256 of 1024 prompt tokens reused)" in table
     assert report.to_dict()["mix"]["prfaas_by_precision"] == {"bf16": 1, "fp8_e4m3": 1, "int8": 2}
     assert "PrfaaS pushes completed      4  (bf16 1, fp8_e4m3 1, int8 2)" in report.format_table()
 

@@ -16,7 +16,8 @@ serving/loadgen/fault_runner.py):
   end); affected: those of them retried, resumed, failed or lost.
 
 The mix counts the requests completed on the PrfaaS route by the wire precision their state
-last crossed in (`by_precision`, from the router's reports).
+last crossed in (`by_precision`, from the router's reports), and those that reused a cached
+prefix (their report's `cached_len`; the router's count of prompt tokens reused beside it).
 
 Memory (serving/loadgen/soak_memory.py): each incarnation's RSS trend (`rss_trends`: a
 restarted process is a series of its own) and each process's verdict (`memory_verdicts`:
@@ -233,6 +234,9 @@ class NetnsSoakReport:
                 "longest_prompt": max((len(r.prompt) for r in self.results), default=0),
                 "prompts_over_4k": sum(len(r.prompt) > 4096 for r in self.results),
                 "prfaas_by_precision": self.by_precision(),
+                "prefix_hits": sum(
+                    r.outcome == "completed" and r.cached_len > 0 for r in self.results
+                ),
             },
             "failures": requests["failures"],
             "latency": requests["latency"],
@@ -267,6 +271,12 @@ class NetnsSoakReport:
                 "PrfaaS pushes completed",
                 sum(mix["prfaas_by_precision"].values()),
                 "(" + ", ".join(f"{p} {n}" for p, n in mix["prfaas_by_precision"].items()) + ")",
+            ),
+            (
+                "prefix hits",
+                mix["prefix_hits"],
+                f"({self.router.get('cached_tokens', 0)} of "
+                f"{self.router.get('prompt_tokens', 0)} prompt tokens reused)",
             ),
             ("rejected at admission", c["rejected"], ""),
             ("completed", c["completed"], f"of {c['accepted']} accepted"),

@@ -110,6 +110,7 @@ def send(
                 result.outcome, result.route = "completed", report.route
                 result.attempts, result.resumed_from = report.attempts, report.resumed_from
                 result.wire_precision = report.wire_precision
+                result.cached_len = report.cached_len
     except grpc.RpcError as err:
         code = err.code()
         hung = code is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -201,6 +202,8 @@ def router_counts(stub: pb_grpc.RouterStub) -> dict[str, int]:
         "resumed": stats.resumed,
         "rejected": stats.rejected,
         "failed": stats.requests_failed,
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
     }
 
 
