@@ -75,7 +75,7 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     state_from_arrays,
 )
-from prfaas_jax.engine.fake_precision import delivered, encodings_for
+from prfaas_jax.engine.fake_precision import first_undelivered
 from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, LengthLimitError
@@ -184,20 +184,6 @@ def _arrays(cfg: ModelConfig, tokens: Sequence[int]) -> list[tuple[TensorSpec, n
     return list(zip(specs, arrays, strict=True))
 
 
-def _undelivered(spec: TensorSpec, got: np.ndarray, want: np.ndarray) -> int | None:
-    """The first unit of ``got`` that no wire precision delivers of ``want``, bit for bit: a
-    row of a growing cache (rows may come from different transfers: a decode worker's cached
-    prefix and the rows pushed after it), or 0, the whole of a fixed-size tensor. None: none."""
-    bits = f"u{spec.itemsize}"
-    units = len(got) if spec.token_axis else 1
-    arrived = np.zeros(units, bool)
-    for encoding in encodings_for(spec.dtype):
-        same = got.view(bits) == delivered(want, encoding).view(bits)
-        arrived |= same.reshape(units, -1).all(axis=1)
-    bad = np.flatnonzero(~arrived)
-    return int(bad[0]) if bad.size else None
-
-
 def _checked_tokens(cfg: ModelConfig, state: ModelState, what: str) -> list[int]:
     """The tokens `state` holds (row 0), once every tensor is checked to be their fake state
     as some wire precision delivers it (module docstring)."""
@@ -210,9 +196,8 @@ def _checked_tokens(cfg: ModelConfig, state: ModelState, what: str) -> list[int]
     first = _token_tensor([spec for spec, _ in arrays])
     spec, holder = arrays[first]
     column = holder.reshape(length, -1)[:, 0].astype(np.float64)
-    # A lossy precision rounds the ids too (less than ½ for any id: engine/fake_precision.py);
-    # the comparison below then holds the column to exactly what it delivers. NaN fails every
-    # comparison, so it is refused too.
+    # A lossy precision moves an id by less than ½; the comparison below then holds the column
+    # to exactly what it delivers. NaN fails every comparison, so it is refused too.
     ids_f = np.rint(column)
     bad = np.flatnonzero(
         ~((np.abs(column - ids_f) < 0.5) & (ids_f >= 0) & (ids_f < cfg.vocab_size))
@@ -226,7 +211,7 @@ def _checked_tokens(cfg: ModelConfig, state: ModelState, what: str) -> list[int]
     # recurrent state that does not match the wrong tokens.
     for n in [first, *(n for n in range(len(arrays)) if n != first)]:
         (spec, got), want = arrays[n], expected[n][1]
-        unit = _undelivered(spec, got, want)
+        unit = first_undelivered(spec, got, want)
         if unit is None:
             continue
         unsigned = f"u{spec.itemsize}"

@@ -1,5 +1,6 @@
-"""What each wire precision delivers of a fake state's tensor: `delivered` and `encodings_for`,
-which the fake engines' whole-state check (engine/fake.py) accepts besides the exact state.
+"""What each wire precision delivers of a fake state's tensor: `delivered`, `encodings_for`
+and `first_undelivered`, with which the fake engines' whole-state check (engine/fake.py)
+accepts a state as any wire precision delivers it, and nothing else.
 
 Written from the encodings' specification (docs/wire-format.md, "Wire precision";
 prfaas_jax/wire_precision.py) with NumPy and ml_dtypes casts, not with the codec's functions,
@@ -20,6 +21,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from prfaas_jax.engine.codec.layout import TensorSpec
 from prfaas_jax.wire_precision import ENCODINGS, NATIVE, applies
 
 _LIMITS = {"int8": 127.0, "fp8_e4m3": 448.0}
@@ -45,3 +47,17 @@ def delivered(values: np.ndarray, encoding: str) -> np.ndarray:
     element = np.int8 if encoding == "int8" else ml_dtypes.float8_e4m3fn  # int8 has no −0
     q = (np.rint(q) if encoding == "int8" else q).astype(element).astype(np.float32)
     return (q * scale[:, None]).reshape(values.shape).astype(values.dtype)
+
+
+def first_undelivered(spec: TensorSpec, got: np.ndarray, want: np.ndarray) -> int | None:
+    """The first unit of ``got`` that no wire precision delivers of ``want``, bit for bit: a
+    row of a growing cache (rows may come from different transfers: a decode worker's cached
+    prefix and the rows pushed after it), or 0, the whole of a fixed-size tensor. None: none."""
+    bits = f"u{spec.itemsize}"
+    units = len(got) if spec.token_axis else 1
+    arrived = np.zeros(units, bool)
+    for encoding in encodings_for(spec.dtype):
+        same = got.view(bits) == delivered(want, encoding).view(bits)
+        arrived |= same.reshape(units, -1).all(axis=1)
+    bad = np.flatnonzero(~arrived)
+    return int(bad[0]) if bad.size else None
