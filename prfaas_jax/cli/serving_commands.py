@@ -253,10 +253,12 @@ def add_soak(sub: argparse._SubParsersAction) -> None:
         "loss bursts, link blackholes, RTT spikes, bandwidth drops, SIGKILL and SIGSTOP/SIGCONT "
         "of each worker role, SIGTERM of the PrfaaS prefill worker and of an OpenAI front door "
         "with requests in flight, and corrupted frames; greedy, seeded-sampled and front-door "
-        "requests, prompts up to 16K tokens, shared prefixes. It reports each fault kind "
-        "(scheduled, injected, detected, recovered, requests in flight and affected) and the RSS "
-        "trend of every process, and exits 1 also when a kind was injected fewer than twice "
-        "(when the duration allows two rounds: 10 minutes does).",
+        "requests, prompts up to 16K tokens, shared prefixes, each wire precision (native, bf16, "
+        "int8, fp8_e4m3) in turn. It reports each fault kind (scheduled, injected, detected, "
+        "recovered, requests in flight and affected), the RSS trend of every incarnation of "
+        "every process and whether each process's memory stayed bounded, and exits 1 also when "
+        "a kind was injected fewer than twice (when the duration allows two rounds: 10 minutes "
+        "does) or a process's memory grew past the rule (docs/serving.md).",
         epilog="example: prfaas soak --duration 60 --kill-every 10 --json; "
         "prfaas soak --netns --duration 600",
     )

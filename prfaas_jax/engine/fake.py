@@ -38,8 +38,13 @@ state of a prefix is exactly the first rows of the longer sequence's; recurrent 
 tails use h(x), the whole sequence. Column 0 of the first growing cache holds the token x[p]
 itself at position p, so the tokens can be read back from a state.
 
-Decode reads the tokens back from the state it receives, recomputes the state from them and
-compares every tensor bit for bit: on any difference `insert` (and `check_state`, which the
+Decode reads the tokens back from the state it receives (rounded to the nearest integer: a lossy
+wire precision rounds them by less than ½), recomputes the state from them and compares every
+tensor bit for bit with that state as one of the wire precisions delivers it
+(engine/fake_precision.py: native, bf16, int8, fp8_e4m3; row by row for a growing cache, whose
+rows may come from different transfers, whole for the others). The engine is not told which
+precision a state crossed in, so it takes what one of them delivers and nothing else: a value
+one quantum off is refused as any other. On any difference `insert` (and `check_state`, which the
 decode worker calls for a request with nothing to decode) raises an `EngineError` naming the
 tensor and the first element that differs (the decode worker fails the request with
 INVALID_ARGUMENT). It then absorbs the first token it is handed and tracks each slot's running
@@ -70,6 +75,7 @@ from prfaas_jax.engine.codec.layout import (
     canonical_tensors,
     state_from_arrays,
 )
+from prfaas_jax.engine.fake_precision import first_undelivered
 from prfaas_jax.engine.logprobs import TokenLogprobs
 from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.errors import EngineError, LengthLimitError
@@ -179,7 +185,8 @@ def _arrays(cfg: ModelConfig, tokens: Sequence[int]) -> list[tuple[TensorSpec, n
 
 
 def _checked_tokens(cfg: ModelConfig, state: ModelState, what: str) -> list[int]:
-    """The tokens `state` holds (row 0), once every tensor is checked to be their fake state."""
+    """The tokens `state` holds (row 0), once every tensor is checked to be their fake state
+    as some wire precision delivers it (module docstring)."""
     try:
         length, arrays = canonical_arrays(state, cfg, 0)
     except ValueError as err:
@@ -189,30 +196,35 @@ def _checked_tokens(cfg: ModelConfig, state: ModelState, what: str) -> list[int]
     first = _token_tensor([spec for spec, _ in arrays])
     spec, holder = arrays[first]
     column = holder.reshape(length, -1)[:, 0].astype(np.float64)
-    # NaN fails every comparison, so it is refused too.
+    # A lossy precision moves an id by less than ½; the comparison below then holds the column
+    # to exactly what it delivers. NaN fails every comparison, so it is refused too.
+    ids_f = np.rint(column)
     bad = np.flatnonzero(
-        ~((column == np.round(column)) & (column >= 0) & (column < cfg.vocab_size))
+        ~((np.abs(column - ids_f) < 0.5) & (ids_f >= 0) & (ids_f < cfg.vocab_size))
     )
     if bad.size:
         p = int(bad[0])
         raise EngineError(f"{what} {STATE_MISMATCH}: {spec} holds {column[p]} at position {p}")
-    ids = [int(t) for t in column]
+    ids = [int(t) for t in ids_f]
     expected = _arrays(cfg, ids)
     # The tokens' own tensor first: a damaged token id then shows where it is, not as a
     # recurrent state that does not match the wrong tokens.
     for n in [first, *(n for n in range(len(arrays)) if n != first)]:
         (spec, got), want = arrays[n], expected[n][1]
+        unit = first_undelivered(spec, got, want)
+        if unit is None:
+            continue
         unsigned = f"u{spec.itemsize}"
         differs = np.flatnonzero(got.view(unsigned) != want.view(unsigned))
-        if differs.size:
-            index = tuple(int(i) for i in np.unravel_index(differs[0], spec.shape))
-            where = f"element {index}"
-            if spec.token_axis:  # rows of an SWA window are its last positions
-                where = f"position {length - spec.shape[0] + index[0]}, element {index[1:]}"
-            raise EngineError(
-                f"{what} {STATE_MISMATCH}: {spec} differs at {where} ({got[index]} ≠ "
-                f"{want[index]}; {differs.size} of {got.size} elements)"
-            )
+        inside = differs[differs >= unit * (got.size // len(got) if spec.token_axis else 0)]
+        index = tuple(int(i) for i in np.unravel_index(inside[0], spec.shape))
+        where = f"element {index}"
+        if spec.token_axis:  # rows of an SWA window are its last positions
+            where = f"position {length - spec.shape[0] + index[0]}, element {index[1:]}"
+        raise EngineError(
+            f"{what} {STATE_MISMATCH}: {spec} differs at {where} ({got[index]} ≠ "
+            f"{want[index]}; {differs.size} of {got.size} elements)"
+        )
     return ids
 
 

@@ -99,6 +99,8 @@ def test_a_short_soak_over_the_wan_reports_every_fault_and_leaves_nothing(tmp_pa
     assert counts["lost"] == counts["duplicated"] == counts["wrong"] == 0
     assert counts["sent"] >= 40 and counts["completed"] >= 0.9 * counts["accepted"]
     assert report["mix"]["sampled"] > 0 and report["mix"]["frontdoor"] > 0
+    # Every wire precision crossed the link, the lossy ones taken by the fake decode engines.
+    assert set(report["mix"]["prfaas_by_precision"]) == {"native", "bf16", "int8", "fp8_e4m3"}
     kinds = report["by_kind"]
     # Seed 0's first round, as far as 40 s of arrivals hold it (tests/serving/
     # test_fault_schedule.py checks the schedule itself).
@@ -119,6 +121,8 @@ def test_a_short_soak_over_the_wan_reports_every_fault_and_leaves_nothing(tmp_pa
     rss = report["rss"]
     assert {"soak", "router", "wan", "frontdoor-1", "prfaas-0", "pd-0"} <= set(rss)
     assert all(row["samples"] >= 2 for name, row in rss.items() if "restart" not in name)
+    # 40 s is too short for the memory rule (serving/loadgen/soak_memory.py) to judge anyone.
+    assert {v["verdict"] for v in report["memory"].values()} == {"too short"}
     assert report["restarts"] == 1  # the killed PD prefill worker
     assert _wait_gone(soak.pid, log_dir) == NOTHING
 

@@ -1,7 +1,7 @@
 """The fault schedule of `prfaas soak --netns` (serving/loadgen/fault_schedule.py) against its
-definition, and the report's accounting of faults and memory (serving/loadgen/
-netns_soak_report.py) on hand-made runs. The soak itself runs a cluster in namespaces:
-tests/cluster/test_netns_soak.py."""
+definition, and the report's accounting of faults (serving/loadgen/netns_soak_report.py) on
+hand-made runs (its memory rule: tests/serving/test_soak_memory.py). The soak itself runs a
+cluster in namespaces: tests/cluster/test_netns_soak.py."""
 
 from __future__ import annotations
 
@@ -18,11 +18,7 @@ from prfaas_jax.serving.loadgen.fault_schedule import (
     allows_twice,
     fault_schedule,
 )
-from prfaas_jax.serving.loadgen.netns_soak_report import (
-    NetnsSoakReport,
-    corrupt_detections,
-    rss_trends,
-)
+from prfaas_jax.serving.loadgen.netns_soak_report import NetnsSoakReport, corrupt_detections
 from prfaas_jax.serving.loadgen.soak_report import RequestResult
 
 K = len(FAULT_KINDS)
@@ -137,20 +133,24 @@ def test_the_report_counts_each_kind():
     assert _report(results, [late], [late]).by_kind()["blackhole"]["recovered"] == 0
 
 
-def test_rss_trends_fit_a_slope_per_minute():
-    mib = 2**20
-    samples = [(t, "router", 9, (100 + 0.05 * t) * mib) for t in range(0, 120, 5)]
-    samples += [(0.0, "pd-0", 10, 50 * mib), (5.0, "pd-0", 10, 60 * mib)]
-    trends = rss_trends(samples)
-    assert trends["router"]["slope_mib_per_min"] == pytest.approx(3.0, abs=1e-3)
-    assert trends["router"]["late_slope_mib_per_min"] == pytest.approx(3.0, abs=1e-3)
-    assert trends["router"]["first_mib"] == 100.0 and trends["router"]["samples"] == 24
-    assert trends["pd-0"]["slope_mib_per_min"] is None  # too short to say
-    assert trends["pd-0"]["max_mib"] == 60.0
-    # Warm-up, then flat: growth over the life, none in its second half.
-    warm = [(t, "pd-1", 11, (50 + min(t, 20)) * mib) for t in range(0, 200, 5)]
-    trend = rss_trends(warm)["pd-1"]
-    assert trend["slope_mib_per_min"] > 1 and trend["late_slope_mib_per_min"] == 0.0
+def test_the_mix_counts_prfaas_requests_by_precision_and_prefix_hits():
+    results = [
+        _result(101.0, 1.0, route="prfaas", wire_precision="int8"),
+        _result(102.0, 1.0, route="prfaas", wire_precision="int8"),
+        _result(103.0, 1.0, route="prfaas", wire_precision="fp8_e4m3"),
+        _result(104.0, 1.0, route="prfaas"),  # the config's
+        _result(105.0, 1.0, route="pd", wire_precision=""),  # pushed natively, not counted
+        _result(106.0, 1.0, route="prfaas", wire_precision="native", outcome="failed"),
+    ]
+    results[2].cached_len = 256  # a prefix hit
+    report = _report(results, [], [])
+    report.link_precision = "bf16"
+    report.router = {"cached_tokens": 256, "prompt_tokens": 1024}
+    assert report.to_dict()["mix"]["prefix_hits"] == 1
+    table = report.format_table()
+    assert "prefix hits                  1  (256 of 1024 prompt tokens reused)" in table
+    assert report.to_dict()["mix"]["prfaas_by_precision"] == {"bf16": 1, "fp8_e4m3": 1, "int8": 2}
+    assert "PrfaaS pushes completed      4  (bf16 1, fp8_e4m3 1, int8 2)" in report.format_table()
 
 
 def test_checksum_failures_are_told_apart_by_whether_a_worker_corrupted_the_request(tmp_path):

@@ -58,6 +58,7 @@ def test_client_port_is_as_specified():
         ("seed", 7, T.TYPE_UINT64),
         ("logprobs", 8, T.TYPE_INT32),
         ("prompt_logprobs", 9, T.TYPE_BOOL),
+        ("wire_precision", 10, T.TYPE_STRING),
     ]
     # A request that names no seed is told apart from seed 0: the router draws it a fresh one.
     assert generate.input_type.fields_by_name["seed"].has_presence

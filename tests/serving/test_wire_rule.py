@@ -34,8 +34,8 @@ WIRE = {
     "window_s": 2.0,
     "options": [{"precision": "int8", "byte_ratio": 0.49, "recall_loss": 0.001}],
 }
-# The fake decode engine checks a state bit for bit; its values (a 1/64 grid in [−2, 2), token
-# ids below 256) are exact in bf16, so bf16 is the narrowing a fake-engine cluster can carry.
+# bf16 carries the fake engines' values (a 1/64 grid in [−2, 2), token ids below 256) exactly,
+# so the narrowed request's state is the native one in half the bytes.
 WIRE_BF16 = {**WIRE, "options": [{"precision": "bf16", "byte_ratio": 0.5, "recall_loss": 0.0}]}
 
 
@@ -147,5 +147,33 @@ def test_a_narrowed_request_ships_the_bytes_of_its_precision(tmp_path):
     assert dict(stats.wire_narrowed) == {"bf16": 1}
     assert stats.wire_utilization == pytest.approx(50_000 / 1.5 / 2e6)
     assert 'prfaas_wire_narrowed_total{precision="bf16"} 1.0' in text.splitlines()
+    assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "wire_precision" in refused.value.details()
+
+
+def test_a_request_asks_its_own_precision(tmp_path):
+    """Without `[wire]`, over fake-engine workers in this process: a long prompt asking int8 or
+    fp8_e4m3 crosses in exactly that precision's bytes, the decode side takes the rounded state
+    and the tokens are right, and the report says so, nothing counted as narrowed; a short one
+    (PD) ships native whatever it asks; a precision the codec does not know is the router's
+    INVALID_ARGUMENT."""
+    config = load_cluster_config(fake_config(tmp_path / "cluster.toml"))
+    long, short = [(3 + 7 * i) % CFG.vocab_size for i in range(200)], [5] * 20
+    with serve_in_process(config, fake_instances(CFG)) as cluster:
+        asked = {
+            p: generate(cluster.router, long, 4, wire_precision=p) for p in ("int8", "fp8_e4m3")
+        }
+        local = generate(cluster.router, short, 4, wire_precision="int8")
+        stats = cluster.stats()
+        with pytest.raises(grpc.RpcError) as refused:
+            generate(cluster.router, long, 4, wire_precision="int4")
+    for precision, reply in asked.items():
+        assert (reply.report.route, reply.report.wire_precision) == ("prfaas", precision)
+        nbytes = state_nbytes(CFG, 200, WirePrecision.parse(precision))
+        assert reply.report.state_bytes == nbytes < state_nbytes(CFG, 200) // 2
+        assert reply.tokens == fake_tokens(long, 4, CFG.vocab_size)
+    assert (local.report.route, local.report.wire_precision) == ("pd", "")
+    assert local.report.state_bytes == state_nbytes(CFG, 20)
+    assert dict(stats.wire_narrowed) == {}
     assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
     assert "wire_precision" in refused.value.details()

@@ -8,7 +8,8 @@ restarts on, and an OpenAI front door (`prfaas openai`) in front of its router; 
 arrivals at `rate` for `duration_s` while a `FaultRunner` (serving/loadgen/fault_runner.py)
 applies the seeded `fault_schedule` (serving/loadgen/fault_schedule.py); samples the RSS of
 every process (the launcher, the router, each worker and its replacements, the delay line, the
-front door) every `rss_every_s`; then waits for every request to end and stops everything.
+front door) every `rss_every_s` (the report judges whether each stayed bounded:
+serving/loadgen/soak_memory.py); then waits for every request to end and stops everything.
 
 The requests (`mixed_workload`): prompt lengths half at or below the routing threshold t, the
 rest above it up to 4t, and a share `long_share` long ones, from 4K tokens up to `longest` (16K
@@ -17,8 +18,11 @@ by default: the fake engine holds a real state of that length, so the codec carr
 workers' prefix caches reuse them); `sampled_share` sampled with a seed
 (temperature 0.8, top-p 0.875, top-k 0 or 50), the rest greedy; max_new_tokens uniform on [8, 32];
 `frontdoor_share` of all, greedy ones, through the front door (streamed completions), the rest
-on the router's gRPC API. The wire precision is the config's (`[link] precision`: the PrfaaS push;
-PD pushes are native).
+on the router's gRPC API. Those ask, in turn, each wire precision of `WIRE_MIX` (native, bf16,
+int8, fp8_e4m3: `GenerateRequest.wire_precision`) for their state when it crosses the link on
+the PrfaaS route; front-door requests cross in the config's `[link] precision`; PD pushes are
+native. The fake decode engines take a state as its precision delivers it and nothing else
+(engine/fake.py).
 
 Each request is judged by the soak's oracle (serving/loadgen/soak_report.py): the fake engines'
 tokens for that prompt and sampling, which depend on the whole sequence and the sampling key, so
@@ -45,7 +49,7 @@ from prfaas_jax.engine.sampling_params import GREEDY, SamplingParams
 from prfaas_jax.engine.tokenizer import ByteTokenizer
 from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster.launcher import ClusterProcesses
-from prfaas_jax.serving.cluster_config import ClusterConfig
+from prfaas_jax.serving.cluster_config import ClusterConfig, instance_roles
 from prfaas_jax.serving.cluster_sections import EngineKind
 from prfaas_jax.serving.loadgen.fault_runner import RECOVER_WAIT_S, FaultRunner
 from prfaas_jax.serving.loadgen.fault_schedule import fault_schedule
@@ -57,9 +61,11 @@ from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
 from prfaas_jax.serving.transport.lifecycle import write_json
 from prfaas_jax.serving.transport.security import router_channel
+from prfaas_jax.wire_precision import ENCODINGS
 
 LONG_FROM = 4096
 PREFIXES = 4
+WIRE_MIX = ENCODINGS  # asked in turn by the requests on the router's API
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +100,7 @@ class Planned:
     max_new_tokens: int
     sampling: SamplingParams = GREEDY
     frontdoor: bool = False
+    wire_precision: str = ""  # asked for the PrfaaS push; "": the config's
 
 
 def mixed_workload(options: NetnsSoakOptions, config: ClusterConfig, vocab: int) -> list[Planned]:
@@ -126,7 +133,8 @@ def mixed_workload(options: NetnsSoakOptions, config: ClusterConfig, vocab: int)
             sampling = SamplingParams(0.8, top_k, 0.875, rng.randrange(2**63))
         else:
             frontdoor = rng.random() < options.frontdoor_share / (1 - options.sampled_share)
-        plan.append(Planned(round(offset, 4), prompt, n, sampling, frontdoor))
+        wire = "" if frontdoor else WIRE_MIX[len(plan) % len(WIRE_MIX)]
+        plan.append(Planned(round(offset, 4), prompt, n, sampling, frontdoor, wire))
         offset += rng.expovariate(options.rate)
     return plan
 
@@ -173,6 +181,18 @@ def _processes(cluster: ClusterProcesses, frontdoor: FrontDoorProcess) -> dict[s
     return labels
 
 
+def memory_budgets(config: ClusterConfig) -> dict[str, float]:
+    """The MiB each process may fill by its configuration (serving/loadgen/soak_memory.py): a
+    prefill worker its prefix cache."""
+    if not config.prefix_cache.enabled:
+        return {}
+    return {
+        name: float(config.prefix_cache.capacity_mib)
+        for name, role in instance_roles(config).items()
+        if role.is_prefill
+    }
+
+
 def _busy(stub: pb_grpc.RouterStub) -> dict[str, int]:
     """Each worker's requests in hand as the router last polled them: prefill queue, decode
     slots and states still arriving."""
@@ -213,7 +233,13 @@ class _Requests:
             )
         else:
             target = functools.partial(
-                send, self.stub, result, f"soak-{index:05d}", self.deadline_s, planned.sampling
+                send,
+                self.stub,
+                result,
+                f"soak-{index:05d}",
+                self.deadline_s,
+                planned.sampling,
+                planned.wire_precision,
             )
         thread = threading.Thread(target=target, daemon=True)
         thread.start()
@@ -336,4 +362,6 @@ def run_netns_soak(
         wall_s=time.monotonic() - started,
         corrupt_ids=corrupt_ids,
         checksum_unexplained=unexplained,
+        memory_budgets=memory_budgets(config),
+        link_precision=str(config.link.wire_precision),
     )

@@ -1,6 +1,5 @@
 """The report of `prfaas soak --netns`: `NetnsSoakReport` (per fault kind, the requests and the
-memory of every process; `to_dict`, `format_table`, `passed`), `rss_trends` and
-`corrupt_detections`.
+memory of every process; `to_dict`, `format_table`, `passed`) and `corrupt_detections`.
 
 Per request the soak's oracle decides (serving/loadgen/soak_report.py: lost, duplicated, wrong).
 Per fault kind (serving/loadgen/fault_schedule.py; what detected and recovered mean for each is in
@@ -16,14 +15,17 @@ serving/loadgen/fault_runner.py):
 - in flight: requests open at some moment of the fault (from its start to `AFTER_S` after its
   end); affected: those of them retried, resumed, failed or lost.
 
-Memory (`rss_trends`): per process (the launcher `soak`, the router, every worker instance and
-each replacement, the delay line, each front door), its RSS samples, first, last and largest, and
-the least-squares slope in MiB per minute over its life and over its second half (a process
-that warms up and then holds shows a slope over its life and none late; None below 3 samples or
-30 s).
+The mix counts the requests completed on the PrfaaS route by the wire precision their state
+last crossed in (`by_precision`, from the router's reports), and those that reused a cached
+prefix (their report's `cached_len`; the router's count of prompt tokens reused beside it).
 
-`passed`: nothing lost, duplicated or wrong, and every kind injected as often as scheduled up to
-twice (a kind the run was too short to schedule twice needs what was scheduled).
+Memory (serving/loadgen/soak_memory.py): each incarnation's RSS trend (`rss_trends`: a
+restarted process is a series of its own) and each process's verdict (`memory_verdicts`:
+bounded, growing or too short to judge, by the rule stated there).
+
+`passed`: nothing lost, duplicated or wrong, every kind injected as often as scheduled up to
+twice (a kind the run was too short to schedule twice needs what was scheduled), and no process
+whose memory is growing.
 """
 
 from __future__ import annotations
@@ -34,8 +36,6 @@ import os
 import re
 from pathlib import Path
 
-import numpy as np
-
 from prfaas_jax.serving.loadgen.fault_schedule import (
     CORRUPT_FRAMES,
     FAULT_KINDS,
@@ -43,12 +43,12 @@ from prfaas_jax.serving.loadgen.fault_schedule import (
     ROUNDS,
     allows_twice,
 )
+from prfaas_jax.serving.loadgen.soak_memory import growing, memory_verdicts, rss_trends
 from prfaas_jax.serving.loadgen.soak_report import RequestResult, SoakReport
 from prfaas_jax.serving.transfer.faults import CORRUPT_MARK
 from prfaas_jax.tables import table
 
 AFTER_S = 10.0  # a request this long after a fault ended still counts as in flight during it
-MIB = 2**20
 _CORRUPT_FAILURE = re.compile(r"(\S+): attempt \d+ failed \([^\n]*(?:CRC|checksum)", re.I)
 _CORRUPTED = re.compile(rf"{CORRUPT_MARK} [^\n]* of (\S+)\.[0-9a-f]+ ")
 # How a front-door request fails that never reached the router (the front door was restarting).
@@ -69,36 +69,6 @@ def corrupt_detections(log_dir: str | os.PathLike[str]) -> tuple[list[str], list
     return [i for i in failed if i in injected], [i for i in failed if i not in injected]
 
 
-def _slope_per_min(times: list[float], values: list[float]) -> float | None:
-    if len(times) < 3 or times[-1] - times[0] < 30:
-        return None
-    return float(np.polyfit(np.asarray(times) / 60, np.asarray(values), 1)[0])
-
-
-def rss_trends(samples: list[tuple[float, str, int, int]]) -> dict[str, dict]:
-    """Per process label (module docstring): from (t s, label, pid, RSS bytes) rows."""
-    series: dict[str, list[tuple[float, int]]] = collections.defaultdict(list)
-    for at, label, _, rss in samples:
-        series[label].append((at, rss))
-    trends = {}
-    for label, rows in sorted(series.items()):
-        times = [t for t, _ in rows]
-        mib = [rss / MIB for _, rss in rows]
-        slope = _slope_per_min(times, mib)
-        late = [i for i, t in enumerate(times) if t >= (times[0] + times[-1]) / 2]
-        late_slope = _slope_per_min([times[i] for i in late], [mib[i] for i in late])
-        trends[label] = {
-            "samples": len(rows),
-            "seconds": round(times[-1] - times[0], 1),
-            "first_mib": round(mib[0], 1),
-            "last_mib": round(mib[-1], 1),
-            "max_mib": round(max(mib), 1),
-            "slope_mib_per_min": None if slope is None else round(slope, 3),
-            "late_slope_mib_per_min": None if late_slope is None else round(late_slope, 3),
-        }
-    return trends
-
-
 @dataclasses.dataclass
 class NetnsSoakReport:
     options: dict
@@ -114,6 +84,21 @@ class NetnsSoakReport:
     wall_s: float
     corrupt_ids: list[str] = dataclasses.field(default_factory=list)  # `corrupt_detections`
     checksum_unexplained: list[str] = dataclasses.field(default_factory=list)
+    memory_budgets: dict[str, float] = dataclasses.field(default_factory=dict)  # MiB by process
+    link_precision: str = "native"  # the config's `[link] precision`
+
+    def by_precision(self) -> dict[str, int]:
+        """Requests completed on the PrfaaS route by the precision their state last crossed in
+        (the router's report; "" there is the config's)."""
+        counts = collections.Counter(
+            r.wire_precision or self.link_precision
+            for r in self.results
+            if r.route == "prfaas" and r.outcome == "completed"
+        )
+        return dict(sorted(counts.items()))
+
+    def memory(self) -> dict[str, dict]:
+        return memory_verdicts(self.rss, self.memory_budgets)
 
     @property
     def requests(self) -> SoakReport:
@@ -232,7 +217,7 @@ class NetnsSoakReport:
     def passed(self) -> bool:
         counts = self.requests.counts()
         clean = not (counts["lost"] or counts["duplicated"] or counts["wrong"])
-        return clean and not self.missing()
+        return clean and not self.missing() and not growing(self.memory())
 
     def to_dict(self) -> dict:
         requests = self.requests.to_dict()
@@ -248,6 +233,10 @@ class NetnsSoakReport:
                 ),
                 "longest_prompt": max((len(r.prompt) for r in self.results), default=0),
                 "prompts_over_4k": sum(len(r.prompt) > 4096 for r in self.results),
+                "prfaas_by_precision": self.by_precision(),
+                "prefix_hits": sum(
+                    r.outcome == "completed" and r.cached_len > 0 for r in self.results
+                ),
             },
             "failures": requests["failures"],
             "latency": requests["latency"],
@@ -260,6 +249,7 @@ class NetnsSoakReport:
             "faults": self.faults,
             "router": self.router,
             "rss": rss_trends(self.rss),
+            "memory": self.memory(),
             "passed": self.passed(),
             "wall_s": self.wall_s,
         }
@@ -276,6 +266,17 @@ class NetnsSoakReport:
                 f"({mix['sampled']} sampled, {mix['frontdoor']} via "
                 f"the front door, {mix['prompts_over_4k']} over 4K tokens, longest "
                 f"{mix['longest_prompt']})",
+            ),
+            (
+                "PrfaaS pushes completed",
+                sum(mix["prfaas_by_precision"].values()),
+                "(" + ", ".join(f"{p} {n}" for p, n in mix["prfaas_by_precision"].items()) + ")",
+            ),
+            (
+                "prefix hits",
+                mix["prefix_hits"],
+                f"({self.router.get('cached_tokens', 0)} of "
+                f"{self.router.get('prompt_tokens', 0)} prompt tokens reused)",
             ),
             ("rejected at admission", c["rejected"], ""),
             ("completed", c["completed"], f"of {c['accepted']} accepted"),
@@ -335,9 +336,39 @@ class NetnsSoakReport:
             table(kinds, headers),
             "",
             table(memory, rss_headers),
+            "",
+            table(_verdict_rows(d["memory"]), VERDICT_HEADERS),
         ]
         if d["missing_kinds"]:
             lines.append(f"injected fewer times than required: {', '.join(d['missing_kinds'])}")
         arrivals = self.options["duration_s"]
         lines.append(f"wall time {self.wall_s:.0f} s ({arrivals:.0f} s of arrivals)")
         return "\n".join(lines)
+
+
+VERDICT_HEADERS = ("process", "memory", "incarnation", "lived s", "late MiB/min", "max", "bound")
+
+
+def _verdict_rows(verdicts: dict[str, dict]) -> list[tuple]:
+    """A row per judged incarnation (serving/loadgen/soak_memory.py), one for a process with
+    none."""
+    rows: list[tuple] = []
+    for process, entry in verdicts.items():
+        judged = entry["judged"] or {"-": None}
+        for name, j in judged.items():
+            if j is None:
+                rows.append((process, entry["verdict"], "-", "-", "-", "-", "-"))
+                continue
+            slope = j["late_slope_mib_per_min"]
+            rows.append(
+                (
+                    process,
+                    entry["verdict"],
+                    name,
+                    j["seconds"],
+                    "-" if slope is None else f"{slope:+.2f}",
+                    j["max_mib"],
+                    j["bound_mib"],
+                )
+            )
+    return rows

@@ -85,8 +85,10 @@ def send(
     request_id: str,
     deadline: float,
     sampling: SamplingParams = GREEDY,
+    wire_precision: str = "",
 ) -> None:
-    """Stream one request (greedy, or seeded-sampled with ``sampling``) into ``result``."""
+    """Stream one request (greedy, or seeded-sampled with ``sampling``; its PrfaaS state asked
+    to cross in ``wire_precision``, "" for the cluster's) into ``result``."""
     request = pb.GenerateRequest(
         request_id=request_id,
         prompt_token_ids=result.prompt,
@@ -94,6 +96,7 @@ def send(
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         top_k=sampling.top_k,
+        wire_precision=wire_precision,
     )
     if not sampling.greedy:
         request.seed = sampling.seed
@@ -106,6 +109,8 @@ def send(
                 report = message.report
                 result.outcome, result.route = "completed", report.route
                 result.attempts, result.resumed_from = report.attempts, report.resumed_from
+                result.wire_precision = report.wire_precision
+                result.cached_len = report.cached_len
     except grpc.RpcError as err:
         code = err.code()
         hung = code is grpc.StatusCode.DEADLINE_EXCEEDED
@@ -197,6 +202,8 @@ def router_counts(stub: pb_grpc.RouterStub) -> dict[str, int]:
         "resumed": stats.resumed,
         "rejected": stats.rejected,
         "failed": stats.requests_failed,
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
     }
 
 

@@ -51,6 +51,8 @@ class RequestResult:
     attempts: int = 0
     resumed_from: int = 0
     route: str = ""
+    wire_precision: str = ""  # the report's: asked or narrowed; "": the cluster's
+    cached_len: int = 0  # the report's: prompt tokens reused from a cached prefix
 
     @property
     def duplicated(self) -> bool:

@@ -104,6 +104,7 @@ from prfaas_jax.serving.transport.messages import (
     check_prompt,
     check_request_id,
     check_top_logprobs,
+    check_wire_precision,
     sampling_from_proto,
     sampling_to_proto,
 )
@@ -325,6 +326,7 @@ class RouterCore:
             sampling = sampling_from_proto(request.temperature, request.top_p, request.top_k, seed)
             top = check_top_logprobs(request.logprobs) if request.HasField("logprobs") else None
             check_request_id(request.request_id)
+            asked_wire = check_wire_precision(request.wire_precision)
         except UserError as err:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
         request_id = request.request_id or uuid.uuid4().hex
@@ -343,6 +345,7 @@ class RouterCore:
             sampling,
             received,
             logprobs=top,
+            wire_precision=asked_wire,
             prompt_logprobs=request.prompt_logprobs,
         )
         context.add_callback(record.cancel)
@@ -432,7 +435,7 @@ class RouterCore:
         if decision.cluster is ClusterKind.PRFAAS and self.config.prefix_cache.enabled:
             held = reserve_kv(decode.decode, wire_id, context)
         with self.lock:
-            narrowed = self.wire.choose(decision.cluster)
+            narrowed = self.wire.choose(decision.cluster, record.wire_precision)
         prefill_call = prefill.prefill.Prefill.future(
             pb.PrefillRequest(
                 request_id=wire_id,

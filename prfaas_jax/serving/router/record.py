@@ -86,6 +86,7 @@ class RequestRecord:
     logprobs: int | None = None  # alternatives per new token when its log-probabilities are asked
     prompt_logprobs: bool = False  # the prompt's log-probabilities asked
     prompt_scored: bool = False  # and sent
+    wire_precision: str = ""  # asked for its PrfaaS attempts (GenerateRequest.wire_precision)
     streamed: list[int] = dataclasses.field(default_factory=list)
     attempts: int = 0
     route: Route = Route.NONE

@@ -38,10 +38,15 @@ class WireRule:
         if self.policy is not None and obs.capacity_bytes_per_s > 0:
             self.policy.observe(obs)
 
-    def choose(self, cluster: ClusterKind) -> str:
-        """How an attempt prefilled in ``cluster`` ships its state: an option's precision when
-        it crosses the link narrowed (counted), else "" (the worker's `[link] precision`)."""
-        if self.policy is None or cluster is not ClusterKind.PRFAAS:
+    def choose(self, cluster: ClusterKind, asked: str = "") -> str:
+        """How an attempt prefilled in ``cluster`` ships its state: the request's ``asked``
+        precision (GenerateRequest.wire_precision, not counted), an option's precision when it
+        crosses the link narrowed (counted), else "" (the worker's `[link] precision`)."""
+        if cluster is not ClusterKind.PRFAAS:
+            return ""
+        if asked:
+            return asked
+        if self.policy is None:
             return ""
         option = self.policy.choose()
         if option is None:

@@ -3,9 +3,10 @@
 `role_to_proto` / `role_from_proto` (policy `Role` ↔ `prfaas.v1.Role`), `sampling_from_proto` /
 `sampling_to_proto` (`SamplingParams` ↔ the message; an unset top_p of 0 reads as 1.0, "off"),
 `logprobs_to_proto` (an engine's `TokenLogprobs` as a `TokenLogprob`), and the request checks
-every entry point shares: `check_prompt` (tokens and budget), `check_top_logprobs` and
-`check_request_id`. `router_max_request_bytes` bounds a valid `GenerateRequest`, so the router's
-port refuses anything larger (RESOURCE_EXHAUSTED) before parsing it.
+every entry point shares: `check_prompt` (tokens and budget), `check_top_logprobs`,
+`check_request_id` and `check_wire_precision`. `router_max_request_bytes` bounds a valid
+`GenerateRequest`, so the router's port refuses anything larger (RESOURCE_EXHAUSTED) before
+parsing it.
 
 A refusal that no retry can change — a worker's own checks of the request, a prompt past its
 engine's limit — is sent as final (`abort_final`): its status carries gRPC's server pushback
@@ -27,6 +28,7 @@ from prfaas_jax.engine.token_logprobs import MAX_TOP_LOGPROBS, TokenLogprobs
 from prfaas_jax.errors import UserError
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
+from prfaas_jax.wire_precision import WirePrecision
 
 _ROLES = {
     Role.PRFAAS_PREFILL: pb.ROLE_PRFAAS_PREFILL,
@@ -109,6 +111,17 @@ def check_prompt(
         )
 
 
+def check_wire_precision(text: str) -> str:
+    """A request's wire precision as `WirePrecision` writes it ("" stays ""); UserError naming
+    what is wrong."""
+    if not text:
+        return ""
+    try:
+        return str(WirePrecision.parse(text))
+    except ValueError as err:
+        raise UserError(f"wire_precision: {err}") from None
+
+
 def check_request_id(request_id: str) -> None:
     """Raises UserError unless `request_id` is at most MAX_REQUEST_ID_LEN printable characters.
 
@@ -149,7 +162,8 @@ def router_max_request_bytes(max_len: int) -> int:
 
     A valid prompt has at most `max_len` tokens of ≤ 6 bytes each (a 5-byte int32 varint, plus
     its tag when a client sends the repeated field unpacked); the request id at most
-    MAX_REQUEST_ID_LEN characters of ≤ 4 UTF-8 bytes; the scalar fields and the lengths fit in
-    the rest. A larger message cannot be valid, so the router's port refuses it unparsed.
+    MAX_REQUEST_ID_LEN characters of ≤ 4 UTF-8 bytes; the scalar fields, a wire precision
+    (under 80 characters when written plainly) and the lengths fit in the rest. A larger
+    message cannot be valid, so the router's port refuses it unparsed.
     """
     return 6 * max_len + 4 * MAX_REQUEST_ID_LEN + 1024
