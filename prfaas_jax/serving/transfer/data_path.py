@@ -81,7 +81,7 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def _tls_context(section: SecuritySection | None, *, server: bool) -> ssl.SSLContext | None:
+def tls_context(section: SecuritySection | None, *, server: bool) -> ssl.SSLContext | None:
     """Mutual TLS as on the worker port: the node certificate on both ends, both checked
     against the CA (the client also checks the host it dialled); None without certificates."""
     if section is None or not section.tls:
@@ -185,7 +185,7 @@ class DataListener:
         claim_timeout_s: float = 10.0,
         hello_timeout_s: float = 10.0,
     ) -> None:
-        self._tls = _tls_context(security, server=True)
+        self._tls = tls_context(security, server=True)
         check_listen(security, host, "a decode worker's data port", tls=self._tls is not None)
         self.claim_timeout_s, self.hello_timeout_s = claim_timeout_s, hello_timeout_s
         self._server = socket.create_server((host, port), family=_family(host), backlog=128)
@@ -293,7 +293,7 @@ class DataSender:
     ) -> DataSender:
         """A connection to the data port ``host:port`` that said hello with a new ticket
         (OSError, or ssl.SSLError, when it cannot be made)."""
-        context = _tls_context(security, server=False)
+        context = tls_context(security, server=False)
         conn = socket.create_connection((host, port), timeout=timeout_s)
         try:
             if context is not None:
@@ -316,6 +316,9 @@ class DataSender:
         else:
             pieces = [head, frame]
         if self._tls:
+            # The SSLSocket, not an SSLObject over MemoryBIOs batching MiBs per `sendall`: the
+            # BIOs' two extra copies cost the sender more CPU than the syscalls they save, and
+            # the receiver no less (bench/tls_data_path.py; docs/performance.md, "TLS").
             # Each write is a TLS record of its own (and a send): the record head and the
             # frame's prefix go with the payload when it is small (the cluster's 16 KiB
             # frames), ahead of it otherwise, so a frame costs one or two records, not three.
