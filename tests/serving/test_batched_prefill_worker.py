@@ -197,28 +197,35 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
         assert replies[index] == [alone.first_token, *decode_alone(decode, slot)], index
 
 
-def test_the_worker_compiles_its_batched_calls_before_it_serves(tmp_path):
-    """After `EngineFactory`'s warm-up, a batched call of one-chunk prompts within `[engine]`'s
-    limits compiles nothing: its shape (block 8, 2 rows) and its first-token sampler are
-    compiled already (`_warm_batches`; which shapes, `call_rows`)."""
+def test_the_worker_compiles_its_batched_calls_behind_its_start(tmp_path):
+    """Once `EngineFactory`'s batched warm-up (serving/worker/batch_warmup.py) has ended, a
+    batched call of one-chunk prompts within `[engine]`'s limits compiles nothing: its shapes
+    (block 8 at 2 rows, and at 1) and their first-token samplers are compiled already (which
+    shapes, `warm_shapes`), and the queue may run it (`batch_ready`)."""
     engine_keys = {"max_len": 16, "chunk_len": 8, "buckets": [8, 16], "max_slots": 2}
     engine_keys |= {"prefill_batch_rows": 2, "prefill_batch_tokens": 16}
     sections = {"model": {"preset": "tiny", "engine": "jax"}, "engine": engine_keys}
     config = load_cluster_config(fake_config(tmp_path / "cluster.toml", **sections))
-    engine = EngineFactory(config).prefill_engine()
+    factory = EngineFactory(config)
+    engine = factory.prefill_engine()
+    try:
+        assert factory.wait_batches(WAIT_S)
+    finally:
+        factory.close()
+    assert factory.batch_ready([3, 8]) and factory.batch_ready([3, 8, 5])
     compiles: list[str] = []
 
     def on_event(event: str, *_, **__) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(event)
 
-    prompts = [prompt(n, offset) for n, offset in ((3, 0), (8, 5))]
+    prompts = [prompt(n, offset) for n, offset in ((3, 0), (8, 5), (5, 9))]
     jax.monitoring.register_event_duration_secs_listener(on_event)
     try:
-        outputs = engine.prefill_batch(prompts, max_len=16, max_batch_tokens=16)
+        outputs = engine.prefill_batch(prompts, max_len=16, max_batch_tokens=16, threads=1)
     finally:
         jax.monitoring.unregister_event_duration_listener(on_event)
-    assert [o.num_tokens for o in outputs] == [3, 8] and compiles == []
+    assert [o.num_tokens for o in outputs] == [3, 8, 5] and compiles == []
 
 
 def test_a_request_whose_own_part_fails_fails_alone():

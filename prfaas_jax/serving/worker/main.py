@@ -144,6 +144,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             max_queue=engine.max_prefill_queue,
             batch_rows=engine.prefill_batch_rows,
             batch_tokens=engine.prefill_batch_tokens,
+            batch_ready=self.factory.batch_ready,
             streams=config.link.streams,
             name=name,
             precision=config.link.wire_precision if prfaas else WIRE_NATIVE,
@@ -393,26 +394,29 @@ def main(argv: list[str] | None = None) -> int:
         args.address_file,
         {"address": server.address, "pid": os.getpid(), "interpreted_kernels": interpreted},
     )
-    start = time.perf_counter()
-    node.warm()
-    if stop.is_set():
-        server.stop(0)
-        return 0
-    server.set_serving()
-    log.info(
-        "%s (%s) serving on %s after %.1f s",
-        args.name,
-        args.role,
-        server.address,
-        time.perf_counter() - start,
-    )
-    while not stop.wait(0.5):  # a timed wait, so the signal handler gets to run
-        pass
-    server.stop()
-    if data_path is not None:
-        data_path.close()
-    node.decode.stop()
-    node.factory.close()
+    try:
+        start = time.perf_counter()
+        node.warm()
+        if stop.is_set():
+            server.stop(0)
+            return 0
+        server.set_serving()
+        log.info(
+            "%s (%s) serving on %s after %.1f s",
+            args.name,
+            args.role,
+            server.address,
+            time.perf_counter() - start,
+        )
+        while not stop.wait(0.5):  # a timed wait, so the signal handler gets to run
+            pass
+        server.stop()
+        if data_path is not None:
+            data_path.close()
+        node.decode.stop()
+    finally:
+        # Ends the batched prefill warm-up: no compile left running as the interpreter exits.
+        node.factory.close()
     return 0
 
 
