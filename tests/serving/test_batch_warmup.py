@@ -12,10 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from serving_support import wait_for
+from serving_support import GatedPrefill, wait_for
 
 from prfaas_jax.config import load_model_config
-from prfaas_jax.engine.fake import FakePrefillEngine, FakePrefillResult, fake_tokens
+from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.engine.sampling_params import GREEDY
 from prfaas_jax.serving.cluster_sections import EngineSection
 from prfaas_jax.serving.worker.batch_warmup import BatchWarmup
@@ -28,15 +28,13 @@ SECTION = EngineSection(max_len=512, chunk_len=64, buckets=(64,), prefill_batch_
 SHAPES = [(1, 64, 512), (2, 64, 512), (4, 64, 512)]  # fewest rows first
 
 
-class SlowCompiles(FakePrefillEngine):
-    """The fake engine, holding its first prefill at `gate` and each `compile_batch` at
-    `release`; `calls` lists each call's prompts, `compiling` each shape it began."""
+class SlowCompiles(GatedPrefill):
+    """The gated fake engine, holding each `compile_batch` at `release`; `compiling` lists
+    each shape it began."""
 
     def __init__(self) -> None:
-        super().__init__(CFG)
-        self.gate, self.entered = threading.Event(), threading.Event()
+        super().__init__()
         self.release, self.compile_began = threading.Event(), threading.Event()
-        self.calls: list[list[list[int]]] = []
         self.compiling: list[tuple[int, int, int]] = []
 
     def bucket(self, size: int) -> int:
@@ -49,16 +47,6 @@ class SlowCompiles(FakePrefillEngine):
         self.compiling.append((rows, block_len, capacity))
         self.compile_began.set()
         assert self.release.wait(WAIT_S), "the test never released the compile"
-
-    def prefill(self, tokens: Sequence[int], **options: object) -> FakePrefillResult:
-        self.calls.append([list(tokens)])
-        self.entered.set()
-        assert self.gate.wait(WAIT_S), "the test never opened the gate"
-        return super().prefill(tokens, **options)
-
-    def prefill_batch(self, prompts, **options) -> list[FakePrefillResult]:
-        self.calls.append([list(p) for p in prompts])
-        return super().prefill_batch(prompts, **options)
 
 
 def prompt(n: int, offset: int) -> list[int]:

@@ -12,21 +12,26 @@ decode slot: `engine/generate.py`'s steps, on the same compiled engines).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 
 import grpc
 import jax
 import numpy as np
 import pytest
 from conftest import preset
-from serving_support import Reply, fake_config, generate, serve_in_process, wait_for
+from serving_support import (
+    GatedPrefill,
+    Reply,
+    fake_config,
+    generate,
+    serve_in_process,
+    wait_for,
+)
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.fake import (
     FakeDecodeEngine,
     FakePrefillEngine,
-    FakePrefillResult,
     fake_tokens,
 )
 from prfaas_jax.engine.generate import decode_alone
@@ -46,26 +51,6 @@ WAIT_S = 20.0  # every wait is for an event; this only bounds a broken run
 
 def prompt(n: int, offset: int) -> list[int]:
     return [(offset + 37 * i) % VOCAB for i in range(n)]
-
-
-class GatedPrefill(FakePrefillEngine):
-    """The fake prefill engine holding its first prefill at `gate`; `calls` lists each call's
-    prompts."""
-
-    def __init__(self) -> None:
-        super().__init__(CFG)
-        self.gate, self.entered = threading.Event(), threading.Event()
-        self.calls: list[list[list[int]]] = []
-
-    def prefill(self, tokens: Sequence[int], **options: object) -> FakePrefillResult:
-        self.calls.append([list(tokens)])
-        self.entered.set()
-        assert self.gate.wait(WAIT_S), "the test never opened the gate"
-        return super().prefill(tokens, **options)
-
-    def prefill_batch(self, prompts, **options) -> list[FakePrefillResult]:
-        self.calls.append([list(p) for p in prompts])
-        return super().prefill_batch(prompts, **options)
 
 
 def test_waiting_short_prompts_share_one_call_and_keep_their_own_replies(tmp_path):
