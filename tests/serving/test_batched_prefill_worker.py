@@ -183,7 +183,7 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
 
 
 def test_the_worker_compiles_its_batched_calls_behind_its_start(tmp_path):
-    """Once `EngineFactory`'s batched warm-up (serving/worker/batch_warmup.py) has ended, a
+    """Once `EngineFactory.warm_batches` (serving/worker/batch_warmup.py) has ended, a
     batched call of one-chunk prompts within `[engine]`'s limits compiles nothing: its shapes
     (block 8 at 2 rows, and at 1) and their first-token samplers are compiled already (which
     shapes, `warm_shapes`), and the queue may run it (`batch_ready`)."""
@@ -193,6 +193,8 @@ def test_the_worker_compiles_its_batched_calls_behind_its_start(tmp_path):
     config = load_cluster_config(fake_config(tmp_path / "cluster.toml", **sections))
     factory = EngineFactory(config)
     engine = factory.prefill_engine()
+    assert factory.batch_ready([3, 8])  # no warm-up started: batches compile on first use
+    factory.warm_batches()
     try:
         assert factory.wait_batches(WAIT_S)
     finally:

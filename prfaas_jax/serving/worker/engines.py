@@ -11,8 +11,8 @@ sampler, the decode step and the slot insert — so that no request pays a compi
 engine's step, once per power-of-two batch of live rows; its insert still compiles per shape of
 a received state and count of its blocks, on first use). The batched prefill calls the prefill
 queue can make compile after that, on a thread of their own while the worker serves
-(serving/worker/batch_warmup.py); until one is compiled the queue runs its prompts one by one
-(`batch_ready`). In a
+(`warm_batches`, serving/worker/batch_warmup.py); until one is compiled the queue runs its
+prompts one by one (`batch_ready`). In a
 multi-process instance every process builds and warms the same engine, and the leader's is
 wrapped to publish each call to the others (engine/spmd.py). The worker processes share JAX's
 persistent compilation cache (engine/compile_cache.py): the first to compile an executable
@@ -182,14 +182,25 @@ class EngineFactory:
             prompt = [0] * min(size, engine_cfg.max_len - 1)
             result = engine.prefill(prompt, max_len=engine_cfg.max_len, on_layers=on_layers)
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
-        alone = self.group is None or self.group.num_processes == 1
-        batched = engine_cfg.prefill_batch_rows > 1
-        if engine.mesh is None and alone and batched:  # batched prefill: one device, one process
+        return engine
+
+    def warm_batches(self) -> None:
+        """Start compiling the batched prefill calls the prefill queue can make, on a thread of
+        their own (serving/worker/batch_warmup.py), once: a prefill worker calls it after its
+        warm-up. Only a JAX engine on one device in one process, with `[engine]
+        prefill_batch_rows` > 1, makes batched calls."""
+        engine = self.prefill_engine()
+        with self._lock:
+            alone = self.group is None or self.group.num_processes == 1
+            batched = self.config.engine.prefill_batch_rows > 1 and not self.fake
+            if self._batches is not None or not (alone and batched):
+                return
+            if engine.mesh is not None:  # type: ignore[attr-defined]
+                return
             from prfaas_jax.serving.worker.batch_warmup import BatchWarmup
 
-            self._batches = BatchWarmup(engine, engine_cfg)
+            self._batches = BatchWarmup(engine, self.config.engine)  # type: ignore[arg-type]
             self._batches.start()
-        return engine
 
     def _build_decode(self) -> DecodeEngineLike:
         engine_cfg = self.config.engine

@@ -194,9 +194,11 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             return self._role
 
     def warm(self) -> None:
-        """Build the engine of the current role (compiles happen here, before SERVING)."""
+        """Build the engine of the current role (compiles happen here, before SERVING; a
+        prefill engine's batched calls compile after, behind it)."""
         if self.role.is_prefill:
             self.prefixes.warm(self.factory.prefill_engine())
+            self.factory.warm_batches()
         elif self.mixed:
             self.factory.mixer()
         else:
@@ -270,6 +272,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         start = time.perf_counter()
         if target.is_prefill:
             self.prefixes.warm(self.factory.prefill_engine())
+            self.factory.warm_batches()
         else:
             self.factory.decode_engine()
         with self._role_lock:
