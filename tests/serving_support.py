@@ -24,14 +24,14 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.api import DecodeEngineLike, PrefillEngineLike
-from prfaas_jax.engine.fake import fake_tokens
+from prfaas_jax.engine.fake import FakePrefillEngine, FakePrefillResult, fake_tokens
 from prfaas_jax.policy.routing import Role
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.cluster_sections import SecuritySection
@@ -420,6 +420,28 @@ def assert_data_port_refuses(host: str, port: int, client: SecuritySection | Non
     with contextlib.suppress(ConnectionResetError, ssl.SSLError):
         assert conn._conn.recv(1) == b""
     conn.close()
+
+
+class GatedPrefill(FakePrefillEngine):
+    """The fake prefill engine of `tiny`, holding each prefill at `gate` while it is closed
+    (`entered` is set once one waits there); `calls` lists each call's prompts."""
+
+    wait_s = 20.0  # only bounds a test that never opens the gate
+
+    def __init__(self) -> None:
+        super().__init__(load_model_config("tiny"))
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.calls: list[list[list[int]]] = []
+
+    def prefill(self, tokens: Sequence[int], **options: object) -> FakePrefillResult:
+        self.calls.append([list(tokens)])
+        self.entered.set()
+        assert self.gate.wait(self.wait_s), "the test never opened the gate"
+        return super().prefill(tokens, **options)
+
+    def prefill_batch(self, prompts, **options) -> list[FakePrefillResult]:
+        self.calls.append([list(p) for p in prompts])
+        return super().prefill_batch(prompts, **options)
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:

@@ -1,7 +1,8 @@
 """``plan_calls``: how ``PrefillEngine.prefill_batch`` packs several prompts into compiled calls;
 ``call_rows``: the row counts above one that such a call of a given block can have (what a worker
-compiles before it serves); ``BatchCall``: one such packing; ``row_size``: the positions a row is
+compiles); ``BatchCall``: one such packing; ``row_size``: the positions a row is
 padded to; ``share_rows``: the prompts split between threads that run their calls at once;
+``plan_shares``: each share's calls;
 ``batch_threads``: how many such threads; ``row_states``: the batch-1 states of a batched state's
 rows; ``sampling_args``: the first-token sampler's per-row arguments for a call's rows.
 
@@ -132,6 +133,29 @@ def share_rows(costs: Sequence[int], shares: int) -> list[list[int]]:
         out[share].append(row)
         heapq.heappush(heap, (cost + costs[row], share))
     return [sorted(rows) for rows in out]
+
+
+def plan_shares(
+    lengths: Sequence[int],
+    shape_of: Callable[[int], tuple[int, int]],
+    *,
+    shares: int,
+    chunk_len: int,
+    max_batch_tokens: int,
+) -> list[list[BatchCall]]:
+    """The prompts of ``lengths`` dealt into at most ``shares`` shares by padded tokens
+    (`share_rows`), and each share's calls (`plan_calls`), their rows indexing ``lengths``."""
+    costs = [shape_of(n)[0] * -(-n // chunk_len) for n in lengths]
+    out = []
+    for share in share_rows(costs, shares):
+        calls = plan_calls(
+            [lengths[row] for row in share],
+            shape_of,
+            chunk_len=chunk_len,
+            max_batch_tokens=max_batch_tokens,
+        )
+        out.append([dataclasses.replace(c, rows=tuple(share[r] for r in c.rows)) for c in calls])
+    return out
 
 
 def batch_threads() -> int:

@@ -61,11 +61,10 @@ from prfaas_jax.engine.api import split_layers as split_layers  # re-exported
 from prfaas_jax.engine.batched_prefill import (
     BatchCall,
     batch_threads,
-    plan_calls,
+    plan_shares,
     row_size,
     row_states,
     sampling_args,
-    share_rows,
 )
 from prfaas_jax.engine.logprobs import TokenLogprobs, as_token_logprobs, log_softmax_top, top_width
 from prfaas_jax.engine.sampling import (
@@ -437,28 +436,19 @@ class PrefillEngine:
             raise EngineError(f"{len(sampling)} sampling settings for {len(rows)} prompts")
         sizes = [ids.size for ids in rows]
         plans = [self._batch_plan(n, max_len) for n in sizes]
-        shapes = {n: (plan.block_len, plan.capacity) for n, plan in zip(sizes, plans, strict=True)}
+        shares = self._batch_shares(sizes, max_len, max_batch_tokens, threads)
         results: list[PrefillResult | None] = [None] * len(rows)
 
-        def run(share: list[int]) -> float:
-            """The calls of ``share``'s rows, one after another; returns their compile seconds."""
-            calls = plan_calls(
-                [sizes[row] for row in share],
-                shapes.__getitem__,
-                chunk_len=self.chunk_len,
-                max_batch_tokens=max_batch_tokens,
-            )
+        def run(calls: list[BatchCall]) -> float:
+            """One share's calls, one after another; returns their compile seconds."""
             compile_s = 0.0
             for call in calls:
-                call = dataclasses.replace(call, rows=tuple(share[slot] for slot in call.rows))
                 outputs, seconds = self._batch_call(call, rows, plans, sampling, max_len)
                 compile_s += seconds
                 for row, result in zip(call.rows, outputs, strict=True):
                     results[row] = result
             return compile_s
 
-        padded = [plan.block_len * len(plan.chunks) for plan in plans]
-        shares = share_rows(padded, batch_threads() if threads is None else threads)
         if len(shares) > 1:
             with ThreadPoolExecutor(len(shares)) as pool:
                 compile_s = sum(pool.map(run, shares))
@@ -468,6 +458,40 @@ class PrefillEngine:
         # The calls are shared: every row reports the whole batch's times.
         timings = {"compile_s": compile_s, "run_s": total_s - compile_s, "total_s": total_s}
         return [dataclasses.replace(r, timings=timings) for r in results if r is not None]
+
+    def batch_shapes(
+        self,
+        lengths: Sequence[int],
+        *,
+        max_len: int | None = None,
+        max_batch_tokens: int = DEFAULT_BATCH_TOKENS,
+        threads: int | None = None,
+    ) -> set[tuple[int, int, int]]:
+        """The ``(rows, block_len, capacity)`` — `compile_batch`'s arguments — of each call
+        ``prefill_batch`` makes for prompts of ``lengths`` with these options; runs nothing."""
+        shares = self._batch_shares(lengths, max_len, max_batch_tokens, threads)
+        return {(len(c.rows), c.block_len, c.capacity) for calls in shares for c in calls}
+
+    def _batch_shares(
+        self,
+        lengths: Sequence[int],
+        max_len: int | None,
+        max_batch_tokens: int,
+        threads: int | None,
+    ) -> list[list[BatchCall]]:
+        """Each thread's calls for prompts of ``lengths`` (engine/batched_prefill.py)."""
+
+        def shape_of(num_tokens: int) -> tuple[int, int]:
+            plan = self._batch_plan(num_tokens, max_len)
+            return plan.block_len, plan.capacity
+
+        return plan_shares(
+            lengths,
+            shape_of,
+            shares=batch_threads() if threads is None else threads,
+            chunk_len=self.chunk_len,
+            max_batch_tokens=max_batch_tokens,
+        )
 
     def _batch_plan(self, num_tokens: int, max_len: int | None) -> PrefillPlan:
         """``plan``'s calls for a prompt, in the shape of a batched row (``row_size``)."""

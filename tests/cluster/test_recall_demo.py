@@ -26,6 +26,10 @@ def test_blank_states_collapse_recall_and_fail_the_demo(tmp_path, child_cache_ho
     toy = resolve("clusters", "toy").read_text()
     assert 'preset = "recall-tiny"' in toy
     config = tmp_path / "blank.toml"
+    # One prompt per prefill call: the check is of the states, and the workers then compile no
+    # batched calls behind their start, beside the demo's requests.
+    assert "[engine]\n" in toy
+    toy = toy.replace("[engine]\n", "[engine]\nprefill_batch_rows = 1\n")
     config.write_text(toy + "\n[faults]\nblank_state_prob = 1.0\n")
     result = subprocess.run(
         [sys.executable, "-m", "prfaas_jax.cli", "demo", "--config", str(config), "--json"],

@@ -12,21 +12,26 @@ decode slot: `engine/generate.py`'s steps, on the same compiled engines).
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 
 import grpc
 import jax
 import numpy as np
 import pytest
 from conftest import preset
-from serving_support import Reply, fake_config, generate, serve_in_process, wait_for
+from serving_support import (
+    GatedPrefill,
+    Reply,
+    fake_config,
+    generate,
+    serve_in_process,
+    wait_for,
+)
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.engine.fake import (
     FakeDecodeEngine,
     FakePrefillEngine,
-    FakePrefillResult,
     fake_tokens,
 )
 from prfaas_jax.engine.generate import decode_alone
@@ -46,26 +51,6 @@ WAIT_S = 20.0  # every wait is for an event; this only bounds a broken run
 
 def prompt(n: int, offset: int) -> list[int]:
     return [(offset + 37 * i) % VOCAB for i in range(n)]
-
-
-class GatedPrefill(FakePrefillEngine):
-    """The fake prefill engine holding its first prefill at `gate`; `calls` lists each call's
-    prompts."""
-
-    def __init__(self) -> None:
-        super().__init__(CFG)
-        self.gate, self.entered = threading.Event(), threading.Event()
-        self.calls: list[list[list[int]]] = []
-
-    def prefill(self, tokens: Sequence[int], **options: object) -> FakePrefillResult:
-        self.calls.append([list(tokens)])
-        self.entered.set()
-        assert self.gate.wait(WAIT_S), "the test never opened the gate"
-        return super().prefill(tokens, **options)
-
-    def prefill_batch(self, prompts, **options) -> list[FakePrefillResult]:
-        self.calls.append([list(p) for p in prompts])
-        return super().prefill_batch(prompts, **options)
 
 
 def test_waiting_short_prompts_share_one_call_and_keep_their_own_replies(tmp_path):
@@ -197,28 +182,37 @@ def test_concurrent_short_prompts_on_the_jax_engines_equal_single_process_genera
         assert replies[index] == [alone.first_token, *decode_alone(decode, slot)], index
 
 
-def test_the_worker_compiles_its_batched_calls_before_it_serves(tmp_path):
-    """After `EngineFactory`'s warm-up, a batched call of one-chunk prompts within `[engine]`'s
-    limits compiles nothing: its shape (block 8, 2 rows) and its first-token sampler are
-    compiled already (`_warm_batches`; which shapes, `call_rows`)."""
+def test_the_worker_compiles_its_batched_calls_behind_its_start(tmp_path):
+    """Once `EngineFactory.warm_batches` (serving/worker/batch_warmup.py) has ended, a
+    batched call of one-chunk prompts within `[engine]`'s limits compiles nothing: its shapes
+    (block 8 at 2 rows, and at 1) and their first-token samplers are compiled already (which
+    shapes, `warm_shapes`), and the queue may run it (`batch_ready`)."""
     engine_keys = {"max_len": 16, "chunk_len": 8, "buckets": [8, 16], "max_slots": 2}
     engine_keys |= {"prefill_batch_rows": 2, "prefill_batch_tokens": 16}
     sections = {"model": {"preset": "tiny", "engine": "jax"}, "engine": engine_keys}
     config = load_cluster_config(fake_config(tmp_path / "cluster.toml", **sections))
-    engine = EngineFactory(config).prefill_engine()
+    factory = EngineFactory(config)
+    engine = factory.prefill_engine()
+    assert factory.batch_ready([3, 8])  # no warm-up started: batches compile on first use
+    factory.warm_batches()
+    try:
+        assert factory.wait_batches(WAIT_S)
+    finally:
+        factory.close()
+    assert factory.batch_ready([3, 8]) and factory.batch_ready([3, 8, 5])
     compiles: list[str] = []
 
     def on_event(event: str, *_, **__) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             compiles.append(event)
 
-    prompts = [prompt(n, offset) for n, offset in ((3, 0), (8, 5))]
+    prompts = [prompt(n, offset) for n, offset in ((3, 0), (8, 5), (5, 9))]
     jax.monitoring.register_event_duration_secs_listener(on_event)
     try:
-        outputs = engine.prefill_batch(prompts, max_len=16, max_batch_tokens=16)
+        outputs = engine.prefill_batch(prompts, max_len=16, max_batch_tokens=16, threads=1)
     finally:
         jax.monitoring.unregister_event_duration_listener(on_event)
-    assert [o.num_tokens for o in outputs] == [3, 8] and compiles == []
+    assert [o.num_tokens for o in outputs] == [3, 8, 5] and compiles == []
 
 
 def test_a_request_whose_own_part_fails_fails_alone():

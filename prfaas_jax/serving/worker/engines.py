@@ -7,10 +7,12 @@ seeded weights, or the hand-computable fakes
 (engine/fake.py); the worker sees either through the protocols of engine/api.py. Warming
 compiles every executable a request can need — one prefill per length bucket at the fixed
 capacity `max_len` (and its segments, with `[engine] layer_groups > 1`), the first-token
-sampler, each batched prefill call the prefill queue can make (`_warm_batches`), the decode step
-and the slot insert — so that no request pays a compile (the paged
+sampler, the decode step and the slot insert — so that no request pays a compile (the paged
 engine's step, once per power-of-two batch of live rows; its insert still compiles per shape of
-a received state and count of its blocks, on first use). In a
+a received state and count of its blocks, on first use). The batched prefill calls the prefill
+queue can make compile after that, on a thread of their own while the worker serves
+(`warm_batches`, serving/worker/batch_warmup.py); until one is compiled the queue runs its
+prompts one by one (`batch_ready`). In a
 multi-process instance every process builds and warms the same engine, and the leader's is
 wrapped to publish each call to the others (engine/spmd.py). The worker processes share JAX's
 persistent compilation cache (engine/compile_cache.py): the first to compile an executable
@@ -23,12 +25,17 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from prfaas_jax.config import Impl, ModelConfig
 from prfaas_jax.engine.api import DecodeEngineLike, MixedStepLike, PrefillEngineLike
 from prfaas_jax.engine.spmd import CommandChannel, LeaderPrefillEngine, ProcessGroup
 from prfaas_jax.serving.cluster_config import ClusterConfig, serving_model_config
 from prfaas_jax.serving.cluster_sections import Allocator, EngineKind
+
+if TYPE_CHECKING:
+    from prfaas_jax.serving.worker.batch_warmup import BatchWarmup
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +59,7 @@ class EngineFactory:
         self._prefill: PrefillEngineLike | None = None
         self._decode: DecodeEngineLike | None = None
         self._mixer: MixedStepLike | None = None
+        self._batches: BatchWarmup | None = None  # compiles the batched prefill calls
         self._lock = threading.Lock()
 
     @property
@@ -87,8 +95,23 @@ class EngineFactory:
                 log.info("prefill engine ready in %.1f s", time.perf_counter() - start)
             return self._prefill
 
+    def batch_ready(self, lengths: Sequence[int]) -> bool:
+        """Whether the prefill queue may run prompts of ``lengths`` in one batched call now:
+        each of its calls is compiled, or this factory compiles none ahead (fake engines, or
+        an engine given no batched warm-up: their batched calls compile on first use)."""
+        batches = self._batches
+        return batches is None or batches.ready(lengths)
+
+    def wait_batches(self, timeout: float | None = None) -> bool:
+        """Wait for the batched prefill calls' warm-up to end; True if it has (or there is
+        none)."""
+        return self._batches is None or self._batches.wait(timeout)
+
     def close(self) -> None:
-        """A multi-process leader tells its followers to exit."""
+        """Stop the batched prefill warm-up (between two compiles); a multi-process leader
+        tells its followers to exit."""
+        if self._batches is not None:
+            self._batches.stop()
         if isinstance(self._prefill, LeaderPrefillEngine):
             self._prefill.close()
 
@@ -159,35 +182,25 @@ class EngineFactory:
             prompt = [0] * min(size, engine_cfg.max_len - 1)
             result = engine.prefill(prompt, max_len=engine_cfg.max_len, on_layers=on_layers)
             list(codec.encode(result.state, self.cfg, max_frame_bytes=engine_cfg.frame_bytes))
-        alone = self.group is None or self.group.num_processes == 1
-        if engine.mesh is None and alone:  # batched prefill: one device, one process
-            self._warm_batches(engine)
         return engine
 
-    def _warm_batches(self, engine: PrefillEngineLike) -> None:
-        """Compile every batched call the prefill queue can make (serving/worker/
-        prefill_queue.py): each block size a one-chunk prompt uses as a batched row (its
-        `row_size`, finer than its bucket), at each row count above one that `[engine]
-        prefill_batch_rows` and `prefill_batch_tokens` allow, at capacity `max_len`, with the
-        first-token sampler for that many rows. Otherwise the first batch of each shape
-        compiles while its requests wait, seconds at a time, and the busier the node the more
-        shapes it meets."""
-        from prfaas_jax.engine.batched_prefill import call_rows, row_size
+    def warm_batches(self) -> None:
+        """Start compiling the batched prefill calls the prefill queue can make, on a thread of
+        their own (serving/worker/batch_warmup.py), once: a prefill worker calls it after its
+        warm-up. Only a JAX engine on one device in one process, with `[engine]
+        prefill_batch_rows` > 1, makes batched calls."""
+        engine = self.prefill_engine()
+        with self._lock:
+            alone = self.group is None or self.group.num_processes == 1
+            batched = self.config.engine.prefill_batch_rows > 1 and not self.fake
+            if self._batches is not None or not (alone and batched):
+                return
+            if engine.mesh is not None:  # type: ignore[attr-defined]
+                return
+            from prfaas_jax.serving.worker.batch_warmup import BatchWarmup
 
-        engine_cfg = self.config.engine
-        longest = min(engine_cfg.chunk_len, engine_cfg.max_len - 1)
-        bucket = engine.bucket  # type: ignore[attr-defined]
-        sizes = sorted(
-            {min(row_size(n, bucket(n)), engine_cfg.chunk_len) for n in range(1, longest + 1)}
-        )
-        for size in sizes:
-            rows = call_rows(
-                size,
-                max_prompts=engine_cfg.prefill_batch_rows,
-                max_batch_tokens=engine_cfg.prefill_batch_tokens,
-            )
-            for count in rows:
-                engine.compile_batch(count, size, engine_cfg.max_len)  # type: ignore[attr-defined]
+            self._batches = BatchWarmup(engine, self.config.engine)  # type: ignore[arg-type]
+            self._batches.start()
 
     def _build_decode(self) -> DecodeEngineLike:
         engine_cfg = self.config.engine

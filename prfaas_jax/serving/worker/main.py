@@ -144,6 +144,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             max_queue=engine.max_prefill_queue,
             batch_rows=engine.prefill_batch_rows,
             batch_tokens=engine.prefill_batch_tokens,
+            batch_ready=self.factory.batch_ready,
             streams=config.link.streams,
             name=name,
             precision=config.link.wire_precision if prfaas else WIRE_NATIVE,
@@ -193,9 +194,11 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             return self._role
 
     def warm(self) -> None:
-        """Build the engine of the current role (compiles happen here, before SERVING)."""
+        """Build the engine of the current role (compiles happen here, before SERVING; a
+        prefill engine's batched calls compile after, behind it)."""
         if self.role.is_prefill:
             self.prefixes.warm(self.factory.prefill_engine())
+            self.factory.warm_batches()
         elif self.mixed:
             self.factory.mixer()
         else:
@@ -269,6 +272,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
         start = time.perf_counter()
         if target.is_prefill:
             self.prefixes.warm(self.factory.prefill_engine())
+            self.factory.warm_batches()
         else:
             self.factory.decode_engine()
         with self._role_lock:
@@ -393,26 +397,29 @@ def main(argv: list[str] | None = None) -> int:
         args.address_file,
         {"address": server.address, "pid": os.getpid(), "interpreted_kernels": interpreted},
     )
-    start = time.perf_counter()
-    node.warm()
-    if stop.is_set():
-        server.stop(0)
-        return 0
-    server.set_serving()
-    log.info(
-        "%s (%s) serving on %s after %.1f s",
-        args.name,
-        args.role,
-        server.address,
-        time.perf_counter() - start,
-    )
-    while not stop.wait(0.5):  # a timed wait, so the signal handler gets to run
-        pass
-    server.stop()
-    if data_path is not None:
-        data_path.close()
-    node.decode.stop()
-    node.factory.close()
+    try:
+        start = time.perf_counter()
+        node.warm()
+        if stop.is_set():
+            server.stop(0)
+            return 0
+        server.set_serving()
+        log.info(
+            "%s (%s) serving on %s after %.1f s",
+            args.name,
+            args.role,
+            server.address,
+            time.perf_counter() - start,
+        )
+        while not stop.wait(0.5):  # a timed wait, so the signal handler gets to run
+            pass
+        server.stop()
+        if data_path is not None:
+            data_path.close()
+        node.decode.stop()
+    finally:
+        # Ends the batched prefill warm-up: no compile left running as the interpreter exits.
+        node.factory.close()
     return 0
 
 

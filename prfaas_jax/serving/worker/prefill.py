@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -131,6 +131,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         data_path: bool = True,
         batch_rows: int = 1,
         batch_tokens: int = 4096,
+        batch_ready: Callable[[Sequence[int]], bool] | None = None,
     ) -> None:
         """`engine()` returns the node's prefill engine; `admit(context)` aborts the RPC unless
         the node currently has a prefill role; `prefixes` is the node's prefix cache, which
@@ -146,7 +147,7 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         worker has a data port (`[link] data_path`, serving/transfer/data_path.py);
         `batch_rows`, `batch_tokens`: at most this many waiting short prompts, of at most this
         many tokens together, share one engine call (serving/worker/prefill_queue.py; 1: each
-        prompt alone)."""
+        prompt alone), once `batch_ready(lengths)` says its calls are compiled (None: at once)."""
         self._engine, self.cfg, self.max_len = engine, cfg, max_len
         self.frame_bytes, self.shaper, self._admit = frame_bytes, shaper, admit
         self.push_timeout_s, self.prefixes = push_timeout_s, prefixes
@@ -158,7 +159,9 @@ class PrefillService(pb_grpc.PrefillWorkerServicer):
         self.link_meter = CapacityMeter() if shaper is not None else None
         # And its round trip, as TCP measured it on the pushes' data connections.
         self.rtt_meter = RttMeter() if shaper is not None else None
-        self._queue = PrefillQueue(max_rows=batch_rows, max_tokens=batch_tokens, max_len=max_len)
+        self._queue = PrefillQueue(
+            max_rows=batch_rows, max_tokens=batch_tokens, max_len=max_len, ready=batch_ready
+        )
         self._count_lock = threading.Lock()
         self.retransmits = 0  # segments TCP resent on the data connections of delivered pushes
         self.queued = 0  # waiting for or running on the engine

@@ -10,7 +10,11 @@ request first, then — when that one is batchable — other batchable requests 
 in arrival order, while the batch stays within `max_rows` rows and `max_tokens` prompt tokens.
 It never waits for more to arrive: a request alone on an idle node runs at once, by itself
 (`alone`: prefill through the prefix cache, chunk by chunk), as every request does with
-`max_rows = 1`. The requests it took run in one `prefill_batch` call, whose rows are what
+`max_rows = 1`. A batch whose calls are not all compiled yet (`ready`: the worker compiles
+them while it serves, serving/worker/batch_warmup.py) is not formed: the request runs alone and
+the others wait for the engine, each to take it in turn — a one-prompt call is compiled before
+the worker serves, so no request waits for a compile. The requests it took run in one
+`prefill_batch` call, whose rows are what
 batch-1 prefill gives — the first token exactly, the state to fp32 rounding
 (engine/batched_prefill.py); the others' threads wake with their result.
 
@@ -75,10 +79,19 @@ class QueuedPrefill:
 class PrefillQueue:
     """The engine's one user at a time; batches of waiting short prompts (module docstring)."""
 
-    def __init__(self, *, max_rows: int = 1, max_tokens: int = 4096, max_len: int) -> None:
+    def __init__(
+        self,
+        *,
+        max_rows: int = 1,
+        max_tokens: int = 4096,
+        max_len: int,
+        ready: Callable[[Sequence[int]], bool] | None = None,
+    ) -> None:
         """`max_rows` prompts, `max_tokens` prompt tokens at most per batched call; `max_len`:
-        the capacity of every state the calls return."""
+        the capacity of every state the calls return; `ready(lengths)`: whether a batched call
+        of prompts of those lengths may run now (None: always)."""
         self.max_rows, self.max_tokens, self.max_len = max_rows, max_tokens, max_len
+        self.ready = ready
         self._cond = threading.Condition()
         self._pending: list[QueuedPrefill] = []
         self._busy = False
@@ -140,15 +153,18 @@ class PrefillQueue:
         if not batched or not first.batchable():
             return taken
         tokens = len(first.tokens)
-        for other in list(self._pending):
+        for other in self._pending:
             if len(taken) == self.max_rows:
                 break
             if tokens + len(other.tokens) > self.max_tokens or other.stopped():
                 continue
             if other.batchable():
-                self._pending.remove(other)
                 taken.append(other)
                 tokens += len(other.tokens)
+        if len(taken) > 1 and self.ready and not self.ready([len(r.tokens) for r in taken]):
+            return [first]  # the others keep their place
+        for other in taken[1:]:
+            self._pending.remove(other)
         return taken
 
     def _run(self, taken: Sequence[QueuedPrefill], engine: PrefillEngineLike) -> None:
