@@ -32,7 +32,8 @@ short, or without its usage chunk — counts as failed), a stream over when the 
 (`transformers serve` sends no ``data: [DONE]``). Arrivals are Poisson at each rate
 (`arrival_times`), prompt lengths the paper's truncated log-normal scaled to ``--max-prompt``
 (`input_lengths`, as `prfaas bench --input-dist paper`); both servers get the same prompts at
-the same offsets. Before timing, each server answers a warm-up (one prompt per power-of-two
+the same offsets. Before timing, prfaas' prefill workers finish compiling their batched calls
+(`wait_warm`), and each server answers a warm-up (one prompt per power-of-two
 length up to ``--max-prompt``, then a burst), which compiles prfaas' shapes and warms
 transformers' allocator. Metrics and goodput: bench/serving_metrics.py. Each rate also records
 the CPU seconds each server's processes used (bench/process_cpu.py: per process, XLA's threads
@@ -68,6 +69,9 @@ import numpy as np
 
 from prfaas_jax.serving.loadgen.bench import BenchOptions, InputDist, arrival_times, input_lengths
 from prfaas_jax.serving.loadgen.openai_client import HTTPError, stream_completion
+from prfaas_jax.serving.loadgen.warm_wait import wait_warm
+from prfaas_jax.serving.proto import prfaas_pb2_grpc as pb_grpc
+from prfaas_jax.serving.transport.security import router_channel
 from prfaas_jax.toml_config import dumps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" / "hf"))
@@ -204,6 +208,9 @@ def prfaas_server(ckpt: Path, work: Path, cores: str, sections: dict) -> Iterato
             return bool(server.base_url)
 
         _wait_ready(server, ready, 600)
+        # Its prefill workers compile their batched calls behind their start: not in the timing.
+        with router_channel(json.loads(ready_file.read_text())["router"], None) as channel:
+            wait_warm(pb_grpc.RouterStub(channel))
         yield server
 
 

@@ -12,12 +12,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
 from serving_support import GatedPrefill, wait_for
 
 from prfaas_jax.config import load_model_config
 from prfaas_jax.engine.fake import fake_tokens
 from prfaas_jax.engine.sampling_params import GREEDY
+from prfaas_jax.errors import UserError
 from prfaas_jax.serving.cluster_sections import EngineSection
+from prfaas_jax.serving.loadgen.warm_wait import wait_warm
+from prfaas_jax.serving.proto import prfaas_pb2 as pb
 from prfaas_jax.serving.worker.batch_warmup import BatchWarmup
 from prfaas_jax.serving.worker.prefill_queue import PrefillQueue, QueuedPrefill
 
@@ -93,14 +97,17 @@ def test_a_batch_not_yet_compiled_runs_one_prompt_per_call_and_waits_for_no_comp
     warmup.start()
     try:
         assert engine.compile_began.wait(WAIT_S)
+        assert warmup.warming == len(SHAPES)  # what the worker's stats report
         prompts = [prompt(40, 1), prompt(20, 2), prompt(33, 3)]
         firsts = queue_round(queue, engine, prompts)
         # The first shape's compile still blocks: the two waiting prompts ran alone, around it.
         assert engine.compiling == SHAPES[:1] and not engine.release.is_set()
-        assert engine.calls == [[p] for p in prompts] and queue.calls == {1: 3}
+        # (The two waiting prompts join the queue in whichever order their threads reach it.)
+        assert engine.calls[0] == [prompts[0]] and queue.calls == {1: 3}
+        assert sorted(engine.calls[1:]) == sorted([p] for p in prompts[1:])
         assert firsts == [fake_tokens(p, 1, CFG.vocab_size)[0] for p in prompts]
         engine.release.set()
-        assert warmup.wait(WAIT_S) and engine.compiling == SHAPES
+        assert warmup.wait(WAIT_S) and engine.compiling == SHAPES and warmup.warming == 0
         assert warmup.ready([20, 33])
         more = [prompt(40, 4), prompt(20, 5), prompt(33, 6)]
         firsts = queue_round(queue, engine, more)
@@ -108,7 +115,8 @@ def test_a_batch_not_yet_compiled_runs_one_prompt_per_call_and_waits_for_no_comp
         engine.release.set()
         warmup.stop()
     # Now the two waiting prompts share one call, and reply what they would alone.
-    assert engine.calls[3:] == [[more[0]], more[1:]] and queue.calls == {1: 4, 2: 1}
+    assert engine.calls[3] == [more[0]] and queue.calls == {1: 4, 2: 1}
+    assert len(engine.calls) == 5 and sorted(engine.calls[4]) == sorted(more[1:])
     assert firsts == [fake_tokens(p, 1, CFG.vocab_size)[0] for p in more]
 
 
@@ -122,3 +130,35 @@ def test_stop_ends_the_warm_up_between_two_shapes():
     assert warmup.wait(WAIT_S)
     assert engine.compiling == SHAPES[:1]  # no shape begun after the stop
     assert warmup.ready([20]) and not warmup.ready([20, 33])
+    assert warmup.warming == 0  # stopped: nothing more will compile, nothing to wait for
+
+
+class ScriptedRouter:
+    """A router stub whose `GetStats` answers the given stats in turn (then the last)."""
+
+    def __init__(self, *answers: pb.RouterStats) -> None:
+        self.answers, self.calls = list(answers), 0
+
+    def GetStats(self, request: pb.GetStatsRequest, timeout: float) -> pb.RouterStats:  # noqa: N802
+        self.calls += 1
+        return self.answers[min(self.calls, len(self.answers)) - 1]
+
+
+def stats(*workers: tuple[int, int]) -> pb.RouterStats:
+    """Router stats of workers given as (max_slots, batch calls warming); 0 slots: unheard."""
+    return pb.RouterStats(
+        workers=[
+            pb.WorkerStats(name=f"w{i}", max_slots=slots, batch_calls_warming=warming)
+            for i, (slots, warming) in enumerate(workers)
+        ]
+    )
+
+
+def test_a_bench_waits_until_every_worker_is_heard_and_warm():
+    unheard, warming, warm = stats((4, 0), (0, 0)), stats((4, 0), (4, 2)), stats((4, 0), (4, 0))
+    router = ScriptedRouter(unheard, warming, warming, warm)
+    assert wait_warm(router, timeout_s=WAIT_S, poll_s=0.001) is warm and router.calls == 4
+    with pytest.raises(UserError, match="2 batched calls still compiling"):
+        wait_warm(ScriptedRouter(warming), timeout_s=0.01, poll_s=0.001)
+    with pytest.raises(UserError, match="a worker unheard"):
+        wait_warm(ScriptedRouter(unheard), timeout_s=0.01, poll_s=0.001)

@@ -259,7 +259,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., seed: _Optional[int] = ..., first_index: _Optional[int] = ...) -> None: ...
 
 class WorkerStats(_message.Message):
-    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received", "prefix_cache", "data_path_pushes")
+    __slots__ = ("name", "role", "queue_depth", "active_slots", "max_slots", "pending_states", "completed", "egress_bytes", "link", "tokens_generated", "state_bytes_received", "prefix_cache", "data_path_pushes", "batch_calls_warming")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
@@ -273,6 +273,7 @@ class WorkerStats(_message.Message):
     STATE_BYTES_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     DATA_PATH_PUSHES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_CALLS_WARMING_FIELD_NUMBER: _ClassVar[int]
     name: str
     role: Role
     queue_depth: int
@@ -286,7 +287,8 @@ class WorkerStats(_message.Message):
     state_bytes_received: int
     prefix_cache: PrefixCacheStats
     data_path_pushes: int
-    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., data_path_pushes: _Optional[int] = ...) -> None: ...
+    batch_calls_warming: int
+    def __init__(self, name: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., queue_depth: _Optional[int] = ..., active_slots: _Optional[int] = ..., max_slots: _Optional[int] = ..., pending_states: _Optional[int] = ..., completed: _Optional[int] = ..., egress_bytes: _Optional[int] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., tokens_generated: _Optional[int] = ..., state_bytes_received: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., data_path_pushes: _Optional[int] = ..., batch_calls_warming: _Optional[int] = ...) -> None: ...
 
 class PrefixCacheStats(_message.Message):
     __slots__ = ("enabled", "block_size", "checkpoint_every", "capacity_bytes", "used_bytes", "blocks", "checkpoints", "lookups", "hits", "evictions", "prompt_tokens", "reused_tokens", "computed_tokens", "exports", "export_bytes", "imports", "import_bytes", "import_failures", "disk_capacity_bytes", "disk_used_bytes", "disk_entries", "spills", "disk_hits", "disk_dropped")

@@ -78,6 +78,12 @@ class BatchWarmup:
         )
         return shapes <= self._warm
 
+    @property
+    def warming(self) -> int:
+        """Shapes still to compile while the thread runs (0 once it has ended, stopped or
+        failed: nothing more will compile)."""
+        return len(self.shapes) - len(self._warm) if self._thread.is_alive() else 0
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the thread to end (every shape compiled, or stopped); True if it did."""
         self._thread.join(timeout)

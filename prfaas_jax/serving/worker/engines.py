@@ -102,6 +102,12 @@ class EngineFactory:
         batches = self._batches
         return batches is None or batches.ready(lengths)
 
+    @property
+    def batch_calls_warming(self) -> int:
+        """Batched prefill calls still compiling behind the start (0 without a warm-up)."""
+        batches = self._batches
+        return 0 if batches is None else batches.warming
+
     def wait_batches(self, timeout: float | None = None) -> bool:
         """Wait for the batched prefill calls' warm-up to end; True if it has (or there is
         none)."""

@@ -230,6 +230,7 @@ class WorkerNode(pb_grpc.WorkerControlServicer):
             tokens_generated=decode["tokens_generated"],
             state_bytes_received=decode["state_bytes_received"],
             data_path_pushes=decode["data_path_pushes"],
+            batch_calls_warming=self.factory.batch_calls_warming,
         )
         stats.prefix_cache.CopyFrom(self.prefixes.stats())
         if self.shaper is not None:
