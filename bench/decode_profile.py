@@ -16,6 +16,8 @@ MLA, a dense first MLP then MoE, vocab 32,000, fp32, loaded by ``load_hf``), its
                       head        final RMSNorm + LM head
                       sample      the all-greedy argmax
     dispatch        an empty jitted call: the floor each separately compiled part pays
+    kv_b unsplit    each MLA mixer again, on ``kv_b`` as loaded rather than the engine's split
+                    halves (model/decode_weights.py): what splitting it once saves a step
 
 Each time is the median of ``--calls`` calls after a warm-up. A part's bytes are what it must
 read once: its parameters (an MoE layer only the experts B tokens route to in expectation,
@@ -68,6 +70,10 @@ def _nbytes(tree) -> int:
 
 
 _EXPERTS = ("experts_gate", "experts_up", "experts_down")
+
+
+def _kv_b(mixer: dict) -> dict:
+    return {"kv_b": mixer["kv_b"]} if "kv_b" in mixer else {}
 
 
 def _narrowing_saves(wide, narrow) -> int:
@@ -142,6 +148,14 @@ def profile(
 
     mixer = jax.jit(run_mixer_part, static_argnames="index")
     mlp = jax.jit(functools.partial(mlp_part, cfg), static_argnames="index")
+    unsplit = []  # MLA mixers on kv_b as loaded, timed beside them: rows after the sums
+    loaded = {  # the engine's weights with kv_b as loaded
+        **params,
+        "layers": tuple(
+            {**block, "mixer": {**block["mixer"], **_kv_b(wide["mixer"])}}
+            for block, wide in zip(params["layers"], prefill.params["layers"], strict=True)
+        ),
+    }
     for index, kind in enumerate(cfg.layers):
         layer = params["layers"][index]
         layer_state = state.layers[index]
@@ -151,6 +165,13 @@ def profile(
             return mixer(params, h, layer_state, state, index=index)
 
         add(f"L{index} {kind.value} mixer", median_s(run_mixer, calls), nbytes)
+        if "kv_b" in layer["mixer"]:  # beside it, on kv_b as loaded (split in every step)
+
+            def run_unsplit(index=index, layer_state=layer_state):
+                return mixer(loaded, h, layer_state, state, index=index)
+
+            name = f"L{index} {kind.value} mixer, kv_b unsplit"
+            unsplit.append((name, median_s(run_unsplit, calls), nbytes))
         weights = _nbytes(layer["mlp"])
         if cfg.mlps[index] is MlpKind.MOE:
             expert = 3 * cfg.hidden_dim * moe.expert_dim * layer["mlp"]["experts_up"].itemsize
@@ -171,6 +192,8 @@ def profile(
     add("sum of the parts", parts_s, step_bytes)
     add("dispatch (empty jit)", dispatch_s, None)
     add("sum less a dispatch each", parts_s - (len(rows) - 4) * dispatch_s, step_bytes)
+    for name, seconds, nbytes in unsplit:
+        add(name, seconds, nbytes)
     return rows
 
 
