@@ -117,7 +117,7 @@ class DecodeEngine(SlotControls):
         self.mesh = mesh
         if mesh is not None:
             params = shard_params(params, cfg, mesh)
-        else:  # MLA's absorbing halves laid out once for decode; the sharding rules name kv_b's own
+        else:  # MLA's kv_b split once for decode (the sharding rules place kv_b as loaded)
             params = decode_weights(cfg, params)
         self.params, self.impl = params, Impl(impl)
         shapes = jax.eval_shape(functools.partial(init_state, cfg, max_slots, max_len))
