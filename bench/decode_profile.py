@@ -16,6 +16,10 @@ MLA, a dense first MLP then MoE, vocab 32,000, fp32, loaded by ``load_hf``), its
                       head        final RMSNorm + LM head
                       sample      the all-greedy argmax
     dispatch        an empty jitted call: the floor each separately compiled part pays
+    kv_b unsplit    the compiled step and each MLA mixer on the engine's split ``kv_b``
+                    (model/decode_weights.py) and on ``kv_b`` as loaded, taking turns
+                    (``interleaved_s``: best of 5 rounds): what splitting it once saves; rows
+                    after the sums, which leave them out
 
 Each time is the median of ``--calls`` calls after a warm-up. A part's bytes are what it must
 read once: its parameters (an MoE layer only the experts B tokens route to in expectation,
@@ -60,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "model" /
 from engine import IMPL  # bench/ is the script's own directory
 from layer_parts import bench_model, mixer_part, mlp_part, parts_table
 from roofline import ceilings
-from timing import median_s
+from timing import interleaved_s, median_s
 
 
 def _nbytes(tree) -> int:
@@ -68,6 +72,20 @@ def _nbytes(tree) -> int:
 
 
 _EXPERTS = ("experts_gate", "experts_up", "experts_down")
+
+
+def _kv_b(mixer: dict) -> dict:
+    return {"kv_b": mixer["kv_b"]} if "kv_b" in mixer else {}
+
+
+def _taking_turns(name: str, split, unsplit, calls: int, nbytes: float) -> list[tuple]:
+    """``name`` on the engine's split ``kv_b`` and on ``kv_b`` as loaded, taking turns (5
+    rounds of ``calls`` / 5): ``(part, seconds, bytes)`` rows."""
+    seconds = interleaved_s({"split": split, "unsplit": unsplit}, 5, max(calls // 5, 1))
+    return [
+        (f"{name}, kv_b split (turns)", seconds["split"], nbytes),
+        (f"{name}, kv_b unsplit (turns)", seconds["unsplit"], nbytes),
+    ]
 
 
 def _narrowing_saves(wide, narrow) -> int:
@@ -124,7 +142,23 @@ def profile(
         held["state"], tokens = _STEP(params, held["state"], *controls, *knobs, cfg=cfg, impl=impl)
         return tokens
 
+    loaded = {  # the engine's weights with kv_b as loaded
+        **params,
+        "layers": tuple(
+            {**block, "mixer": {**block["mixer"], **_kv_b(wide["mixer"])}}
+            for block, wide in zip(params["layers"], prefill.params["layers"], strict=True)
+        ),
+    }
+    held["unsplit"] = jax.tree.map(jnp.copy, held["state"])  # the same slots, for kv_b as loaded
+
+    def compiled_unsplit():
+        held["unsplit"], tokens = _STEP(
+            loaded, held["unsplit"], *controls, *knobs, cfg=cfg, impl=impl
+        )
+        return tokens
+
     add("compiled step", median_s(compiled_step, calls), step_bytes)
+    unsplit = _taking_turns("compiled step", compiled_step, compiled_unsplit, calls, step_bytes)
     state = held["state"]
 
     empty = jax.jit(lambda x: x)
@@ -151,6 +185,13 @@ def profile(
             return mixer(params, h, layer_state, state, index=index)
 
         add(f"L{index} {kind.value} mixer", median_s(run_mixer, calls), nbytes)
+        if "kv_b" in layer["mixer"]:  # beside it, on kv_b as loaded (split in every step)
+
+            def run_unsplit(index=index, layer_state=layer_state):
+                return mixer(loaded, h, layer_state, state, index=index)
+
+            name = f"L{index} {kind.value} mixer"
+            unsplit += _taking_turns(name, run_mixer, run_unsplit, calls, nbytes)
         weights = _nbytes(layer["mlp"])
         if cfg.mlps[index] is MlpKind.MOE:
             expert = 3 * cfg.hidden_dim * moe.expert_dim * layer["mlp"]["experts_up"].itemsize
@@ -171,6 +212,8 @@ def profile(
     add("sum of the parts", parts_s, step_bytes)
     add("dispatch (empty jit)", dispatch_s, None)
     add("sum less a dispatch each", parts_s - (len(rows) - 4) * dispatch_s, step_bytes)
+    for name, seconds, nbytes in unsplit:
+        add(name, seconds, nbytes)
     return rows
 
 

@@ -6,6 +6,7 @@ Shapes are bench/engine.py's model's: the LM head (512 × 32,000, 65 MB in fp32)
 
     fp32             ``x @ w``, ``w [D, O]`` as the model stores it
     fp32 [O, D]      ``w`` stored transposed, contracted on its last axis
+    fp32, 4 blocks   ``w`` stored as 4 column blocks ``[4, D, O/4]``, one batched dot
     bf16             ``x`` rounded to bfloat16, ``w [D, O]`` bfloat16, fp32 accumulation
     bf16, rows to 8  the same with the rows padded to 8 (ops/weight_dot.py)
     int8             ``w`` int8 with per-output-channel scales, widened to bfloat16 for the dot
@@ -55,6 +56,11 @@ def _forms(w: np.ndarray) -> dict:
         "fp32 [O, D]": (
             jax.jit(lambda x, w: jnp.einsum("md,od->mo", x, w)),
             jnp.asarray(np.ascontiguousarray(w.T)),
+            w.nbytes,
+        ),
+        "fp32, 4 blocks": (
+            jax.jit(lambda x, w: jnp.einsum("md,kdo->mko", x, w).reshape(x.shape[0], -1)),
+            jnp.asarray(np.ascontiguousarray(w.reshape(w.shape[0], 4, -1).transpose(1, 0, 2))),
             w.nbytes,
         ),
         "bf16": (jax.jit(bf16), w_bf16, w.nbytes // 2),

@@ -33,6 +33,7 @@ from prfaas_jax.engine.logprobs import log_softmax_top
 from prfaas_jax.engine.sampling import GREEDY, SamplingParams, draw_tokens
 from prfaas_jax.engine.state_resize import with_capacity
 from prfaas_jax.model import ModelState, decode_step, init_state
+from prfaas_jax.model.decode_weights import decode_weights
 from prfaas_jax.model.narrow_weights import narrow_weights
 from prfaas_jax.model.sharding import shard_params, shard_state
 from prfaas_jax.ops.dispatch import Impl
@@ -94,6 +95,8 @@ class DecodeEngine(SlotControls):
     ``weight_dtype`` (e.g. ``"bfloat16"``) narrows the projection matrices for decode
     (model/narrow_weights.py): half the bytes per step, activations and state unchanged, tokens
     within rounding of the full-width weights (docs/performance.md has where it pays on CPU).
+    Off a mesh the engine holds MLA's ``kv_b`` split once for the absorbed decode
+    (model/decode_weights.py); every other weight is the caller's array.
     """
 
     def __init__(
@@ -114,6 +117,8 @@ class DecodeEngine(SlotControls):
         self.mesh = mesh
         if mesh is not None:
             params = shard_params(params, cfg, mesh)
+        else:  # MLA's kv_b split once for decode (the sharding rules place kv_b as loaded)
+            params = decode_weights(cfg, params)
         self.params, self.impl = params, Impl(impl)
         shapes = jax.eval_shape(functools.partial(init_state, cfg, max_slots, max_len))
         # Zeros from the host: jnp.zeros would compile a fill per shape for nothing.

@@ -53,4 +53,5 @@ def test_the_decode_engine_holds_its_weights_narrowed():
     engine = DecodeEngine(cfg, params, max_slots=1, max_len=8, weight_dtype="bfloat16")
     assert engine.params["lm_head"].dtype == jnp.bfloat16
     assert engine.params["embed"].dtype == jnp.float32
-    assert DecodeEngine(cfg, params, max_slots=1, max_len=8).params is params
+    wide = DecodeEngine(cfg, params, max_slots=1, max_len=8).params
+    assert wide["lm_head"] is params["lm_head"] and wide["embed"] is params["embed"]

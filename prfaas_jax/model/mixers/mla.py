@@ -11,26 +11,48 @@ Prefill expands the latent cache per head (``k = [W_UK c ‖ k_r]``, ``v = W_UV 
 ordinary attention; decode uses the absorbed form over the latent cache (or over its pages, given
 a `PagedKvState`: ops/attention/paged.py). Both forms live in ops/attention/reference.py and give
 the same numbers up to rounding — a test holds them to it.
-``MlaMixer`` is the layer as a Flax NNX module.
+``MlaMixer`` is the layer as a Flax NNX module; ``AbsorbedKvB`` is ``kv_b`` split once into
+its absorbing halves, laid out head-major — a decode engine's view of the weights
+(model/decode_weights.py), which the absorbed decode reads without per-step copies.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from einops import rearrange
 from flax import nnx
 
-from prfaas_jax.config import ModelConfig
+from prfaas_jax.config import Impl, ModelConfig
 from prfaas_jax.model import initializers as init
 from prfaas_jax.model.mixers.context import StepContext
 from prfaas_jax.model.mixers.kv_cache import growing_positions, write_growing, write_pages
 from prfaas_jax.model.norms import rms_norm
 from prfaas_jax.model.rope import apply_rope
 from prfaas_jax.model.state import MlaState, PagedKvState
+from prfaas_jax.ops.attention import mla_decode_absorbed_heads
 from prfaas_jax.ops.dispatch import attention_op, mla_decode_op, paged_mla_op
 from prfaas_jax.ops.precision import upcast
 from prfaas_jax.ops.weight_dot import weight_dot
+
+
+class AbsorbedKvB(NamedTuple):
+    """``kv_b`` ``[R, H·(N + V)]`` as its absorbing halves, per head and contracted on the last
+    axis as stored: what the absorbed decode multiplies (ops/attention/reference.py)."""
+
+    w_uk: jax.Array  # [H, R, N] latent → the heads' k_nope, applied to the queries
+    w_uv: jax.Array  # [H, V, R] latent → the heads' values, applied to the attended latents
+
+    @classmethod
+    def of(cls, kv_b: jax.Array, heads: int, nope: int) -> AbsorbedKvB:
+        w_kv = rearrange(kv_b, "r (h d) -> h r d", h=heads)
+        return cls(w_kv[..., :nope], jnp.swapaxes(w_kv[..., nope:], 1, 2))
+
+    def per_latent(self) -> tuple[jax.Array, jax.Array]:
+        """``(W_UK [R, H, N], W_UV [R, H, V])``, the halves as ``kv_b`` holds them."""
+        return jnp.transpose(self.w_uk, (1, 0, 2)), jnp.transpose(self.w_uv, (2, 0, 1))
 
 
 class MlaMixer(nnx.Module):
@@ -75,8 +97,12 @@ class MlaMixer(nnx.Module):
         kv = weight_dot(x_BTD, self.kv_a[...])
         c_kv = rms_norm(kv[..., : mla.kv_lora_rank], self.kv_a_norm[...], latent_eps)
         k_rope = apply_rope(kv[..., None, mla.kv_lora_rank :], positions, **rope)[:, :, 0]
-        w_kv = rearrange(self.kv_b[...], "r (h d) -> r h d", h=heads)
-        w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
+        kv_b = self.kv_b.get_value()  # an array, or `AbsorbedKvB` in a decode engine's weights
+        if isinstance(kv_b, AbsorbedKvB):
+            w_uk, w_uv = kv_b.per_latent()
+        else:
+            w_kv = rearrange(kv_b, "r (h d) -> r h d", h=heads)
+            w_uk, w_uv = w_kv[..., :nope], w_kv[..., nope:]
         scale = mla.qk_head_dim**-0.5
         if isinstance(state, PagedKvState):  # one decode token, the latents in pages
             state = write_pages(state, c_kv[:, 0], k_rope[:, 0], ctx, ring=False)
@@ -98,7 +124,18 @@ class MlaMixer(nnx.Module):
             k_rope=write_growing(state.k_rope, k_rope, ctx),
         )
         kv_pos = growing_positions(state.c_kv.shape[1], ctx.new_lengths)
-        if ctx.decode:
+        if ctx.decode and isinstance(kv_b, AbsorbedKvB) and Impl(ctx.impl) is not Impl.PALLAS:
+            out = mla_decode_absorbed_heads(
+                q_nope,
+                q_rope,
+                state.c_kv,
+                state.k_rope,
+                *kv_b,
+                q_pos=positions,
+                kv_pos=kv_pos,
+                scale=scale,
+            )
+        elif ctx.decode:
             out = mla_decode_op(ctx.impl)(
                 q_nope,
                 q_rope,

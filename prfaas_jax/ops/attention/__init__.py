@@ -2,7 +2,8 @@
 windows, sinks) and MLA decode in the absorbed form over the latent cache.
 
 - ``reference.py``: the ``jnp`` forms, ``attention`` (with its blocked online-softmax path
-  ``blocked_attention`` for long prefills) and ``mla_decode_absorbed``.
+  ``blocked_attention`` for long prefills) and ``mla_decode_absorbed`` (with
+  ``mla_decode_absorbed_heads``, its form on head-major weights).
 - ``flash_pallas.py``: ``flash_attention``, the prefill kernel (``attention``'s contract), tiled
   by ``FlashBlockSizes``.
 - ``mla_decode_pallas.py``: ``mla_decode_pallas``, the absorbed MLA decode kernel
@@ -17,7 +18,12 @@ from prfaas_jax.ops.attention.flash_pallas import FlashBlockSizes, flash_attenti
 from prfaas_jax.ops.attention.mla_decode_pallas import MlaDecodeBlockSizes, mla_decode_pallas
 from prfaas_jax.ops.attention.paged import paged_attention, paged_mla_decode
 from prfaas_jax.ops.attention.paged_pallas import paged_attention_pallas, paged_mla_decode_pallas
-from prfaas_jax.ops.attention.reference import attention, blocked_attention, mla_decode_absorbed
+from prfaas_jax.ops.attention.reference import (
+    attention,
+    blocked_attention,
+    mla_decode_absorbed,
+    mla_decode_absorbed_heads,
+)
 
 __all__ = [
     "FlashBlockSizes",
@@ -26,6 +32,7 @@ __all__ = [
     "blocked_attention",
     "flash_attention",
     "mla_decode_absorbed",
+    "mla_decode_absorbed_heads",
     "mla_decode_pallas",
     "paged_attention",
     "paged_attention_pallas",

@@ -1,6 +1,7 @@
 """The ``jnp`` forms of softmax attention: ``attention`` (masked grouped-query attention over a
 positioned key buffer), its blocked path ``blocked_attention``, and ``mla_decode_absorbed`` (MLA
-decode in the absorbed form, over the latent cache).
+decode in the absorbed form, over the latent cache; ``mla_decode_absorbed_heads`` the same on its
+weights laid out head-major).
 
     o[b,t,h] = Σ_s softmax_s( scale · q[b,t,h]·k[b,s,g(h)] + mask[b,t,s] ) · v[b,s,g(h)]
 
@@ -219,15 +220,47 @@ def mla_decode_absorbed(
 ) -> jax.Array:
     """Absorbed MLA attention; returns ``[B, T, H, Dv]`` in ``c_kv``'s dtype.
 
+    ``w_uk`` and ``w_uv`` as ``kv_b`` holds them (``[R, H, ·]``); `mla_decode_absorbed_heads`
+    with them laid out head-major."""
+    return mla_decode_absorbed_heads(
+        q_nope_BTHN,
+        q_rope_BTHP,
+        c_kv_BSR,
+        k_rope_BSP,
+        jnp.transpose(w_uk_RHN, (1, 0, 2)),
+        jnp.transpose(w_uv_RHV, (1, 2, 0)),
+        q_pos=q_pos,
+        kv_pos=kv_pos,
+        scale=scale,
+    )
+
+
+def mla_decode_absorbed_heads(
+    q_nope_BTHN: jax.Array,
+    q_rope_BTHP: jax.Array,
+    c_kv_BSR: jax.Array,
+    k_rope_BSP: jax.Array,
+    w_uk_HRN: jax.Array,
+    w_uv_HVR: jax.Array,
+    *,
+    q_pos: jax.Array,
+    kv_pos: jax.Array,
+    scale: float,
+) -> jax.Array:
+    """`mla_decode_absorbed` on the absorbing weights laid out head-major, each contracted on
+    its last axis as stored (``W_UK[h]`` as ``[R, N]``, ``W_UV[h]`` as ``[V, R]``).
+
     Masked like ``attention`` (filled and causal slots only). Written out rather than through
     ``attention``: the cache is the dots' *left* operand, ``[S, R]`` contracted on its last axis
     as stored, so XLA:CPU reads it in place instead of concatenating ``c_kv ‖ k_rope`` and
     transposing the whole cache every step (over 10x slower at 32 slots of 576 on 2 cores).
+    The weights' layout is the one XLA:CPU's per-head dots take without copying them, so a
+    decode engine that stores them so (model/decode_weights.py) pays no per-step transposes.
     """
     f32 = compute_dtype(q_nope_BTHN, c_kv_BSR)
     c_kv = c_kv_BSR.astype(f32)
     q_latent = jnp.einsum(
-        "bthn,rhn->bthr", q_nope_BTHN.astype(f32), w_uk_RHN.astype(f32), precision=_HIGHEST
+        "bthn,hrn->bthr", q_nope_BTHN.astype(f32), w_uk_HRN.astype(f32), precision=_HIGHEST
     )
     logits_BSTH = jnp.einsum("bsr,bthr->bsth", c_kv, q_latent, precision=_HIGHEST)
     logits_BSTH += jnp.einsum(
@@ -243,5 +276,5 @@ def mla_decode_absorbed(
     denom = jnp.sum(weights, axis=1, keepdims=True)
     probs = weights / jnp.maximum(denom, jnp.finfo(f32).tiny)
     ctx = jnp.einsum("bsth,bsr->bthr", probs, c_kv, precision=_HIGHEST)
-    out = jnp.einsum("bthr,rhv->bthv", ctx, w_uv_RHV.astype(f32), precision=_HIGHEST)
+    out = jnp.einsum("bthr,hvr->bthv", ctx, w_uv_HVR.astype(f32), precision=_HIGHEST)
     return out.astype(c_kv_BSR.dtype)
