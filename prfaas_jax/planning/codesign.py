@@ -51,6 +51,7 @@ from prfaas_jax.planning.paper_tables import MIB, kv_gbps
 from prfaas_jax.planning.plan_config import PlanConfig, load_plan_config
 from prfaas_jax.planning.prefill_cost import scale_profile
 from prfaas_jax.planning.recall_runs import RecallSchedule, SeededRecall, seeded_recall
+from prfaas_jax.planning.recall_stats import Interval, mean_interval
 from prfaas_jax.policy.profiles import Profile
 from prfaas_jax.policy.search import Plan, search
 from prfaas_jax.policy.throughput_model import mib_per_s_to_gbps
@@ -338,6 +339,16 @@ def _counted(
         return result
 
     return train
+
+
+def recall_interval(row: CodesignRow) -> Interval | None:
+    """The 95 % interval of `mean_recall` over the seeds: each seed's held-out accuracy
+    averaged over the evaluation lengths, then their Student-t interval; None below two
+    seeds."""
+    runs = row.recall.runs if row.recall is not None else ()
+    if len(runs) < 2:
+        return None
+    return mean_interval([sum(run.accuracy.values()) / len(run.accuracy) for run in runs])
 
 
 def mean_recall(row: CodesignRow) -> float:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from prfaas_jax.config import ModelConfig
 from prfaas_jax.errors import UserError
-from prfaas_jax.planning.codesign import CodesignRow, mean_recall
+from prfaas_jax.planning.codesign import CodesignRow, mean_recall, recall_interval
 from prfaas_jax.planning.codesign_config import Sweep, ToySpec
 from prfaas_jax.planning.kv_report import format_length
 from prfaas_jax.planning.paper_tables import MIB
@@ -315,7 +315,8 @@ def _differences_note(rows: Sequence[CodesignRow]) -> list[str]:
 
 def draw_codesign(rows: Sequence[CodesignRow], path: str | Path, title: str = "") -> None:
     """Recall (mean over the evaluation lengths) against Λ_max / homogeneous PD, one marker per
-    point, its area ∝ growing bytes per token (+ the fixed state at the longest length)."""
+    point, its area ∝ growing bytes per token (+ the fixed state at the longest length), with
+    its 95 % interval over seeds as an error bar when there are two or more."""
     try:
         import matplotlib
 
@@ -329,7 +330,11 @@ def draw_codesign(rows: Sequence[CodesignRow], path: str | Path, title: str = ""
     for index, (row, nbytes) in enumerate(zip(rows, sizes, strict=True)):
         x, y = row.plan.speedup_vs_homogeneous, 100 * mean_recall(row)
         area = 40 + 900 * nbytes / largest
-        ax.scatter([x], [0 if math.isnan(y) else y], s=area, alpha=0.5)
+        points = ax.scatter([x], [0 if math.isnan(y) else y], s=area, alpha=0.5)
+        interval = recall_interval(row)
+        if interval is not None:  # over seeds: the 95 % interval of the plotted mean
+            color = points.get_facecolor()[0][:3]
+            ax.errorbar([x], [y], yerr=100 * interval.half_width, fmt="none", capsize=3, c=color)
         # Neighbouring points often share a Λ_max gain: labels alternate above and below.
         above = index % 2 == 0
         ax.annotate(

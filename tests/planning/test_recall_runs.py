@@ -16,7 +16,7 @@ from prfaas_jax.config import LayerKind, load_model_config
 from prfaas_jax.engine.kvsize import state_sizes
 from prfaas_jax.errors import UserError
 from prfaas_jax.planning import codesign_report
-from prfaas_jax.planning.codesign import run_codesign
+from prfaas_jax.planning.codesign import mean_recall, recall_interval, run_codesign
 from prfaas_jax.planning.codesign_config import ToySpec, load_sweep
 from prfaas_jax.planning.recall_runs import RecallSchedule
 from prfaas_jax.planning.recall_stats import mean_interval, welch
@@ -107,6 +107,17 @@ def test_the_report_carries_intervals_and_the_significant_differences(swept):
     text = codesign_report.format_codesign(sweep, rows, sweep.toy)
     assert f"{100 * interval.mean:.1f} ± {100 * interval.half_width:.1f}" in text
     assert f"3:1 vs all-linear @8 (p {by_hand.p:.2g})" in text
+
+
+def test_the_plotted_recall_has_its_interval_over_seeds(swept):
+    _, rows, _, _ = swept
+    # Each seed's recall over lengths 8 and 16 (the second half the first), then their interval.
+    per_seed = [(a + a / 2) / 2 for a in WITH_MLA]
+    interval = recall_interval(rows[0])
+    assert interval == mean_interval(per_seed)
+    assert interval.mean == pytest.approx(mean_recall(rows[0]))
+    # By hand: t(0.975, 2) = 4.3027, s of (0.675, 0.69, 0.7125) = 0.018875.
+    assert interval.half_width == pytest.approx(4.3027 * 0.018875 / 3**0.5, rel=1e-3)
 
 
 def test_the_budget_plans_trims_the_seeds_or_refuses():
