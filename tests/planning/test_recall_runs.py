@@ -109,8 +109,10 @@ def test_the_report_carries_intervals_and_the_significant_differences(swept):
     assert f"3:1 vs all-linear @8 (p {by_hand.p:.2g})" in text
 
 
-def test_the_plotted_recall_has_its_interval_over_seeds(swept):
+def test_the_plotted_recall_has_its_interval_over_seeds(swept, tmp_path):
     _, rows, _, _ = swept
+    codesign_report.draw_codesign(rows, tmp_path / "codesign.png")  # with its error bars
+    assert (tmp_path / "codesign.png").stat().st_size > 0
     # Each seed's recall over lengths 8 and 16 (the second half the first), then their interval.
     per_seed = [(a + a / 2) / 2 for a in WITH_MLA]
     interval = recall_interval(rows[0])
