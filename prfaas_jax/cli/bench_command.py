@@ -193,6 +193,7 @@ def _run_bench(args: argparse.Namespace) -> int:
     openai_url = _openai_url(args)
     opts = BenchOptions(
         router=router,
+        wait_warm=True,
         link_device=link_device,
         num_prompts=args.num_prompts,
         request_rate=args.request_rate,

@@ -115,6 +115,9 @@ class BenchOptions:
     security: SecuritySection | None = None  # the router's CA, client cert, token (None: plain)
     link_device: LinkDevice | None = None  # count the kernel's bytes on the link (None: don't)
     openai_url: str | None = None  # send through an OpenAI front door at this base URL
+    # Wait for every worker's batched prefill calls to compile first (serving/loadgen/
+    # warm_wait.py); it needs the router's control loop, which a `prfaas serve` router runs.
+    wait_warm: bool = False
 
     def __post_init__(self) -> None:
         if self.num_prompts < 1 or self.output_len < 1 or self.input_len < 1:
@@ -279,7 +282,10 @@ def run_bench(
     with router_channel(opts.router, opts.security) as channel:
         stub = pb_grpc.RouterStub(channel)
         try:
-            before = wait_warm(stub)  # its batched prefill calls compiled before any timing
+            if opts.wait_warm:  # its batched prefill calls compiled before any timing
+                before = wait_warm(stub)
+            else:
+                before = stub.GetStats(pb.GetStatsRequest(), timeout=10)
         except grpc.RpcError as err:
             # The details say why (e.g. a refused token or TLS handshake); they hold no secret.
             why = f"{err.code().name}: {err.details()}"

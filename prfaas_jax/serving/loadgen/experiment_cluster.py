@@ -225,7 +225,12 @@ def measure_deployment(
         ready = cluster.start()
         say(f"{LABELS[plan.name]}: cluster up ({plan.split}, t = {plan.threshold})")
         warm = BenchOptions(
-            router=ready["router"], num_prompts=4, max_concurrency=4, output_len=4, seed=99
+            router=ready["router"],
+            num_prompts=4,
+            max_concurrency=4,
+            output_len=4,
+            seed=99,
+            wait_warm=True,
         )
         run_bench(warm)  # first-use costs (connections, allocator growth) stay out of the table
 
