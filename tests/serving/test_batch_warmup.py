@@ -158,7 +158,8 @@ def test_a_bench_waits_until_every_worker_is_heard_and_warm():
     unheard, warming, warm = stats((4, 0), (0, 0)), stats((4, 0), (4, 2)), stats((4, 0), (4, 0))
     router = ScriptedRouter(unheard, warming, warming, warm)
     assert wait_warm(router, timeout_s=WAIT_S, poll_s=0.001) is warm and router.calls == 4
-    with pytest.raises(UserError, match="2 batched calls still compiling"):
+    with pytest.raises(UserError, match="2 batched prefill calls still compiling"):
         wait_warm(ScriptedRouter(warming), timeout_s=0.01, poll_s=0.001)
-    with pytest.raises(UserError, match="a worker unheard"):
-        wait_warm(ScriptedRouter(unheard), timeout_s=0.01, poll_s=0.001)
+    # A worker never heard (down since the router started) is waited for only so long.
+    router = ScriptedRouter(unheard)
+    assert wait_warm(router, poll_s=0.001, unheard_s=0.05) is unheard and router.calls > 1

@@ -16,19 +16,25 @@ from prfaas_jax.errors import UserError
 from prfaas_jax.serving.proto import prfaas_pb2 as pb
 
 
-def wait_warm(stub, timeout_s: float = 600.0, poll_s: float = 0.5) -> pb.RouterStats:
+def wait_warm(
+    stub, timeout_s: float = 600.0, poll_s: float = 0.5, unheard_s: float = 30.0
+) -> pb.RouterStats:
     """Block until the router has heard from every worker and none is still compiling
-    batched calls; the router's stats that said so. `UserError` after ``timeout_s``."""
+    batched calls; the router's stats that said so. A worker still unheard after
+    ``unheard_s`` (down since the router started) is not waited for; `UserError` when calls
+    still compile after ``timeout_s``."""
     start = time.monotonic()
     while True:
         stats = stub.GetStats(pb.GetStatsRequest(), timeout=10)
-        # A worker the control loop has not polled yet shows only its name and role.
-        heard = all(worker.max_slots for worker in stats.workers)
-        warming = sum(worker.batch_calls_warming for worker in stats.workers)
         waited = time.monotonic() - start
+        # A worker the control loop has not polled yet shows only its name and role.
+        heard = waited > unheard_s or all(worker.max_slots for worker in stats.workers)
+        warming = sum(worker.batch_calls_warming for worker in stats.workers)
         if heard and not warming:
             return stats
         if waited > timeout_s:
-            left = f"{warming} batched calls still compiling" if heard else "a worker unheard"
-            raise UserError(f"the cluster is not warm after {timeout_s:.0f} s: {left}")
+            raise UserError(
+                f"the cluster is not warm after {timeout_s:.0f} s: "
+                f"{warming} batched prefill calls still compiling"
+            )
         time.sleep(poll_s)
