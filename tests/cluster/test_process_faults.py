@@ -241,13 +241,15 @@ def test_sigterm_to_the_prfaas_prefill_worker_with_prefills_in_flight(served):
     assert short_len * PREFILL_S_PER_TOKEN < STOP_GRACE_S < long_len * PREFILL_S_PER_TOKEN
     with grpc.insecure_channel(ready["workers"]["prfaas-0"]["address"]) as channel:
         control = pb_grpc.WorkerControlStub(channel)
+
+        def arrived(n: int) -> bool:
+            return control.GetStats(pb.GetStatsRequest(), timeout=5).queue_depth >= n
+
+        # The short one first, so that it is the one on the engine when the signal comes.
         short = Stream(stub, prompt(short_len, 3), 10, WAIT_S)
+        assert wait_for(lambda: arrived(1), WAIT_S), "the short prefill never reached the worker"
         long = Stream(stub, prompt(long_len, 4), 10, WAIT_S)
-
-        def both_arrived() -> bool:
-            return control.GetStats(pb.GetStatsRequest(), timeout=5).queue_depth >= 2
-
-        assert wait_for(both_arrived, WAIT_S), "the prefills never reached the PrfaaS worker"
+        assert wait_for(lambda: arrived(2), WAIT_S), "the long prefill never reached the worker"
     worker = child(cluster, "prfaas-0")
     worker.send_signal(signal.SIGTERM)
     short.join()
