@@ -39,9 +39,9 @@ became final — while the next group computes (JAX dispatches it first), so a c
 those states overlaps the wire with the rest of the stack. Earlier calls stay whole: their KV
 rows leave through ``on_chunk`` anyway. G segments cost G compiles per block shape.
 
-The module is over 500 lines: prefill, scoring, batched prefill and layer-wise streaming are one
-engine's calls, planned alike and sharing its table of compiled executables, its compile lock and
-its first-token sampler.
+The module is over 500 lines long because prefill, scoring, batched prefill and layer-wise
+streaming are one engine's calls, planned alike and sharing its table of compiled executables,
+its compile lock and its first-token sampler.
 """
 
 from __future__ import annotations

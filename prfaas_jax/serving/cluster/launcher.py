@@ -35,7 +35,7 @@ Children are spawned from the calling thread, which must outlive them (the death
 thread that forked). With the compile cache on, the first worker of each engine kind warms up alone
 and the others start once it serves, so they load its executables instead of compiling them again.
 
-The module is over 500 lines because one object owns every child's whole life — start order and
+The module is over 500 lines long because one object owns every child's whole life — start order and
 waits, restarts, the link's schedule, stop — and the namespaces and cgroups they run in.
 """
 
