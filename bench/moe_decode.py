@@ -9,7 +9,8 @@ form takes the pairs sorted by expert and is combined as the MoE combines them.
     tile loop     ``_tiled_experts``: one tile of rows per expert, a ``lax.map`` over the tiles
     gather        the routed experts' weights gathered once per step (``[N·k, D, F]``), one
                   batched product per matrix
-    every expert  ``_every_expert``: every expert on every token, each pair taking its own
+    every expert  ``_every_expert``: every expert on every token (the weights read in place,
+                  ``ops/weight_dot.expert_dot``), each pair taking its own
     pair loop     a ``fori_loop`` over the pairs, each reading its expert's matrices in place
 
 A form's time is its best round's mean call (``--rounds`` rounds of ``--calls`` calls, the
@@ -35,41 +36,46 @@ from prfaas_jax.tables import table
 EXPERTS, TOP_K, DIM, WIDTH = 8, 2, 512, 256
 
 
-def _forms(gate: jax.Array, up: jax.Array, down: jax.Array) -> dict:
-    """name -> jitted ``f(x [N, D], ids [N, k], weights [N, k]) -> [N, D]``."""
+def _forms() -> dict:
+    """name -> jitted ``f(x [N, D], ids [N, k], weights [N, k], experts) -> [N, D]``, the
+    experts ``(gate, up, down)`` passed as arguments, as a decode step gets them (closed over as
+    constants, XLA would fold a per-call copy of them into the program)."""
 
     def sorted_pairs(expert_rows):
-        """The MoE's CPU path around ``expert_rows(x, experts, tokens)`` (pairs sorted by
-        expert), combined as the MoE combines them."""
+        """The MoE's CPU path around ``expert_rows(experts, x, expert_of, token_of)`` (pairs
+        sorted by expert), combined as the MoE combines them."""
 
-        def run(x, ids, w):
+        def run(x, ids, w, experts):
             flat = ids.reshape(-1)
             order = jnp.argsort(flat, stable=True)
             token = order // TOP_K
-            ys = expert_rows(x, flat[order], token)
+            ys = expert_rows(experts, x, flat[order], token)
             return jnp.zeros_like(x).at[token].add(ys * w.reshape(-1)[order][:, None])
 
         return run
 
-    def gather(x, experts, tokens):
-        xs = x[tokens]
-        hidden = jax.nn.silu(jnp.einsum("pd,pdf->pf", xs, gate[experts]))
-        hidden = hidden * jnp.einsum("pd,pdf->pf", xs, up[experts])
-        return jnp.einsum("pf,pfd->pd", hidden, down[experts])
+    def gather(experts, x, expert_of, token_of):
+        gate, up, down = experts
+        xs = x[token_of]
+        hidden = jax.nn.silu(jnp.einsum("pd,pdf->pf", xs, gate[expert_of]))
+        hidden = hidden * jnp.einsum("pd,pdf->pf", xs, up[expert_of])
+        return jnp.einsum("pf,pfd->pd", hidden, down[expert_of])
 
-    def pair_loop(x, experts, tokens):
+    def pair_loop(experts, x, expert_of, token_of):
+        gate, up, down = experts
+
         def pair(p, out):
-            e, row = experts[p], x[tokens[p]][None]
+            e, row = expert_of[p], x[token_of[p]][None]
             hidden = jax.nn.silu(row @ gate[e]) * (row @ up[e])
             return out.at[p].set((hidden @ down[e])[0])
 
-        return jax.lax.fori_loop(0, len(experts), pair, jnp.zeros((len(experts), DIM), x.dtype))
+        zeros = jnp.zeros((len(expert_of), DIM), x.dtype)
+        return jax.lax.fori_loop(0, len(expert_of), pair, zeros)
 
-    matrices = (gate, up, down)
     forms = {
-        "tile loop": lambda x, e, t: _tiled_experts(matrices, x[t], e),
+        "tile loop": lambda experts, x, e, t: _tiled_experts(experts, x[t], e),
         "gather": gather,
-        "every expert": lambda x, e, t: _every_expert(matrices, x, e, t),
+        "every expert": _every_expert,
         "pair loop": pair_loop,
     }
     return {name: jax.jit(sorted_pairs(f)) for name, f in forms.items()}
@@ -81,19 +87,21 @@ def measure(tokens: list[int], rounds: int, calls: int) -> list[dict]:
     def weights(*shape):
         return jnp.asarray((rng.standard_normal(shape) / np.sqrt(shape[-2])).astype(np.float32))
 
-    matrices = weights(EXPERTS, DIM, WIDTH), weights(EXPERTS, DIM, WIDTH)
-    forms = _forms(*matrices, weights(EXPERTS, WIDTH, DIM))
+    experts = weights(EXPERTS, DIM, WIDTH), weights(EXPERTS, DIM, WIDTH)
+    experts += (weights(EXPERTS, WIDTH, DIM),)
+    forms = _forms()
     results = []
     for n in tokens:
         x = jnp.asarray(rng.standard_normal((n, DIM)).astype(np.float32))
         ids = np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(n)])
         ids = jnp.asarray(ids.astype(np.int32))
         w = jnp.asarray(rng.random((n, TOP_K)).astype(np.float32))
-        reference = np.asarray(forms["tile loop"](x, ids, w))
-        calls_of = {name: (lambda f=f, a=(x, ids, w): f(*a)) for name, f in forms.items()}
+        args = (x, ids, w, experts)
+        reference = np.asarray(forms["tile loop"](*args))
+        calls_of = {name: (lambda f=f, args=args: f(*args)) for name, f in forms.items()}
         seconds = interleaved_s(calls_of, rounds, calls)
         for name, f in forms.items():
-            error = np.abs(np.asarray(f(x, ids, w)) - reference).max()
+            error = np.abs(np.asarray(f(*args)) - reference).max()
             results.append(
                 {"tokens": n, "form": name, "us": 1e6 * seconds[name], "error": float(error)}
             )

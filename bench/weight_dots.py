@@ -6,6 +6,9 @@ Shapes are bench/engine.py's model's: the LM head (512 × 32,000, 65 MB in fp32)
 
     fp32             ``x @ w``, ``w [D, O]`` as the model stores it
     fp32 [O, D]      ``w`` stored transposed, contracted on its last axis
+    [O, D] @ x.T     ``w`` stored transposed, on the left of the product (``[O, M]``,
+                     transposed back): how a decode engine reads its LM head from 2 rows
+                     (model/decode_weights.py)
     fp32, 4 blocks   ``w`` stored as 4 column blocks ``[4, D, O/4]``, one batched dot
     bf16             ``x`` rounded to bfloat16, ``w [D, O]`` bfloat16, fp32 accumulation
     bf16, rows to 8  the same with the rows padded to 8 (ops/weight_dot.py)
@@ -15,9 +18,12 @@ Shapes are bench/engine.py's model's: the LM head (512 × 32,000, 65 MB in fp32)
 Each form runs ``--calls`` calls per round, ``--rounds`` rounds taking turns; a form's time is
 its best round's mean call (wall clock), beside the time its weight's bytes take at the read
 bandwidth measured in the same run (bench/roofline.py). ``error`` is the largest difference
-from the fp32 product, over the largest fp32 output.
+from the fp32 product, over the largest fp32 output. With ``--cold`` every timed call follows
+a read of an array as large as the read-bandwidth measurement's (400 MB): a decode step reads
+more bytes than the caches keep between calls, so its weights come from DRAM, and a weight
+timed call after call stays in the last-level cache (this machine's is large) instead.
 
-    python bench/weight_dots.py [--rows 1,2,4,8,16] [--rounds 5] [--calls 10] [--json]
+    python bench/weight_dots.py [--rows 1,2,4,8,16] [--rounds 5] [--calls 10] [--cold] [--json]
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from roofline import ceilings  # bench/ is the script's own directory
-from timing import add_round_flags, interleaved_s
+from timing import add_round_flags, dram_flush, interleaved_s
 
 from prfaas_jax.cli.flags import parse_int_list, print_json
 from prfaas_jax.ops.weight_dot import weight_dot
@@ -58,6 +64,11 @@ def _forms(w: np.ndarray) -> dict:
             jnp.asarray(np.ascontiguousarray(w.T)),
             w.nbytes,
         ),
+        "[O, D] @ x.T": (
+            jax.jit(lambda x, w: jax.lax.optimization_barrier(w @ x.T).T),
+            jnp.asarray(np.ascontiguousarray(w.T)),
+            w.nbytes,
+        ),
         "fp32, 4 blocks": (
             jax.jit(lambda x, w: jnp.einsum("md,kdo->mko", x, w).reshape(x.shape[0], -1)),
             jnp.asarray(np.ascontiguousarray(w.reshape(w.shape[0], 4, -1).transpose(1, 0, 2))),
@@ -69,8 +80,11 @@ def _forms(w: np.ndarray) -> dict:
     }
 
 
-def measure(rows: list[int], rounds: int, per_round: int, bandwidth: float) -> list[dict]:
+def measure(
+    rows: list[int], rounds: int, per_round: int, bandwidth: float, cold: bool = False
+) -> list[dict]:
     rng = np.random.default_rng(0)
+    before = dram_flush() if cold else None
     results = []
     for shape_name, (dim, out) in SHAPES.items():
         w = (rng.standard_normal((dim, out)) / np.sqrt(dim)).astype(np.float32)
@@ -79,7 +93,7 @@ def measure(rows: list[int], rounds: int, per_round: int, bandwidth: float) -> l
             x = jnp.asarray(rng.standard_normal((m, dim)).astype(np.float32))
             exact = np.asarray(x) @ w
             calls = {name: (lambda f=f, v=v, x=x: f(x, v)) for name, (f, v, _) in forms.items()}
-            seconds = interleaved_s(calls, rounds, per_round)
+            seconds = interleaved_s(calls, rounds, per_round, before)
             for name, (f, v, nbytes) in forms.items():
                 error = np.abs(np.asarray(f(x, v)) - exact).max() / np.abs(exact).max()
                 results.append(
@@ -103,12 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rows", type=parse_int_list, default=[1, 2, 4, 8, 16], help="M")
     add_round_flags(parser, calls=10)
+    parser.add_argument(
+        "--cold", action="store_true", help="each call after a 400 MB read (weights from DRAM)"
+    )
     parser.add_argument("--json", action="store_true", help="JSON only")
     args = parser.parse_args(argv)
     if not args.rows or min(args.rows) < 1 or args.rounds < 1 or args.calls < 1:
         parser.error("--rows, --rounds and --calls must be ≥ 1")
     machine = ceilings()
-    results = measure(args.rows, args.rounds, args.calls, machine["read_bytes_s"])
+    results = measure(args.rows, args.rounds, args.calls, machine["read_bytes_s"], args.cold)
     if not args.json:
         print(f"read bandwidth {machine['read_bytes_s'] / 1e9:.1f} GB/s")
         body = [

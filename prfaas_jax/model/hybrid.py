@@ -27,6 +27,7 @@ the arithmetic alone: jit them with ``cfg`` (and ``impl``) static.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -97,6 +98,17 @@ class Block(nnx.Module):
         return _residual(h_BTD, normed, out, res and (res.mlp_alpha, res.mlp_beta)), state
 
 
+class HeadLayouts(NamedTuple):
+    """A separate LM head in both layouts: a decode engine's view of it
+    (model/decode_weights.py). From a DRAM-resident matrix XLA:CPU reads ``x [M, D] @ W [D, V]``
+    fastest at one row, and from two rows ``W_VD @ x.T`` (the matrix on the left, streamed
+    without repacking): 0.7–0.8× the time at 8 and 32 rows (docs/performance.md, "Dot forms at
+    a few rows"). The step's row count is static, so each compiled step reads one of them."""
+
+    as_loaded: jax.Array  # as the model holds it
+    by_vocab: jax.Array  # one row per vocabulary entry, as the embedding table
+
+
 class HybridLM(nnx.Module):
     """Embedding, the blocks of ``cfg.layers`` and the (tied or separate) LM head."""
 
@@ -136,7 +148,15 @@ class HybridLM(nnx.Module):
             # Only position last_B[b] is wanted: the LM head then runs on B rows instead of B·T.
             h_BTD = jnp.take_along_axis(h_BTD, last_B[:, None, None], axis=1)
         h_BTD = rms_norm(h_BTD, self.final_norm[...], self.cfg.norm_eps)
-        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
+        head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head.get_value()
+        if isinstance(head, HeadLayouts) and np.prod(h_BTD.shape[:-1]) > 1:
+            rows = upcast(h_BTD).reshape(-1, h_BTD.shape[-1])  # [V, D] @ [D, rows], transposed
+            logits = jnp.matmul(upcast(head.by_vocab), rows.T, precision=jax.lax.Precision.HIGHEST)
+            # The barrier keeps XLA from folding the transpose back into the product's form.
+            logits = jax.lax.optimization_barrier(logits)
+            return logits.T.reshape(*h_BTD.shape[:-1], -1)
+        if isinstance(head, HeadLayouts):
+            head = head.as_loaded
         if head.dtype != jnp.dtype(self.cfg.dtype):
             # Weights narrowed for decode (model/narrow_weights.py) are read as stored: widening
             # the head would copy all of it on every step.

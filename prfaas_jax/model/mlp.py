@@ -29,7 +29,7 @@ from flax import nnx
 from prfaas_jax.config import MoeConfig, MoeScoring
 from prfaas_jax.model import initializers as init
 from prfaas_jax.ops.precision import upcast
-from prfaas_jax.ops.weight_dot import weight_dot
+from prfaas_jax.ops.weight_dot import expert_dot, weight_dot
 
 
 class SwiGLU(nnx.Module):
@@ -128,18 +128,19 @@ def _every_expert(
     tokens_P: jax.Array,
 ) -> jax.Array:
     """Expert ``experts_P[i]``'s SwiGLU of token ``tokens_P[i]`` of ``x_ND``, from every expert
-    run on every token (one batched product per matrix): when a step's tokens route to about
-    every expert anyway, reading each expert once in one call beats a loop over tiles."""
+    run on every token (one batched product per matrix, ``expert_dot``): when a step's tokens
+    route to about every expert anyway, reading each expert once in one call beats a loop over
+    tiles."""
     gate_EDF, up_EDF, down_EFD = experts
-    per_expert = jax.vmap(weight_dot, in_axes=(None, 0))
-    hidden = jax.nn.silu(per_expert(x_ND, gate_EDF)) * per_expert(x_ND, up_EDF)
-    return jax.vmap(weight_dot)(hidden, down_EFD)[experts_P, tokens_P]
+    x_END = jnp.broadcast_to(x_ND, (gate_EDF.shape[0], *x_ND.shape))
+    hidden = jax.nn.silu(expert_dot(x_END, gate_EDF)) * expert_dot(x_END, up_EDF)
+    return expert_dot(hidden, down_EFD)[experts_P, tokens_P]
 
 
 # Up to this many (token, expert) pairs, if they are at least half as many as the experts, every
 # expert runs on every token: the tile loop's overhead then costs more than reading the unrouted
-# experts (bench/moe_decode.py).
-_MAX_EVERY_EXPERT_PAIRS = 16
+# experts (bench/moe_decode.py: 0.4–0.85× the tile loop's time from 2 to 32 tokens of top-2 of 8).
+_MAX_EVERY_EXPERT_PAIRS = 64
 
 
 def _cpu_experts(

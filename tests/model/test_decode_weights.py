@@ -1,17 +1,20 @@
-"""``decode_weights`` splits MLA's ``kv_b`` into exactly its per-head halves, and decode and
-prefill on the split weights give the logits of the weights as loaded (the tiny Kimi-Linear
-preset: KDA and MLA layers); ``DecodeEngine`` holds them split, every other weight shared."""
+"""``decode_weights`` splits MLA's ``kv_b`` into exactly its per-head halves and holds a separate
+LM head beside its transpose, and decode (one row and several) and prefill on those weights give
+the logits of the weights as loaded (the tiny Kimi-Linear preset: KDA and MLA layers);
+``DecodeEngine`` holds them so, every other weight shared; a head narrowed for decode stays as it
+is."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from conftest import jit_decode, preset
+from conftest import jit_decode, jit_prefill, preset
 
 from prfaas_jax.engine.decode import DecodeEngine
 from prfaas_jax.model import init_state
 from prfaas_jax.model.decode_weights import decode_weights
+from prfaas_jax.model.hybrid import HeadLayouts
 from prfaas_jax.model.mixers.mla import AbsorbedKvB
 
 
@@ -35,6 +38,16 @@ def test_the_halves_are_kv_b_per_head():
         )
 
 
+def test_the_head_is_held_as_loaded_and_transposed():
+    cfg, params = preset("tiny")
+    assert not cfg.tie_embeddings
+    head = decode_weights(cfg, params)["lm_head"]
+    assert isinstance(head, HeadLayouts) and head.as_loaded is params["lm_head"]
+    np.testing.assert_array_equal(np.asarray(head.by_vocab), np.asarray(params["lm_head"]).T)
+    narrow = {**params, "lm_head": params["lm_head"].astype(jnp.bfloat16)}
+    assert decode_weights(cfg, narrow)["lm_head"] is narrow["lm_head"]
+
+
 def test_decode_steps_on_the_split_weights_match():
     cfg, params = preset("tiny")
     split = decode_weights(cfg, params)
@@ -44,6 +57,19 @@ def test_decode_steps_on_the_split_weights_match():
         plain, plain_state = jit_decode(params, cfg, step, plain_state)
         ours, split_state = jit_decode(split, cfg, step, split_state)
         np.testing.assert_allclose(ours, plain, rtol=1e-6, atol=1e-6)
+    one = jnp.asarray([4], jnp.int32)  # one row reads the head as loaded
+    plain, _ = jit_decode(params, cfg, one, init_state(cfg, 1, 8))
+    ours, _ = jit_decode(split, cfg, one, init_state(cfg, 1, 8))
+    np.testing.assert_allclose(ours, plain, rtol=1e-6, atol=1e-6)
+
+
+def test_a_prefill_on_the_decode_weights_matches():
+    cfg, params = preset("tiny")
+    tokens = jnp.asarray([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]], jnp.int32)
+    plain, _ = jit_prefill(params, cfg, tokens, init_state(cfg, 2, 8))
+    ours, _ = jit_prefill(decode_weights(cfg, params), cfg, tokens, init_state(cfg, 2, 8))
+    assert ours.shape == plain.shape == (2, 5, cfg.vocab_size)
+    np.testing.assert_allclose(ours, plain, rtol=1e-6, atol=1e-6)
 
 
 def test_the_decode_engine_holds_kv_b_split():
@@ -52,6 +78,7 @@ def test_the_decode_engine_holds_kv_b_split():
     (index,) = _mla_layers(params)
     assert isinstance(engine.params["layers"][index]["mixer"]["kv_b"], AbsorbedKvB)
     held = dict(jax.tree_util.tree_leaves_with_path(engine.params))
+    assert isinstance(engine.params["lm_head"], HeadLayouts)
     for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-        if not jax.tree_util.keystr(path).endswith("['kv_b']"):
+        if not jax.tree_util.keystr(path).endswith(("['kv_b']", "['lm_head']")):
             assert held[path] is leaf, jax.tree_util.keystr(path)

@@ -61,9 +61,10 @@ def test_moe_matches_dense_computation(moe):
     _check_against_oracle(moe, (3, 7))
 
 
-# A decode step's few tokens: 1 token's 2 pairs take the tile loop, 3 tokens' 6 (as many as the
-# experts) every expert on every token (model/mlp.py's _cpu_experts).
-@pytest.mark.parametrize("tokens", [1, 3])
+# Each form of model/mlp.py's _cpu_experts: 1 token's 2 pairs take the tile loop, 3 tokens' 6 (as
+# many as the experts) every expert on every token, and 40 tokens' 80 pairs (over 64) the tile
+# loop again.
+@pytest.mark.parametrize("tokens", [1, 3, 40])
 def test_moe_of_a_few_tokens_matches_dense_computation(tokens):
     _check_against_oracle(BASE, (tokens, 1))
 

@@ -54,4 +54,5 @@ def test_the_decode_engine_holds_its_weights_narrowed():
     assert engine.params["lm_head"].dtype == jnp.bfloat16
     assert engine.params["embed"].dtype == jnp.float32
     wide = DecodeEngine(cfg, params, max_slots=1, max_len=8).params
-    assert wide["lm_head"] is params["lm_head"] and wide["embed"] is params["embed"]
+    assert wide["layers"][0]["mixer"]["q_proj"] is params["layers"][0]["mixer"]["q_proj"]
+    assert wide["embed"] is params["embed"]
