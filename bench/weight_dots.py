@@ -5,10 +5,10 @@ Shapes are bench/engine.py's model's: the LM head (512 × 32,000, 65 MB in fp32)
 (512 × 1,024). For each row count M in ``--rows`` and each form:
 
     fp32             ``x @ w``, ``w [D, O]`` as the model stores it
-    fp32 [O, D]      ``w`` stored transposed, contracted on its last axis
+    fp32 [O, D]      ``w`` stored transposed, contracted on its last axis: how a decode
+                     engine reads its LM head from 2 rows (model/decode_weights.py)
     [O, D] @ x.T     ``w`` stored transposed, on the left of the product (``[O, M]``,
-                     transposed back): how a decode engine reads its LM head from 2 rows
-                     (model/decode_weights.py)
+                     transposed back)
     fp32, 4 blocks   ``w`` stored as 4 column blocks ``[4, D, O/4]``, one batched dot
     bf16             ``x`` rounded to bfloat16, ``w [D, O]`` bfloat16, fp32 accumulation
     bf16, rows to 8  the same with the rows padded to 8 (ops/weight_dot.py)

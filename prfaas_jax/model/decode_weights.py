@@ -9,9 +9,9 @@ docs/performance.md). Done once here, the step reads them in place. Every other 
 caller's own array; prefill on these weights (e.g. a mixed step's block) regroups them back.
 
 The LM head is a decode step's largest matrix (65 of its 108 MB in bench/engine.py's model).
-Multiplied as ``x [M, D] @ W [D, V]`` from 2 rows up, XLA:CPU repacks it on every call; as
-``W_VD @ x.T`` it streams it (0.7–0.8× the time at 8 and 32 rows read from DRAM, ``python
-bench/weight_dots.py --cold``), while at one row the ``[D, V]`` product is the faster. The
+Multiplied as ``x [M, D] @ W [D, V]`` from 2 rows up, XLA:CPU repacks it on every call; stored
+``[V, D]`` and contracted on ``D`` it streams it (0.71× the time at 8 and 32 rows read from DRAM,
+``python bench/weight_dots.py --cold``), while at one row the ``[D, V]`` product is the faster. The
 engine keeps the head as loaded beside its transpose (the one extra copy) and each compiled
 step reads the one for its row count; the logits differ by rounding (~1e-6 of the largest). A
 head narrowed for decode (model/narrow_weights.py) stays ``[D, V]`` alone: a narrower dot has no

@@ -101,9 +101,9 @@ class Block(nnx.Module):
 class HeadLayouts(NamedTuple):
     """A separate LM head in both layouts: a decode engine's view of it
     (model/decode_weights.py). From a DRAM-resident matrix XLA:CPU reads ``x [M, D] @ W [D, V]``
-    fastest at one row, and from two rows ``W_VD @ x.T`` (the matrix on the left, streamed
-    without repacking): 0.7–0.8× the time at 8 and 32 rows (docs/performance.md, "Dot forms at
-    a few rows"). The step's row count is static, so each compiled step reads one of them."""
+    fastest at one row, and from two rows ``W_VD [V, D]`` contracted on ``D`` as stored: 0.7×
+    the time at 8 and 32 rows (docs/performance.md, "Dot forms at a few rows"). The step's row
+    count is static, so each compiled step reads one of them."""
 
     as_loaded: jax.Array  # as the model holds it
     by_vocab: jax.Array  # one row per vocabulary entry, as the embedding table
@@ -150,11 +150,12 @@ class HybridLM(nnx.Module):
         h_BTD = rms_norm(h_BTD, self.final_norm[...], self.cfg.norm_eps)
         head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head.get_value()
         if isinstance(head, HeadLayouts) and np.prod(h_BTD.shape[:-1]) > 1:
-            rows = upcast(h_BTD).reshape(-1, h_BTD.shape[-1])  # [V, D] @ [D, rows], transposed
-            logits = jnp.matmul(upcast(head.by_vocab), rows.T, precision=jax.lax.Precision.HIGHEST)
-            # The barrier keeps XLA from folding the transpose back into the product's form.
-            logits = jax.lax.optimization_barrier(logits)
-            return logits.T.reshape(*h_BTD.shape[:-1], -1)
+            return jnp.einsum(  # [V, D] contracted on D, as stored
+                "btd,vd->btv",
+                upcast(h_BTD),
+                upcast(head.by_vocab),
+                precision=jax.lax.Precision.HIGHEST,
+            )
         if isinstance(head, HeadLayouts):
             head = head.as_loaded
         if head.dtype != jnp.dtype(self.cfg.dtype):
