@@ -3,7 +3,8 @@ calls of a jitted function with ``jax.profiler`` and charges each op's time to t
 that emitted it.
 
 XLA names every op it runs (``ynn_fusion.4``, ``copy_bitcast_fusion``) and records, in the
-compiled module's text, the Python stack that traced it (``FileNames`` … ``StackFrames``). A
+compiled module's text, the Python stack that traced it (``FileNames`` … ``StackFrames``; a
+fusion carries its root op's stack, so a fusion that ends in a caller's op is the caller's). A
 trace of the calls gives each op's duration on whichever thread ran it. Each op is charged to
 the outermost frame of its stack whose function ``callers`` names (e.g. ``"MoE.__call__"``), so
 a shared expert's SwiGLU inside an MoE counts as the MoE; ops with no such frame go to
