@@ -129,6 +129,13 @@ CALLERS = {
 }
 
 
+def _part_label(cfg, index: int, part: str) -> str:
+    """The ``CALLERS`` label of layer ``index``'s ``part`` ("mixer" or "mlp")."""
+    if part == "mixer":
+        return "linear-attention mixers" if cfg.layers[index].is_linear else "attention mixers"
+    return "MoE MLPs" if cfg.mlps[index] is MlpKind.MOE else "dense MLPs"
+
+
 def _param_label(cfg):
     """The ``CALLERS`` label of the part that reads a parameter of the step's program (named by
     its path, ``params__layers___3___mixer____o_proj__``), None for another."""
@@ -137,12 +144,7 @@ def _param_label(cfg):
         if name.startswith("params__lm_head"):
             return "head"
         match = re.match(r"params__layers___(\d+)___(mixer|mlp)", name)
-        if match is None:
-            return None
-        index = int(match.group(1))
-        if match.group(2) == "mixer":
-            return "linear-attention mixers" if cfg.layers[index].is_linear else "attention mixers"
-        return "MoE MLPs" if cfg.mlps[index] is MlpKind.MOE else "dense MLPs"
+        return None if match is None else _part_label(cfg, int(match.group(1)), match.group(2))
 
     return label
 
@@ -259,7 +261,7 @@ def profile(
             return mixer(params, h, layer_state, state, index=index)
 
         add(f"L{index} {kind.value} mixer", timed(run_mixer), nbytes)
-        label = "linear-attention mixers" if kind.is_linear else "attention mixers"
+        label = _part_label(cfg, index, "mixer")
         bytes_of[label] = bytes_of.get(label, 0) + nbytes
         if "kv_b" in layer["mixer"]:  # beside it, on kv_b as loaded (split in every step)
 
@@ -273,10 +275,11 @@ def profile(
             expert = 3 * cfg.hidden_dim * moe.expert_dim * layer["mlp"]["experts_up"].itemsize
             untouched = moe.num_experts - experts_touched(moe.num_experts, moe.top_k, batch)
             weights -= untouched * expert
-            name, label = f"L{index} MoE mlp", "MoE MLPs"
+            name = f"L{index} MoE mlp"
         else:
-            name, label = f"L{index} dense mlp", "dense MLPs"
+            name = f"L{index} dense mlp"
         add(name, timed(lambda index=index: mlp(params, h, index=index)), weights)
+        label = _part_label(cfg, index, "mlp")
         bytes_of[label] = bytes_of.get(label, 0) + weights
 
     head = jax.jit(lambda p, h: bind(cfg, p).head(h)[:, 0])
